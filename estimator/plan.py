@@ -1,0 +1,192 @@
+"""The training plan: the one description of a fine-tuning run that everything reads.
+
+The MCP tools' input schemas, the CLI flags, the estimate and the recipe are all derived from
+:class:`TrainingPlan`, so what is estimated is what is trained. Field names follow transformers'
+``TrainingArguments``, TRL's ``SFTConfig``/``ModelConfig`` and PEFT's ``LoraConfig`` wherever one exists.
+
+Defaults are what TRL's ``SFTTrainer`` with a PEFT ``LoraConfig`` does when the user sets nothing
+(TRL ``ModelConfig``: lora_r=16, lora_alpha=32, lora_dropout=0.05; ``SFTConfig``: max_length=1024,
+bf16, gradient checkpointing on; ``TrainingArguments``: per_device_train_batch_size=8,
+optim=adamw_torch_fused). ``docs/memory_model.md`` lists them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Method = Literal["full", "lora", "qlora"]
+DType = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["pure", "mixed"]
+Optim = Literal[
+    "adamw_torch_fused",
+    "adamw_torch",
+    "adamw_bnb_8bit",
+    "paged_adamw_8bit",
+    "paged_adamw_32bit",
+    "adafactor",
+    "sgd",
+]
+AttnImplementation = Literal["sdpa", "flash_attention_2", "eager"]
+QuantType = Literal["nf4", "fp4"]
+Sharding = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"]
+
+METHODS: tuple[str, ...] = ("full", "lora", "qlora")
+OPTIMIZERS: tuple[str, ...] = Optim.__args__  # type: ignore[attr-defined]
+SHARDINGS: tuple[str, ...] = Sharding.__args__  # type: ignore[attr-defined]
+
+# Upper bounds that keep every number finite and every search bounded; no real run is near them.
+MAX_SEQ_LEN = 1_048_576
+MAX_BATCH_SIZE = 4096
+MAX_LORA_R = 4096
+MAX_NUM_GPUS = 1024
+MAX_GPU_VRAM_GB = 4096.0
+MAX_STRING = 512
+
+SafeName = Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
+
+
+class TrainingPlan(BaseModel):
+    """A fine-tuning run: the model, the method, the training configuration and the target GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    model: SafeName = Field(
+        description=(
+            "The model: a Hugging Face id ('Qwen/Qwen2.5-1.5B-Instruct'), a forgiving catalog name "
+            "('qwen2.5 1.5b instruct') or a local folder holding config.json."
+        ),
+        examples=["Qwen/Qwen2.5-1.5B-Instruct", "meta-llama/Llama-3.1-8B"],
+    )
+    method: Method = Field(
+        "lora",
+        description="full: every weight trains; lora: frozen base + LoRA adapters; qlora: 4-bit base + LoRA adapters.",
+    )
+    # --- LoRA (PEFT LoraConfig names) ---
+    lora_r: int = Field(16, ge=1, le=MAX_LORA_R, description="LoRA rank r (TRL default 16).")
+    lora_alpha: float = Field(32, gt=0, le=1e6, description="LoRA alpha (TRL default 32); does not change memory.")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout (TRL default 0.05); >0 keeps a dropout mask per adapted input.")
+    target_modules: Union[Literal["all-linear"], list[SafeName], None] = Field(
+        None,
+        description=(
+            "Modules that get adapters: 'all-linear', a list of module names (q_proj, k_proj, v_proj, "
+            "o_proj, gate_proj, up_proj, down_proj, ...), or null for PEFT's default for the "
+            "architecture (q_proj and v_proj for most decoders)."
+        ),
+    )
+    # --- quantization (transformers BitsAndBytesConfig names) ---
+    load_in_4bit: bool | None = Field(
+        None, description="Load the frozen base in 4 bit (bitsandbytes). null means: on for qlora, off otherwise."
+    )
+    load_in_8bit: bool = Field(False, description="Load the frozen base in 8 bit (bitsandbytes LLM.int8); LoRA only.")
+    bnb_4bit_quant_type: QuantType = Field("nf4", description="4-bit data type: nf4 (QLoRA default) or fp4.")
+    bnb_4bit_use_double_quant: bool = Field(
+        False, description="Quantize the 4-bit absmax constants again (QLoRA's double quantization, TRL use_bnb_nested_quant)."
+    )
+    # --- precision ---
+    dtype: DType = Field("bf16", description="Weight and compute dtype: bf16, fp16 or fp32. T4 and V100 have no bf16: use fp16.")
+    precision: Precision = Field(
+        "pure",
+        description=(
+            "pure: weights are stored in dtype (TRL's default); mixed: fp32 master weights with autocast "
+            "to dtype (transformers' fp16/bf16 AMP on an fp32 model)."
+        ),
+    )
+    # --- optimization (TrainingArguments names) ---
+    optim: Optim = Field("adamw_torch_fused", description="Optimizer, with TrainingArguments' names.")
+    seq_len: int = Field(1024, ge=1, le=MAX_SEQ_LEN, description="Tokens per sample (TRL max_length; default 1024). Every sample is assumed this long.")
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Micro-batch per GPU (per_device_train_batch_size; default 8).")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step; no memory cost.")
+    gradient_checkpointing: bool = Field(True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on).")
+    attn_implementation: AttnImplementation = Field("sdpa", description="Attention kernel: sdpa (flash/efficient kernels on GPU), flash_attention_2 or eager.")
+    use_liger_kernel: bool = Field(
+        False, description="Liger kernels, whose fused linear cross-entropy never materialises the full logits."
+    )
+    # --- hardware and distribution ---
+    num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")
+    sharding: Sharding = Field("none", description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op.")
+    offload_optimizer: bool = Field(False, description="Keep optimizer states on the CPU (ZeRO/FSDP offload).")
+    offload_params: bool = Field(False, description="Keep parameters on the CPU between uses (ZeRO-3/FSDP full shard offload).")
+    gpu: SafeName | None = Field(None, description="Target GPU from the catalog ('RTX 4090', 'A100 80GB', 'H100').")
+    gpu_vram_gb: float | None = Field(
+        None, gt=0, le=MAX_GPU_VRAM_GB, description="Target GPU memory in GB as sold (16 for a 16 GB card), instead of gpu."
+    )
+    # --- the run itself (recipe) ---
+    dataset: SafeName | None = Field(None, description="Training data for the recipe: a JSONL file or a dataset folder.")
+    truncation: bool = Field(False, description="Truncate samples longer than seq_len instead of refusing them.")
+    learning_rate: float = Field(2e-5, gt=0, le=1.0, description="Learning rate (SFTConfig default 2e-5; LoRA runs often use 2e-4; no memory cost).")
+    max_steps: int = Field(-1, ge=-1, le=10_000_000, description="Optimizer steps to run; -1 trains num_train_epochs.")
+    num_train_epochs: float = Field(1.0, gt=0, le=1000, description="Epochs when max_steps is -1.")
+    output_dir: SafeName = Field("outputs", description="Where the recipe writes checkpoints (relative to the recipe folder).")
+
+    @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"must be a finite number; got {value}")
+        return value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("must name at least one module, or be 'all-linear' or null")
+            for name in value:
+                if not all(c.isalnum() or c in "_.-" for c in name):
+                    raise ValueError(f"module names are letters, digits, '_', '.', '-'; got {name!r}")
+            return sorted(set(value))
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainingPlan":
+        four_bit = self.quantized_4bit
+        if self.method == "full" and (four_bit or self.load_in_8bit):
+            raise ValueError(
+                "method: full fine-tuning cannot train a quantized base; use method 'qlora' (4-bit) or 'lora', "
+                "or turn quantization off"
+            )
+        if self.method == "qlora" and self.load_in_4bit is False:
+            raise ValueError("load_in_4bit: qlora means a 4-bit base; use method 'lora' for an unquantized base")
+        if self.method == "lora" and self.load_in_4bit:
+            raise ValueError("load_in_4bit: a 4-bit base with adapters is method 'qlora'; set method to 'qlora'")
+        if four_bit and self.load_in_8bit:
+            raise ValueError("load_in_8bit: 4-bit and 8-bit quantization cannot both be on; pick one")
+        if self.sharding == "none" and self.num_gpus > 1:
+            raise ValueError(
+                f"sharding: {self.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
+                "fsdp_full_shard, fsdp_shard_grad_op); got 'none'"
+            )
+        if self.offload_params and self.sharding not in ("zero3", "fsdp_full_shard"):
+            raise ValueError(
+                f"offload_params: parameter offload needs sharding 'zero3' or 'fsdp_full_shard'; got '{self.sharding}'"
+            )
+        if self.offload_optimizer and self.sharding in ("none", "ddp"):
+            raise ValueError(
+                f"offload_optimizer: optimizer offload needs ZeRO or FSDP sharding; got '{self.sharding}'"
+            )
+        if self.precision == "mixed" and self.dtype == "fp32":
+            raise ValueError("precision: 'mixed' means fp32 master weights with bf16/fp16 compute; with dtype fp32 use 'pure'")
+        if self.gpu is not None and self.gpu_vram_gb is not None:
+            raise ValueError("gpu: give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
+        return self
+
+    @property
+    def quantized_4bit(self) -> bool:
+        """Whether the frozen base is stored in 4 bit (explicitly, or because the method is qlora)."""
+        return bool(self.load_in_4bit) or (self.load_in_4bit is None and self.method == "qlora")
+
+    @property
+    def uses_adapters(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    def replace(self, **changes) -> "TrainingPlan":
+        """A new validated plan with some fields changed."""
+        data = self.model_dump()
+        data.update(changes)
+        return TrainingPlan(**data)
+
+
+PLAN_FIELDS: tuple[str, ...] = tuple(TrainingPlan.model_fields)

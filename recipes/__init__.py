@@ -1,0 +1,1 @@
+"""Recipe rendering and the training runtime (torch is imported only when training runs)."""

@@ -1,0 +1,1 @@
+"""The faces of canifinetune: the MCP server and the CLI, thin adapters over the core."""
