@@ -31,6 +31,7 @@ Optim = Literal[
 ]
 AttnImplementation = Literal["sdpa", "flash_attention_2", "eager"]
 QuantType = Literal["nf4", "fp4"]
+LossImplementation = Literal["chunked", "standard"]
 Sharding = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"]
 
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
@@ -101,8 +102,13 @@ class TrainingPlan(BaseModel):
     gradient_accumulation_steps: int = Field(1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step; no memory cost.")
     gradient_checkpointing: bool = Field(True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on).")
     attn_implementation: AttnImplementation = Field("sdpa", description="Attention kernel: sdpa (flash/efficient kernels on GPU), flash_attention_2 or eager.")
-    use_liger_kernel: bool = Field(
-        False, description="Liger kernels, whose fused linear cross-entropy never materialises the full logits."
+    loss_implementation: LossImplementation = Field(
+        "chunked",
+        description=(
+            "chunked: TRL's fused LM head, which scores the vocabulary in tiles and never builds the full "
+            "logits (SFTTrainer's default since TRL 1.x); standard: transformers' cross-entropy over the full "
+            "batch x seq x vocab logits, upcast to fp32."
+        ),
     )
     # --- hardware and distribution ---
     num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")

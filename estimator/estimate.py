@@ -1,0 +1,202 @@
+"""estimate(): a plan in, an itemized peak, a verdict and its reasons out.
+
+The result's JSON names are the public contract shared by the CLI (`--json`) and the MCP tools.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import catalog
+from . import memory as m
+from .constants import CALIBRATION_VERSION, GIB
+from .errors import PlanError, UnknownGPUError
+from .models import ResolvedModel, resolve_model
+from .phases import step_peaks
+from .plan import TrainingPlan
+from .resolved import resolve
+
+Verdict = Literal["fits", "tight", "does_not_fit", "unknown"]
+
+
+class Component(BaseModel):
+    """One line of the budget."""
+
+    name: str
+    bytes: int = Field(ge=0)
+    gib: float
+    phase: str = Field(description="where it is counted: static, forward, backward, optimizer, process or margin")
+    explanation: str
+
+
+class GPUTarget(BaseModel):
+    name: str
+    usable_bytes: int
+    bf16: bool | None = None
+    source: str
+
+
+class Estimate(BaseModel):
+    """The estimate for one GPU of the plan (per GPU when num_gpus > 1)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_source: str
+    method: str
+    params_total: int
+    params_trainable: int
+    peak_phase: Literal["forward", "backward", "optimizer"]
+    peak_allocated_bytes: int = Field(description="what torch.cuda.max_memory_allocated would report")
+    peak_reserved_bytes: int = Field(description="what torch.cuda.max_memory_reserved would report")
+    total_bytes: int = Field(description="reserved plus CUDA context: the process as nvidia-smi sees it")
+    budget_bytes: int = Field(description="total plus the safety margin")
+    gpu: GPUTarget | None
+    gpu_usable_bytes: int | None
+    used_fraction: float | None = Field(description="budget_bytes / gpu_usable_bytes")
+    verdict: Verdict
+    verdict_reason: str
+    per_gpu: bool = Field(description="true when num_gpus > 1: every figure is for one GPU")
+    phases: dict[str, int] = Field(description="peak allocated bytes at the forward, backward and optimizer peaks")
+    breakdown: list[Component]
+    host_memory_bytes: int = Field(0, description="host RAM the offloaded states/parameters need (all GPUs)")
+    assumptions: list[str]
+    warnings: list[str]
+    calibration_version: str
+    plan: TrainingPlan
+
+
+def _gib(n: int) -> float:
+    return round(n / GIB, 3)
+
+
+def resolve_gpu(plan: TrainingPlan) -> GPUTarget | None:
+    if plan.gpu is not None:
+        entry = catalog.find_gpu(plan.gpu)
+        if entry is None:
+            close = catalog.suggest_gpus(plan.gpu, limit=5)
+            hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
+            raise UnknownGPUError(
+                f"gpu: '{plan.gpu}' is not in the GPU catalog{hint} Or give the memory size with gpu_vram_gb.",
+                field="gpu",
+            )
+        return GPUTarget(name=entry.name, usable_bytes=entry.total_memory_bytes, bf16=entry.bf16,
+                         source=f"catalog: {entry.total_memory_source}")
+    if plan.gpu_vram_gb is not None:
+        return GPUTarget(
+            name=f"{plan.gpu_vram_gb:g} GB GPU",
+            usable_bytes=int(plan.gpu_vram_gb * GIB),
+            bf16=None,
+            source="gpu_vram_gb, taken as GiB of device memory (what torch reports as total_memory)",
+        )
+    return None
+
+
+def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate:
+    """Estimate the per-GPU peak memory of ``plan`` and judge it against the plan's GPU."""
+    resolved_model = model or resolve_model(plan.model)
+    gpu = resolve_gpu(plan)
+    if gpu is not None and gpu.bf16 is False and plan.dtype == "bf16":
+        raise PlanError(
+            f"dtype: the {gpu.name} has no bf16 support; use dtype 'fp16' (or 'fp32')", field="dtype"
+        )
+    r = resolve(plan, resolved_model.spec)
+    forward, backward, optimizer, sizes = step_peaks(r)
+    peak = max((forward, backward, optimizer), key=lambda p: p.bytes)
+    allocated = peak.bytes
+    overhead = m.allocator_overhead_bytes(allocated)
+    reserved = allocated + overhead
+    context = m.cuda_context_bytes()
+    total = reserved + context
+    margin = m.safety_margin_bytes(total)
+    budget = total + margin
+
+    breakdown: list[Component] = []
+    for item in peak.items:
+        if item.bytes <= 0:
+            continue
+        phase = "static" if item.name in ("weights", "quantization_constants", "lora_adapters", "optimizer_states",
+                                          "cuda_workspaces", "sharding_gather_buffers") else peak.phase
+        breakdown.append(Component(name=item.name, bytes=item.bytes, gib=_gib(item.bytes), phase=phase,
+                                   explanation=item.explanation))
+    breakdown.append(Component(name="allocator_overhead", bytes=overhead, gib=_gib(overhead), phase="process",
+                               explanation="caching-allocator rounding and fragmentation (reserved - allocated)"))
+    breakdown.append(Component(name="cuda_context", bytes=context, gib=_gib(context), phase="process",
+                               explanation="CUDA context and kernel images (not counted by torch)"))
+    breakdown.append(Component(name="safety_margin", bytes=margin, gib=_gib(margin), phase="margin",
+                               explanation="headroom for longer runs than a probe shows, evaluation, checkpointing"))
+
+    verdict: Verdict
+    usable = gpu.usable_bytes if gpu else None
+    if usable is None:
+        verdict, reason = "unknown", "no GPU given: pass gpu (a catalog name) or gpu_vram_gb for a verdict"
+        fraction = None
+    else:
+        fraction = round(budget / usable, 4)
+        if budget <= usable:
+            verdict = "fits"
+            reason = f"needs {_gib(budget):.2f} GiB with margin of {_gib(usable):.2f} GiB usable ({fraction:.0%})"
+        elif total <= usable:
+            verdict = "tight"
+            reason = (f"fits without the safety margin ({_gib(total):.2f} of {_gib(usable):.2f} GiB) but not with it "
+                      f"({_gib(budget):.2f} GiB): expect to run near the limit")
+        else:
+            verdict = "does_not_fit"
+            reason = f"needs {_gib(total):.2f} GiB before margin; the GPU has {_gib(usable):.2f} GiB usable"
+    if plan.num_gpus > 1:
+        reason = f"per GPU ({plan.num_gpus} x {gpu.name if gpu else 'GPU'}): " + reason
+
+    warnings = list(resolved_model.spec.warnings) + list(r.warnings)
+    if plan.seq_len >= 32768:
+        warnings.append(
+            f"seq_len {plan.seq_len}: very long sequences are where kernels' own scratch grows; measure a "
+            "short run (`canifinetune train recipe.yaml --probe 3`) before committing to it"
+        )
+    if plan.optim.startswith("paged_"):
+        warnings.append("paged optimizer states can be evicted to host memory under pressure; the estimate "
+                        "counts them on the GPU (the safe side)")
+    return Estimate(
+        model=resolved_model.id,
+        model_source=resolved_model.source,
+        method=plan.method,
+        params_total=resolved_model.spec.total_params,
+        params_trainable=r.trainable_params,
+        peak_phase=peak.phase,  # type: ignore[arg-type]
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        total_bytes=total,
+        budget_bytes=budget,
+        gpu=gpu,
+        gpu_usable_bytes=usable,
+        used_fraction=fraction,
+        verdict=verdict,
+        verdict_reason=reason,
+        per_gpu=plan.num_gpus > 1,
+        phases={"forward": forward.bytes, "backward": backward.bytes, "optimizer": optimizer.bytes},
+        breakdown=breakdown,
+        host_memory_bytes=sizes["host_optimizer_states"] + sizes["host_params"],
+        assumptions=assumptions(r),
+        warnings=warnings,
+        calibration_version=CALIBRATION_VERSION,
+        plan=plan,
+    )
+
+
+def assumptions(r) -> list[str]:
+    plan = r.plan
+    out = [
+        f"every sample is {plan.seq_len} tokens (no padding, no packing); micro-batch {plan.batch_size}",
+        "steady state: the second and later steps, with optimizer states alive and gradients set to None by zero_grad",
+        "TRL SFTTrainer semantics (transformers 5, PEFT 0.21, TRL 1.16): "
+        + ("LoRA adapters in " + str(r.adapter_dtype) if r.adapter_dtype else "all weights train"),
+        f"attention runs the {r.attention_kernel} kernel (unpadded batches on an Ampere or newer GPU)",
+        f"weights stored in {r.weight_dtype}, compute in {r.compute_dtype}"
+        + (" under autocast" if r.autocast else ""),
+    ]
+    if plan.gradient_accumulation_steps > 1:
+        out.append("gradient accumulation adds no memory: gradients accumulate in place")
+    if plan.num_gpus > 1:
+        out.append(f"{plan.sharding} over {plan.num_gpus} GPUs; the figures are per GPU")
+    return out

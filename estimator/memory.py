@@ -1,0 +1,499 @@
+"""The memory model: one function per component of a training step's GPU memory.
+
+Each function takes a :class:`ResolvedPlan` and returns bytes on one GPU. Its docstring states the
+formula, where it comes from and what it assumes. Notation: T = batch_size x seq_len tokens, H =
+hidden size, I = MLP width, V = vocabulary, L = layers, r = LoRA rank, a = bytes per activation
+element of the compute dtype. ``docs/memory_model.md`` repeats every formula.
+
+How they combine into a peak is :mod:`canifinetune.estimator.phases`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .constants import DTYPE_BYTES, constant
+from .resolved import ResolvedPlan
+from .spec import LinearSpec
+
+
+def _round_block(nbytes: float) -> int:
+    """Round up to the CUDA caching allocator's 512-byte block, as every allocation is."""
+    block = int(constant("CUDA_BLOCK_BYTES"))
+    return int(math.ceil(nbytes / block) * block) if nbytes > 0 else 0
+
+
+# ---------------------------------------------------------------------------
+# Static memory: alive for the whole step
+
+
+def quantized_linears(r: ResolvedPlan) -> list[tuple[LinearSpec, int]]:
+    """Block linear layers bitsandbytes replaces, with how many blocks hold each (every ``nn.Linear``
+    but lm_head; MoE experts are fused 3-D parameters that transformers' bitsandbytes integration
+    leaves unquantized)."""
+    if r.quantization == "none":
+        return []
+    return [(lin, n) for i, n in r.spec.layer_groups for lin in r.spec.layer_linears(i)]
+
+
+def weight_bytes(r: ResolvedPlan) -> int:
+    """Stored model weights.
+
+    Unquantized: every parameter x bytes of the weight dtype (fp32 master weights when precision is
+    'mixed'). 4-bit (bitsandbytes Params4bit): each block linear's weight packs two 4-bit codes per
+    byte, ceil(n/2) bytes; 8-bit (Int8Params): one byte per weight. Embeddings, lm_head, norms,
+    biases and MoE experts stay in the weight dtype. Counts come from :class:`ModelSpec`, tensor by tensor.
+    """
+    spec = r.spec
+    per = r.weight_bytes_per_param
+    quantized = quantized_linears(r)
+    if not quantized:
+        return spec.total_params * per
+    quantized_params = sum(lin.weight_params * n for lin, n in quantized)
+    if r.quantization == "int8":
+        packed = sum(_round_block(lin.weight_params) * n for lin, n in quantized)
+    else:
+        packed = sum(_round_block(math.ceil(lin.weight_params / 2)) * n for lin, n in quantized)
+    return (spec.total_params - quantized_params) * per + packed
+
+
+def quantization_constant_bytes(r: ResolvedPlan) -> int:
+    """Quantization state of the quantized linears.
+
+    4-bit (bitsandbytes QuantState): one fp32 absmax per NF4_BLOCKSIZE (64) weights and the 16-entry
+    fp32 code. With double quantization the absmax are stored as uint8 with one fp32 absmax per
+    NF4_DOUBLE_QUANT_BLOCKSIZE (256) of them, a 256-entry fp32 code and an fp32 offset (QLoRA, Dettmers
+    et al. 2023, sec. 3: 0.5 -> 0.127 bits per parameter). 8-bit: one fp32 scale per output row
+    (INT8_ROW_STAT_BYTES). Each tensor is rounded to the allocator's 512-byte block.
+    """
+    total = 0
+    if r.quantization == "int8":
+        row = constant("INT8_ROW_STAT_BYTES")
+        return sum(_round_block(lin.out_features * row) * n for lin, n in quantized_linears(r))
+    block = int(constant("NF4_BLOCKSIZE"))
+    block2 = int(constant("NF4_DOUBLE_QUANT_BLOCKSIZE"))
+    double = r.plan.bnb_4bit_use_double_quant
+    for lin, n in quantized_linears(r):
+        blocks = math.ceil(lin.weight_params / block)
+        one = _round_block(16 * 4)  # the 4-bit code book
+        if double:
+            one += _round_block(blocks)  # uint8 absmax
+            one += _round_block(math.ceil(blocks / block2) * 4)  # fp32 second-level absmax
+            one += _round_block(256 * 4) + _round_block(4)  # 8-bit code book, offset
+        else:
+            one += _round_block(blocks * 4)
+        total += n * one
+    return total
+
+
+def adapter_bytes(r: ResolvedPlan) -> int:
+    """LoRA adapter weights: r x (in + out) per adapted linear, in the adapter dtype.
+
+    PEFT 0.21 (get_peft_model, autocast_adapter_dtype=True) keeps adapters in fp32 on an unquantized
+    bf16/fp16 base; TRL 1.16's SFTTrainer casts them to bf16 on a quantized base.
+    """
+    if r.adapter_dtype is None:
+        return 0
+    per = DTYPE_BYTES[r.adapter_dtype]
+    rank = r.plan.lora_r
+    return sum(
+        n * (_round_block(rank * lin.in_features * per) + _round_block(rank * lin.out_features * per))
+        for i, n in r.spec.layer_groups
+        for lin in r.adapted_linears(i)
+    )
+
+
+def gradient_bytes(r: ResolvedPlan) -> int:
+    """Gradients of the trainable parameters, in the parameter's dtype (autograd accumulates
+    ``.grad`` in the dtype of the leaf): trainable params x bytes per param."""
+    return r.trainable_params * r.trainable_bytes_per_param
+
+
+def optimizer_state_bytes(r: ResolvedPlan) -> int:
+    """Optimizer states for the trainable parameters.
+
+    - adamw_torch_fused / adamw_torch: exp_avg and exp_avg_sq in the parameter's dtype
+      (torch.optim.AdamW uses zeros_like(param)), 2 x bytes per param, plus one fp32 step counter
+      per tensor (512 bytes each after rounding).
+    - adamw_bnb_8bit / paged_adamw_8bit: two uint8 states with one fp32 absmax per
+      BNB_8BIT_STATE_BLOCKSIZE (256) elements; tensors under BNB_8BIT_MIN_SIZE (4096) keep fp32
+      states (bitsandbytes Optimizer2State). Paged states live in CUDA unified memory: they count on
+      the GPU while it has room and are evicted to host memory under pressure, so counting them is the
+      safe side.
+    - paged_adamw_32bit: two fp32 states (bitsandbytes keeps 32-bit states in fp32).
+    - adafactor (transformers.Adafactor as Trainer builds it: beta1=None, factored): a row and a
+      column second-moment vector per matrix, a full-size one per vector, in the parameter's dtype.
+    - sgd: torch.optim.SGD as Trainer builds it (lr only, momentum 0) keeps no state.
+    """
+    optim = r.plan.optim
+    n = r.trainable_params
+    per = r.trainable_bytes_per_param
+    tensors = r.trainable_tensors
+    if optim in ("adamw_torch_fused", "adamw_torch"):
+        return 2 * n * per + tensors * _round_block(4)
+    if optim == "paged_adamw_32bit":
+        return 2 * n * 4 + tensors * _round_block(4)
+    if optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
+        block = constant("BNB_8BIT_STATE_BLOCKSIZE")
+        small = constant("BNB_8BIT_MIN_SIZE")
+        total = 0
+        for size, count in _trainable_tensor_sizes(r):
+            if size < small:
+                total += count * 2 * _round_block(size * 4)
+            else:
+                total += count * 2 * (_round_block(size) + _round_block(math.ceil(size / block) * 4))
+        return total
+    if optim == "adafactor":
+        total = 0
+        for rows, cols, count in _trainable_matrix_shapes(r):
+            if cols == 1:
+                total += count * _round_block(rows * per)
+            else:
+                total += count * (_round_block(rows * per) + _round_block(cols * per))
+        return total
+    return 0  # sgd
+
+
+def _trainable_matrix_shapes(r: ResolvedPlan) -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of the trainable tensors; vectors have cols == 1."""
+    spec = r.spec
+    shapes: list[tuple[int, int, int]] = []
+    if not r.full:
+        rank = r.plan.lora_r
+        for i, n in spec.layer_groups:
+            for lin in r.adapted_linears(i):
+                shapes.append((rank, lin.in_features, n))
+                shapes.append((lin.out_features, rank, n))
+        return shapes
+    h = spec.hidden_size
+    shapes.append((spec.vocab_size, h, 1 if spec.tie_word_embeddings else 2))
+    shapes.append((h, 1, 1))
+    for i, n in spec.layer_groups:
+        for lin in spec.layer_linears(i):
+            shapes.append((lin.out_features, lin.in_features, n))
+            if lin.bias:
+                shapes.append((lin.out_features, 1, n))
+        shapes.append((h, 1, spec.norms_per_layer * n))
+        if spec.qk_norm == "head":
+            shapes.append((spec.head_dim, 1, 2 * n))
+        elif spec.qk_norm == "full":
+            shapes.append((spec.q_dim, 1, n))
+            shapes.append((spec.kv_dim, 1, n))
+        if spec.is_moe_layer(i):
+            moe = spec.moe
+            assert moe is not None
+            # Adafactor factors the last two dimensions of the 3-D expert tensors.
+            shapes.append((moe.num_experts * 2 * moe.expert_intermediate, h, n))
+            shapes.append((moe.num_experts * h, moe.expert_intermediate, n))
+            shapes.append((moe.num_experts, h, n))
+    return shapes
+
+
+def _trainable_tensor_sizes(r: ResolvedPlan) -> list[tuple[int, int]]:
+    return [(rows * cols, count) for rows, cols, count in _trainable_matrix_shapes(r)]
+
+
+def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
+    """Memory the optimizer step allocates and frees.
+
+    - adamw_torch (foreach): torch's _multi_tensor_adamw computes sqrt(exp_avg_sq) for all
+      parameters of a group at once (torch/optim/adamw.py: exp_avg_sq_sqrt = torch._foreach_sqrt), a
+      temporary the size of the trainable parameters in their dtype, plus a same-size
+      ``_foreach_add``/div intermediate that reuses it; one model-sized buffer is counted.
+    - adamw_torch_fused: the fused CUDA kernel updates in place: nothing.
+    - bitsandbytes optimizers: in-place kernels: nothing.
+    - adafactor: transformers' Adafactor upcasts each gradient to fp32 and builds the fp32 update
+      (update = grad**2 + eps, the factored approximation, the update itself): about three fp32 copies
+      of the largest trainable tensor.
+    - sgd: in place.
+    Also the gradient-norm clipping Trainer runs before the step (max_grad_norm=1.0) allocates only
+    per-tensor scalars.
+    """
+    optim = r.plan.optim
+    if optim == "adamw_torch":
+        return r.trainable_params * r.trainable_bytes_per_param
+    if optim == "adafactor":
+        largest = max(rows * cols for rows, cols, _ in _trainable_matrix_shapes(r))
+        return 3 * _round_block(largest * 4)
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Activations: saved in forward, freed in backward
+
+
+def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
+    """Tensors one decoder block saves for backward when it is not checkpointed.
+
+    Walks the block as transformers 5 runs it (RMSNorm -> q/k/v -> RoPE -> attention -> o_proj ->
+    residual -> RMSNorm -> gated MLP -> residual) and counts what autograd keeps:
+
+    - each RMSNorm keeps its fp32 upcast input, 4·T·H (``hidden_states.to(float32)`` saved by ``pow``
+      and the multiply), and, when its weight trains, the normalized a·T·H; Gemma's norm also keeps
+      the fp32 normalized tensor.
+    - a linear whose weight trains keeps its input (a·T·in, shared by linears reading the same
+      tensor); a frozen linear keeps nothing (bitsandbytes' 4-bit matmul keeps only the packed
+      weight), except an 8-bit one, which keeps its input.
+    - each LoRA adapter keeps the dropout mask (1 byte·T·in when lora_dropout > 0), its own copy of
+      the input in the compute dtype (a·T·in; none when it can reuse the block's tensor: no dropout
+      and no dtype cast), and the rank-r intermediate a·T·r.
+    - attention with flash or memory-efficient kernels keeps q, k, v and the output (a·T·(2·q_dim +
+      2·kv_dim)) and an fp32 log-sum-exp per head and token; the math path also keeps the
+      softmax probabilities a·B·heads·S² (and the mask-free causal scores).
+    - RoPE keeps only cos/sin (shared by all layers, counted once in :func:`shared_activation_bytes`);
+      q/k norms (Qwen3, Gemma3, OLMo2) keep their fp32 inputs.
+    - the gated MLP keeps gate (saved by SiLU), act and up (saved by the product), and the product
+      when down_proj trains: 3 or 4 · a·T·I; an MoE block does this for top_k x T routed tokens with
+      the expert width, plus the router logits.
+
+    Source: the saved-tensor analysis of Korthikanti et al. 2022 ("Reducing Activation Recomputation
+    in Large Transformer Models", sec. 4.1) redone for transformers' Llama-family blocks, flash
+    attention (no s² term) and frozen bases.
+    """
+    spec = r.spec
+    plan = r.plan
+    t = r.tokens
+    a = r.act_bytes
+    h = spec.hidden_size
+    full = r.full
+    total = 0
+
+    def norm(width: int, trainable: bool) -> int:
+        saved = _round_block(4 * t * width)  # fp32 upcast input
+        if spec.model_type.startswith("gemma"):
+            saved += _round_block(4 * t * width) if trainable else 0
+        elif trainable:
+            saved += _round_block(a * t * width)
+        return saved
+
+    def consumers(linears: tuple[LinearSpec, ...]) -> int:
+        """What linears reading one shared input keep: the input once if any base weight trains or is
+        8-bit, plus each adapter's own saved tensors."""
+        saved = 0
+        width = linears[0].in_features
+        if full or r.quantization == "int8":
+            saved += _round_block(a * t * width)
+        for lin in linears:
+            if not r.adapted(lin):
+                continue
+            if plan.lora_dropout > 0:
+                saved += _round_block(t * lin.in_features)  # bool dropout mask
+                saved += _round_block(a * t * lin.in_features)  # dropped-out input, cast to compute dtype
+            elif r.adapter_dtype != r.compute_dtype:
+                saved += _round_block(a * t * lin.in_features)  # input cast to fp32 then autocast to a
+            saved += _round_block(a * t * plan.lora_r)  # lora_A output, kept by lora_B
+        return saved
+
+    attn = spec.attention_linears()
+    # input RMSNorm
+    total += norm(h, full)
+    qkv = attn[:-1]
+    total += consumers(qkv)
+    # q/k norms keep their fp32 inputs
+    if spec.qk_norm != "none":
+        total += norm(spec.q_dim, full) + norm(spec.kv_dim, full)
+    # attention kernel
+    total += _round_block(a * t * spec.q_dim) * 2 + _round_block(a * t * spec.kv_dim) * 2
+    total += _round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
+    if r.attention_kernel == "math":
+        scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
+        total += _round_block(a * scores) * 2  # softmax output and the scores it was taken of
+        if spec.num_kv_heads != spec.num_heads:
+            total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
+    # o_proj: its input is the attention output already counted; only adapters add
+    o_proj = attn[-1]
+    if r.adapted(o_proj):
+        total += consumers((o_proj,)) - (_round_block(a * t * o_proj.in_features) if full else 0)
+    # post-attention RMSNorm (Gemma2/3 also pre-/post-feedforward norms, OLMo2 post-norms only)
+    extra_norms = spec.norms_per_layer - 1
+    total += extra_norms * norm(h, full)
+    # MLP
+    if spec.is_moe_layer(layer):
+        total += _moe_activation_bytes(r)
+    else:
+        total += _mlp_activation_bytes(r, spec.dense_mlp_linears(), spec.intermediate_size, t, consumers)
+    return total
+
+
+def _mlp_activation_bytes(r: ResolvedPlan, linears, width: int, tokens: int, consumers) -> int:
+    a = r.act_bytes
+    up_in = linears[:-1]
+    down = linears[-1]
+    saved = consumers(up_in)
+    saved += 3 * _round_block(a * tokens * width)  # gate (SiLU input), act and up (product inputs)
+    if r.full:
+        saved += _round_block(a * tokens * width)  # product, kept by down_proj
+    elif r.adapted(down):
+        saved += consumers((down,))
+    return saved
+
+
+def _moe_activation_bytes(r: ResolvedPlan) -> int:
+    """Routed experts: each token's hidden state is gathered top_k times and runs a gated MLP of the
+    expert width; the router keeps its fp32 logits/probabilities (T x experts)."""
+    spec = r.spec
+    moe = spec.moe
+    assert moe is not None
+    a = r.act_bytes
+    t = r.tokens
+    routed = t * moe.top_k
+    h = spec.hidden_size
+    saved = _round_block(4 * t * moe.num_experts) * 2  # router logits and softmax (fp32)
+    saved += _round_block(a * routed * h)  # gathered expert inputs
+    width = moe.expert_intermediate
+    saved += 3 * _round_block(a * routed * width) + (_round_block(a * routed * width) if r.full else 0)
+    saved += _round_block(a * routed * h)  # expert outputs, kept for the routing-weight product
+    if moe.shared_intermediate:
+        lin = r.spec.dense_mlp_linears(moe.shared_intermediate)
+        saved += 4 * _round_block(a * t * moe.shared_intermediate)
+        saved += _round_block(a * t * h) * 2  # shared expert output and its sigmoid gate product
+        del lin
+    return saved
+
+
+def shared_activation_bytes(r: ResolvedPlan) -> int:
+    """Activations outside the blocks: the embedding output (a·T·H, plus Gemma's sqrt(H)-scaled copy),
+    RoPE's cos and sin (2 x a·T·head_dim, shared by all layers), the final norm (as in a block) and
+    the input ids and labels (int64, 2 x 8·T)."""
+    spec = r.spec
+    t = r.tokens
+    a = r.act_bytes
+    h = spec.hidden_size
+    total = _round_block(a * t * h)
+    if spec.embed_scale:
+        total += _round_block(a * t * h)
+    total += 2 * _round_block(a * t * spec.head_dim)
+    total += _round_block(4 * t * h) + (_round_block(a * t * h) if r.full else 0)
+    total += 2 * _round_block(8 * t)
+    return total
+
+
+def checkpoint_boundary_bytes(r: ResolvedPlan) -> int:
+    """With gradient checkpointing (non-reentrant, transformers' GradientCheckpointingLayer), each
+    block keeps only its input hidden states: a·T·H per layer."""
+    return _round_block(r.act_bytes * r.tokens * r.spec.hidden_size)
+
+
+# ---------------------------------------------------------------------------
+# Transient memory: alive during part of one phase
+
+
+def loss_forward_bytes(r: ResolvedPlan) -> int:
+    """What the loss keeps from forward to backward.
+
+    chunked (TRL 1.16 fused LM head, trl/trainer/utils.py add_fused_lm_head): the final hidden
+    states of the N = B·(S-1) scored positions, copied contiguous (a·N·H), and seven fp32 per-token
+    statistics. standard (transformers ForCausalLMLoss): the bf16 logits a·T·V (kept by the model
+    output), their fp32 upcast 4·T·V and log_softmax's fp32 output 4·T·V (saved for backward).
+    """
+    spec = r.spec
+    plan = r.plan
+    n = plan.batch_size * max(plan.seq_len - 1, 1)
+    a = r.act_bytes
+    if plan.loss_implementation == "chunked":
+        return _round_block(a * n * spec.hidden_size) + 8 * _round_block(4 * n)
+    t = r.tokens
+    return _round_block(a * t * spec.vocab_size) + 2 * _round_block(4 * t * spec.vocab_size)
+
+
+def loss_backward_bytes(r: ResolvedPlan) -> int:
+    """Extra memory while the loss and LM head run backward (on top of :func:`loss_forward_bytes`).
+
+    chunked: one [min(N, TRL_TOKEN_CHUNK), TRL_VOCAB_CHUNK] tile in the compute dtype, the fp32
+    gradient of the hidden states (4·N·H) and, when the head trains, an fp32 head gradient (4·V·H)
+    with its cast to the weight dtype. standard: the fp32 gradient of log_softmax and its input
+    (2 x 4·T·V) and its cast to the compute dtype (a·T·V).
+    """
+    spec = r.spec
+    plan = r.plan
+    a = r.act_bytes
+    if plan.loss_implementation == "chunked":
+        n = plan.batch_size * max(plan.seq_len - 1, 1)
+        tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
+        total = _round_block(a * tile) + _round_block(4 * n * spec.hidden_size) + _round_block(a * n * spec.hidden_size)
+        if r.full:
+            total += _round_block(4 * spec.vocab_size * spec.hidden_size)
+            total += _round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
+        return total
+    t = r.tokens
+    return 2 * _round_block(4 * t * spec.vocab_size) + _round_block(a * t * spec.vocab_size)
+
+
+def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
+    """Peak extra memory inside the loss forward: for the chunked head one logits tile (compute dtype);
+    for the standard loss, the fp32 upcast while log_softmax writes its output (counted in
+    :func:`loss_forward_bytes`)."""
+    spec = r.spec
+    plan = r.plan
+    if plan.loss_implementation != "chunked":
+        return 0
+    n = plan.batch_size * max(plan.seq_len - 1, 1)
+    tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
+    return _round_block(r.act_bytes * tile)
+
+
+def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
+    """Gradients in flight inside one block's backward (beyond its saved activations).
+
+    Through a gated MLP, autograd holds the incoming gradient of the product and produces those of act,
+    up and gate before the ones it consumed are freed: about three a·T·I tensors, plus the gradient of
+    the block input from two or three consumers (2 x a·T·H). Through attention the flash backward adds
+    dq, dk, dv (a·T·(q_dim+2·kv_dim)) and an fp32 dq accumulator (4·T·q_dim). The larger of the MLP and
+    attention figure counts. For a frozen quantized base, the 4-bit weight is dequantized to the compute
+    dtype again for the input gradient (the largest quantized linear, :func:`dequantization_bytes`).
+    """
+    spec = r.spec
+    t = r.tokens
+    a = r.act_bytes
+    h = spec.hidden_size
+    if spec.is_moe_layer(layer):
+        moe = spec.moe
+        assert moe is not None
+        width_tokens = t * moe.top_k * moe.expert_intermediate
+    else:
+        width_tokens = t * spec.intermediate_size
+    mlp = 3 * _round_block(a * width_tokens) + 2 * _round_block(a * t * h)
+    attn = _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim) + _round_block(4 * t * spec.q_dim)
+    attn += 2 * _round_block(a * t * h)
+    return max(mlp, attn)
+
+
+def dequantization_bytes(r: ResolvedPlan) -> int:
+    """bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (gemm_4bit with
+    more than one token: F.dequantize_4bit then a dense matmul), in forward and again for the input
+    gradient in backward: one transient copy of the largest quantized linear, a·out·in. 8-bit: the
+    int8 matmul needs an int8 copy of the input and its row scales (1·T·in + 4·T)."""
+    linears = [lin for lin, _ in quantized_linears(r)]
+    if not linears:
+        return 0
+    if r.quantization == "int8":
+        widest = max(lin.in_features for lin in linears)
+        return _round_block(r.tokens * widest) + _round_block(4 * r.tokens)
+    return _round_block(r.act_bytes * max(lin.weight_params for lin in linears))
+
+
+def workspace_bytes(r: ResolvedPlan) -> int:
+    """cuBLAS workspace (CUBLAS_WORKSPACE_BYTES, allocated through the caching allocator on first use)."""
+    return int(constant("CUBLAS_WORKSPACE_BYTES"))
+
+
+# ---------------------------------------------------------------------------
+# Beyond torch's allocated bytes
+
+
+def allocator_overhead_bytes(peak_allocated: int) -> int:
+    """Reserved minus allocated: the caching allocator's rounding and fragmentation.
+    max(ALLOCATOR_OVERHEAD_FRACTION x peak allocated, ALLOCATOR_OVERHEAD_MIN_BYTES) (an allowance;
+    see the calibration file for its source)."""
+    return int(max(constant("ALLOCATOR_OVERHEAD_FRACTION") * peak_allocated, constant("ALLOCATOR_OVERHEAD_MIN_BYTES")))
+
+
+def cuda_context_bytes() -> int:
+    """The CUDA context and loaded kernels: in nvidia-smi's figure, in neither torch counter
+    (CUDA_CONTEXT_BYTES)."""
+    return int(constant("CUDA_CONTEXT_BYTES"))
+
+
+def safety_margin_bytes(total: int) -> int:
+    """Headroom on top of the process total: max(SAFETY_MARGIN_FRACTION x total, SAFETY_MARGIN_MIN_BYTES)."""
+    return int(max(constant("SAFETY_MARGIN_FRACTION") * total, constant("SAFETY_MARGIN_MIN_BYTES")))

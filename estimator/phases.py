@@ -1,0 +1,289 @@
+"""The phase-wise peak: what is alive at the end of forward, during backward and in the optimizer step.
+
+A training step's peak is not the sum of every component: activations are freed as backward
+produces gradients, the loss's logits tiles exist only around the loss, and the optimizer's
+temporaries only in its step. This module evaluates the live set at each phase of a steady-state
+step (the second and later ones, when optimizer states exist and ``zero_grad(set_to_none=True)``
+has dropped the gradients) and returns the largest, itemized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import memory as m
+from .resolved import ResolvedPlan
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    bytes: int
+    explanation: str
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    phase: str  # "forward", "backward" or "optimizer"
+    bytes: int
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How one GPU's share of each static component is divided (see :func:`sharding_factors`)."""
+
+    params: float = 1.0
+    grads: float = 1.0
+    states: float = 1.0
+    grad_buckets: float = 0.0  # extra gradient-sized buffers (DDP's bucket copy)
+    gather_layers: int = 0  # unsharded blocks alive at once (ZeRO-3/FSDP all-gather + prefetch)
+    host_params: bool = False
+    host_states: bool = False
+
+
+def sharding_factors(r: ResolvedPlan) -> Sharding:
+    """Per-GPU share of parameters, gradients and optimizer states under each strategy.
+
+    ddp: everything replicated, and DDP's gradient buckets are a second copy of the gradients
+    (torch DistributedDataParallel, gradient_as_bucket_view=False by default). ZeRO-1 shards states;
+    ZeRO-2 and FSDP SHARD_GRAD_OP also gradients; ZeRO-3 and FSDP FULL_SHARD also parameters, and
+    all-gather one block at a time with one more prefetched (Rajbhandari et al. 2020, ZeRO; PyTorch
+    FSDP docs). Offload moves states (and with offload_params, parameters) to host memory.
+    """
+    plan = r.plan
+    n = plan.num_gpus
+    kind = plan.sharding
+    if kind in ("none",):
+        s = Sharding()
+    elif kind == "ddp":
+        s = Sharding(grad_buckets=1.0)
+    elif kind == "zero1":
+        s = Sharding(states=1 / n)
+    elif kind in ("zero2", "fsdp_shard_grad_op"):
+        s = Sharding(states=1 / n, grads=1 / n)
+    else:  # zero3, fsdp_full_shard
+        s = Sharding(states=1 / n, grads=1 / n, params=1 / n, gather_layers=2)
+    if plan.offload_optimizer:
+        s = Sharding(s.params, s.grads, 0.0, s.grad_buckets, s.gather_layers, s.host_params, True)
+    if plan.offload_params:
+        s = Sharding(0.0, s.grads, s.states, s.grad_buckets, s.gather_layers, True, s.host_states)
+    return s
+
+
+def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[str, int]]:
+    """The live set at the forward, backward and optimizer-step peaks, and the static sizes."""
+    spec = r.spec
+    plan = r.plan
+    shard = sharding_factors(r)
+    weights = int(m.weight_bytes(r) * shard.params)
+    qconst = int(m.quantization_constant_bytes(r) * shard.params)
+    adapters = int(m.adapter_bytes(r) * (shard.params if r.full else 1.0))
+    grads_all = m.gradient_bytes(r)
+    states_all = m.optimizer_state_bytes(r)
+    grads = int(grads_all * shard.grads)
+    states = int(states_all * shard.states)
+    buckets = int(grads_all * shard.grad_buckets)
+    workspace = m.workspace_bytes(r)
+    gather = 0
+    if shard.gather_layers:
+        per = r.weight_bytes_per_param
+        gather = shard.gather_layers * spec.largest_layer_params * per
+        if r.full:
+            gather += spec.largest_layer_params * r.trainable_bytes_per_param  # unsharded grads before reduce-scatter
+
+    static = [
+        Item("weights", weights, _weights_note(r, shard)),
+        Item("quantization_constants", qconst, "4-bit absmax/code tensors (or 8-bit row scales) of the quantized linears"),
+        Item("lora_adapters", adapters, _adapter_note(r)),
+        Item("optimizer_states", states, _optimizer_note(r, shard)),
+        Item("cuda_workspaces", workspace, "cuBLAS workspace allocated through the caching allocator"),
+    ]
+    if gather:
+        static.append(Item("sharding_gather_buffers", gather, "ZeRO-3/FSDP all-gathered blocks: the current one and one prefetched"))
+    static_bytes = sum(i.bytes for i in static)
+
+    # Activations
+    groups = spec.layer_groups
+    ckpt = plan.gradient_checkpointing
+    layer_full = {i: m.layer_activation_bytes(r, i) for i, _ in groups}
+    boundary = m.checkpoint_boundary_bytes(r)
+    saved_per_layer = {i: (boundary if ckpt else layer_full[i]) for i, _ in groups}
+    saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
+    shared = m.shared_activation_bytes(r)
+    loss_fwd = m.loss_forward_bytes(r)
+    loss_fwd_tmp = m.loss_forward_transient_bytes(r)
+    loss_bwd = m.loss_backward_bytes(r)
+    dequant = m.dequantization_bytes(r)
+    act_note = (
+        f"gradient checkpointing: each of {spec.num_layers} blocks keeps its input (a·T·H)"
+        if ckpt
+        else f"{spec.num_layers} blocks x what each saves for backward (norms, attention, MLP, adapters)"
+    )
+
+    # --- forward: everything saved, plus the loss tile or a dequantized weight
+    fwd_transient = max(loss_fwd_tmp, dequant)
+    if ckpt:
+        # the block being run keeps its full activations until it returns
+        fwd_transient = max(fwd_transient, max(layer_full.values()) - boundary + dequant)
+    forward = PhasePeak(
+        "forward",
+        static_bytes + saved_layers + shared + loss_fwd + fwd_transient,
+        tuple(static)
+        + (
+            Item("activations", saved_layers + shared, act_note),
+            Item("logits_and_loss", loss_fwd, _loss_note(r)),
+            Item("forward_temporaries", fwd_transient, "a logits tile, a dequantized 4-bit weight or the running block"),
+        ),
+    )
+
+    # --- backward: the loss backward on top of every saved activation, then block by block
+    head_grad = 0
+    if r.full:
+        head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * shard.grads)
+    start = static_bytes + saved_layers + shared + loss_fwd + loss_bwd
+    best = start
+    best_parts = (saved_layers + shared, loss_fwd + loss_bwd, 0, 0)
+    # Block-by-block: at block i (from the top), blocks below keep their saved tensors, blocks above
+    # have produced their gradients. Blocks of one kind are identical, so evaluate each kind's top-most
+    # and bottom-most position (the live set changes linearly in between).
+    layer_grad = _layer_grad_bytes(r, shard)
+    for index, _ in groups:
+        transient = m.layer_backward_transient_bytes(r, index) + dequant
+        for below in (spec.num_layers - 1, 0):
+            saved_below = _saved_below(r, below, saved_per_layer)
+            current = layer_full[index]
+            grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
+            live = static_bytes + saved_below + shared + current + grads_above + transient + buckets
+            if live > best:
+                best = live
+                best_parts = (saved_below + shared + current, 0, grads_above, transient)
+    # the embedding's dense gradient exists beside the accumulated one for a moment at the very end
+    embed_grad = int(spec.embedding_params * r.trainable_bytes_per_param * shard.grads) if r.full else 0
+    end = static_bytes + grads + buckets + shared + embed_grad
+    if end > best:
+        best = end
+        best_parts = (shared, 0, grads + embed_grad, 0)
+    backward = PhasePeak(
+        "backward",
+        best,
+        tuple(static)
+        + (
+            Item("activations", best_parts[0], act_note + "; those of blocks already back-propagated are freed"),
+            Item("logits_and_loss", best_parts[1], _loss_note(r)),
+            Item("gradients", best_parts[2] + buckets, _grad_note(r, shard)),
+            Item("backward_temporaries", best_parts[3], "gradients in flight inside one block (MLP or attention), a dequantized 4-bit weight"),
+        ),
+    )
+
+    # --- optimizer step: all gradients plus the step's temporaries
+    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * shard.states)
+    optimizer = PhasePeak(
+        "optimizer",
+        static_bytes + grads + buckets + opt_tmp,
+        tuple(static)
+        + (
+            Item("gradients", grads + buckets, _grad_note(r, shard)),
+            Item("optimizer_temporaries", opt_tmp, _optimizer_tmp_note(r)),
+        ),
+    )
+    sizes = {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer_states": states,
+        "host_optimizer_states": states_all if shard.host_states else 0,
+        "host_params": (m.weight_bytes(r) if shard.host_params else 0),
+    }
+    return forward, backward, optimizer, sizes
+
+
+def _layer_grad_bytes(r: ResolvedPlan, shard: Sharding) -> dict[int, int]:
+    """Gradient bytes one block of each kind produces."""
+    per = r.trainable_bytes_per_param
+    if r.full:
+        return {i: int(r.spec.layer_params(i) * per * shard.grads) for i, _ in r.spec.layer_groups}
+    rank = r.plan.lora_r
+    return {
+        i: sum(rank * (lin.in_features + lin.out_features) for lin in r.adapted_linears(i)) * per
+        for i, _ in r.spec.layer_groups
+    }
+
+
+def _saved_below(r: ResolvedPlan, index: int, saved_per_layer: dict[int, int]) -> int:
+    """Saved activations of the blocks below block ``index`` (exclusive) plus, with checkpointing,
+    the block's own boundary input."""
+    spec = r.spec
+    total = 0
+    for first, _ in spec.layer_groups:
+        kind = spec.is_moe_layer(first)
+        count = sum(1 for j in range(index) if spec.is_moe_layer(j) == kind) if spec.moe_layers else index
+        total += count * saved_per_layer[first]
+    if r.plan.gradient_checkpointing:
+        total += saved_per_layer[spec.layer_groups[0][0]]
+    return total
+
+
+def _grads_above(r: ResolvedPlan, index: int, layer_grad: dict[int, int]) -> int:
+    spec = r.spec
+    above = spec.num_layers - 1 - index
+    if not spec.moe_layers:
+        return above * layer_grad[0]
+    total = 0
+    for first, _ in spec.layer_groups:
+        kind = spec.is_moe_layer(first)
+        total += sum(1 for j in range(index + 1, spec.num_layers) if spec.is_moe_layer(j) == kind) * layer_grad[first]
+    return total
+
+
+def _weights_note(r: ResolvedPlan, shard: Sharding) -> str:
+    spec = r.spec
+    base = f"{spec.total_params / 1e9:.3g}B parameters"
+    if r.quantization in ("nf4", "fp4"):
+        base += f"; block linears in 4-bit {r.quantization} (0.5 byte/param), the rest in {r.weight_dtype}"
+    elif r.quantization == "int8":
+        base += f"; block linears in int8, the rest in {r.weight_dtype}"
+    else:
+        base += f" x {r.weight_bytes_per_param} bytes ({r.weight_dtype})"
+    if shard.params < 1:
+        base += f"; sharded over {r.plan.num_gpus} GPUs" if shard.params else "; offloaded to the CPU"
+    return base
+
+
+def _adapter_note(r: ResolvedPlan) -> str:
+    if r.adapter_dtype is None:
+        return "no adapters (full fine-tuning)"
+    return (
+        f"LoRA r={r.plan.lora_r} on {', '.join(r.target_modules)}: {r.adapter_params / 1e6:.3g}M parameters "
+        f"in {r.adapter_dtype}"
+    )
+
+
+def _optimizer_note(r: ResolvedPlan, shard: Sharding) -> str:
+    note = f"{r.plan.optim} states for {r.trainable_params / 1e6:.4g}M trainable parameters"
+    if shard.states == 0:
+        note += ", offloaded to the CPU"
+    elif shard.states < 1:
+        note += f", sharded over {r.plan.num_gpus} GPUs"
+    return note
+
+
+def _grad_note(r: ResolvedPlan, shard: Sharding) -> str:
+    note = f"gradients of the trainable parameters in {r.adapter_dtype or r.weight_dtype}"
+    if shard.grads < 1:
+        note += f", sharded over {r.plan.num_gpus} GPUs"
+    if shard.grad_buckets:
+        note += "; DDP keeps a second copy in its all-reduce buckets"
+    return note
+
+
+def _loss_note(r: ResolvedPlan) -> str:
+    if r.plan.loss_implementation == "chunked":
+        return "TRL's chunked LM head: final hidden states, per-token statistics, a logits tile in backward"
+    return f"full logits (T x {r.spec.vocab_size} vocab) in {r.compute_dtype}, their fp32 upcast and log-softmax"
+
+
+def _optimizer_tmp_note(r: ResolvedPlan) -> str:
+    return {
+        "adamw_torch": "foreach AdamW's model-sized sqrt(exp_avg_sq) temporary",
+        "adafactor": "Adafactor's fp32 copies of the largest gradient",
+    }.get(r.plan.optim, "none: the step updates in place")

@@ -1,0 +1,173 @@
+"""What a plan means for one model: which tensors train, in which dtypes, with which kernels.
+
+The memory model reads these settings instead of re-deriving them in every component; the training
+runtime resolves the same plan into the same settings, and a test compares the two knob by knob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .constants import DTYPE_BYTES
+from .errors import PlanError
+from .plan import TrainingPlan
+from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    """A plan resolved against a model: the facts every memory component needs."""
+
+    plan: TrainingPlan
+    spec: ModelSpec
+    tokens: int  # micro-batch tokens per GPU: batch_size * seq_len
+    weight_dtype: str  # dtype of the stored (unquantized) weights
+    compute_dtype: str  # dtype of matmul outputs and activations
+    autocast: bool  # whether the forward runs under torch.autocast (accelerate's bf16/fp16 mixed precision)
+    quantization: str  # "none", "nf4", "fp4" or "int8"
+    adapter_dtype: str | None  # dtype of LoRA A/B weights (None without adapters)
+    target_modules: tuple[str, ...]  # module names that get LoRA adapters
+    attention_kernel: str  # "flash", "efficient" or "math": what runs on the GPU
+    warnings: tuple[str, ...]
+
+    @property
+    def weight_bytes_per_param(self) -> int:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def act_bytes(self) -> int:
+        return DTYPE_BYTES[self.compute_dtype]
+
+    @property
+    def full(self) -> bool:
+        return self.plan.method == "full"
+
+    def adapted(self, linear: LinearSpec) -> bool:
+        return self.adapter_dtype is not None and linear.name in self.target_modules
+
+    def adapted_linears(self, layer: int) -> tuple[LinearSpec, ...]:
+        return tuple(lin for lin in self.spec.layer_linears(layer) if self.adapted(lin))
+
+    @property
+    def adapter_params(self) -> int:
+        r = self.plan.lora_r
+        return sum(
+            n * r * (lin.in_features + lin.out_features)
+            for i, n in self.spec.layer_groups
+            for lin in self.adapted_linears(i)
+        )
+
+    @property
+    def adapter_tensors(self) -> int:
+        return 2 * sum(n * len(self.adapted_linears(i)) for i, n in self.spec.layer_groups)
+
+    @property
+    def trainable_params(self) -> int:
+        return self.spec.total_params if self.full else self.adapter_params
+
+    @property
+    def trainable_tensors(self) -> int:
+        """How many parameter tensors train (optimizer states and step counters are per tensor)."""
+        if not self.full:
+            return self.adapter_tensors
+        spec = self.spec
+        per_layer = 0
+        for i, n in spec.layer_groups:
+            linears = spec.layer_linears(i)
+            count = len(linears) + sum(1 for lin in linears if lin.bias)
+            count += spec.norms_per_layer + (2 if spec.qk_norm != "none" else 0)
+            count += 3 if spec.is_moe_layer(i) else 0  # gate_up_proj, down_proj, router
+            per_layer += n * count
+        return per_layer + 1 + 1 + (0 if spec.tie_word_embeddings else 1)
+
+    @property
+    def trainable_bytes_per_param(self) -> int:
+        if self.full:
+            return self.weight_bytes_per_param
+        assert self.adapter_dtype is not None
+        return DTYPE_BYTES[self.adapter_dtype]
+
+
+def _resolve_targets(plan: TrainingPlan, spec: ModelSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    names = spec.linear_names()
+    warnings: list[str] = []
+    if plan.target_modules is None:
+        default = PEFT_DEFAULT_TARGETS.get(spec.model_type)
+        if default is None:
+            raise PlanError(
+                f"target_modules: PEFT has no default target modules for model type '{spec.model_type}'; "
+                f"give a list (this model's linear layers are {', '.join(names)}) or 'all-linear'",
+                field="target_modules",
+            )
+        return tuple(n for n in default if n in names), ()
+    if plan.target_modules == "all-linear":
+        return names, ()
+    chosen = tuple(n for n in plan.target_modules if n in names)
+    missing = [n for n in plan.target_modules if n not in names]
+    if not chosen:
+        raise PlanError(
+            f"target_modules: none of {list(plan.target_modules)} is a linear layer of this model; "
+            f"choose from {', '.join(names)} or 'all-linear'",
+            field="target_modules",
+        )
+    if missing:
+        warnings.append(f"target_modules {missing} match no linear layer of this model and are ignored (PEFT does the same)")
+    return chosen, tuple(warnings)
+
+
+def _attention_kernel(plan: TrainingPlan, spec: ModelSpec, compute_dtype: str) -> str:
+    """The kernel PyTorch's SDPA dispatcher picks on an Ampere+ GPU for unpadded causal attention."""
+    if plan.attn_implementation == "eager":
+        return "math"
+    if plan.attn_implementation == "flash_attention_2":
+        return "flash"
+    if compute_dtype in ("bf16", "fp16") and spec.head_dim <= 256 and spec.head_dim % 8 == 0:
+        return "flash"
+    return "efficient"
+
+
+def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
+    warnings: list[str] = []
+    mixed = plan.precision == "mixed"
+    weight_dtype = "fp32" if mixed else plan.dtype
+    compute_dtype = plan.dtype
+    autocast = plan.dtype in ("bf16", "fp16")
+    if plan.quantized_4bit:
+        quantization = plan.bnb_4bit_quant_type
+    elif plan.load_in_8bit:
+        quantization = "int8"
+    else:
+        quantization = "none"
+    if plan.uses_adapters:
+        targets, target_warnings = _resolve_targets(plan, spec)
+        warnings.extend(target_warnings)
+        # PEFT's get_peft_model(autocast_adapter_dtype=True) keeps adapters in fp32 on a bf16/fp16 base;
+        # TRL 1.16 SFTTrainer then casts them to bf16 when the base is quantized (sft_trainer.py).
+        adapter_dtype = "bf16" if quantization != "none" else "fp32"
+    else:
+        targets, adapter_dtype = (), None
+    if plan.attn_implementation == "flash_attention_2" and compute_dtype == "fp32":
+        raise PlanError(
+            "attn_implementation: flash_attention_2 runs only in bf16 or fp16; set dtype to bf16/fp16 or use sdpa",
+            field="attn_implementation",
+        )
+    kernel = _attention_kernel(plan, spec, compute_dtype)
+    if spec.max_position_embeddings and plan.seq_len > spec.max_position_embeddings:
+        warnings.append(
+            f"seq_len {plan.seq_len} is beyond the model's max_position_embeddings "
+            f"{spec.max_position_embeddings}: the estimate still counts {plan.seq_len} tokens, but the model "
+            "was not trained for that context"
+        )
+    return ResolvedPlan(
+        plan=plan,
+        spec=spec,
+        tokens=plan.batch_size * plan.seq_len,
+        weight_dtype=weight_dtype,
+        compute_dtype=compute_dtype,
+        autocast=autocast,
+        quantization=quantization,
+        adapter_dtype=adapter_dtype,
+        target_modules=targets,
+        attention_kernel=kernel,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,415 @@
+"""Model specs from config.json: the shapes the memory model needs, counted tensor by tensor.
+
+A :class:`ModelSpec` is built from a config dict alone (no weights, no transformers). It lists every
+linear layer of a decoder block with its in/out features (for LoRA targeting and quantization), the
+MoE experts (which transformers 5 stores as fused 3-D parameters, not ``nn.Linear``), the norms and
+the embeddings, mirroring the modules of transformers' ``modeling_<family>.py``. A test builds each
+family's transformers model on the meta device and checks the counts agree to within 0.1%.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from .errors import ModelConfigError
+
+# model_type -> how its decoder block is laid out. Families checked against transformers 5.24's
+# modeling files; anything else with the standard keys is treated as a Llama-like block, with a warning.
+SUPPORTED_FAMILIES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo2",
+)
+
+# PEFT 0.21's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING (peft/utils/constants.py): the
+# modules adapted when target_modules is left unset. Families missing there make PEFT raise.
+PEFT_DEFAULT_TARGETS = {
+    "llama": ("q_proj", "v_proj"),
+    "mistral": ("q_proj", "v_proj"),
+    "mixtral": ("q_proj", "v_proj"),
+    "qwen2": ("q_proj", "v_proj"),
+    "qwen3": ("q_proj", "v_proj"),
+    "gemma": ("q_proj", "v_proj"),
+    "gemma2": ("q_proj", "v_proj"),
+    "gemma3_text": ("q_proj", "v_proj"),
+}
+
+# Bounds a real config never reaches; beyond them the numbers stop meaning anything.
+MAX_DIM = 1 << 20
+MAX_LAYERS = 4096
+MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 4096
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """One ``nn.Linear`` of a decoder block: its PEFT-visible name and its shape."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool = False
+
+    @property
+    def weight_params(self) -> int:
+        return self.in_features * self.out_features
+
+    @property
+    def params(self) -> int:
+        return self.weight_params + (self.out_features if self.bias else 0)
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The sparse MLP of an MoE block (transformers 5 fuses each expert set into 3-D parameters)."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate: int
+    shared_intermediate: int = 0  # qwen2_moe's always-on shared expert (0 when absent)
+
+    def params(self, hidden: int) -> int:
+        """gate_up_proj (E, 2I, H) + down_proj (E, H, I) + the router (E, H)."""
+        experts = self.num_experts * 3 * hidden * self.expert_intermediate
+        router = self.num_experts * hidden
+        return experts + router
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture of a decoder-only causal LM, as far as memory is concerned."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int | None
+    attention_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    fused_qkv: bool = False  # phi3: qkv_proj and gate_up_proj
+    qk_norm: str = "none"  # "none", "head" (qwen3, gemma3: per head_dim), "full" (olmo2: over all heads)
+    norms_per_layer: int = 2
+    moe: MoESpec | None = None
+    moe_layers: tuple[bool, ...] = ()  # per layer: True where the MLP is sparse
+    embed_scale: bool = False  # gemma multiplies the embeddings by sqrt(hidden) (one extra tensor)
+    final_logit_softcapping: float | None = None  # gemma2: tanh softcap on the logits
+    known_family: bool = True
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    # ---------- construction ----------
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelSpec":
+        """Read the architecture from a config.json dict; raise ModelConfigError naming a bad field."""
+        return _spec_from_config(config)
+
+    # ---------- layers ----------
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def attention_linears(self) -> tuple[LinearSpec, ...]:
+        h = self.hidden_size
+        if self.fused_qkv:
+            return (
+                LinearSpec("qkv_proj", h, self.q_dim + 2 * self.kv_dim, self.attention_bias),
+                LinearSpec("o_proj", self.q_dim, h, self.attention_out_bias),
+            )
+        return (
+            LinearSpec("q_proj", h, self.q_dim, self.attention_bias),
+            LinearSpec("k_proj", h, self.kv_dim, self.attention_bias),
+            LinearSpec("v_proj", h, self.kv_dim, self.attention_bias),
+            LinearSpec("o_proj", self.q_dim, h, self.attention_out_bias),
+        )
+
+    def dense_mlp_linears(self, intermediate: int | None = None) -> tuple[LinearSpec, ...]:
+        h, i, b = self.hidden_size, intermediate or self.intermediate_size, self.mlp_bias
+        if self.fused_qkv:
+            return (LinearSpec("gate_up_proj", h, 2 * i, b), LinearSpec("down_proj", i, h, b))
+        return (LinearSpec("gate_proj", h, i, b), LinearSpec("up_proj", h, i, b), LinearSpec("down_proj", i, h, b))
+
+    def is_moe_layer(self, index: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[index]
+
+    def layer_linears(self, index: int) -> tuple[LinearSpec, ...]:
+        """Every ``nn.Linear`` of block ``index`` (MoE experts are 3-D parameters, not listed here)."""
+        linears = self.attention_linears()
+        if self.is_moe_layer(index):
+            moe = self.moe
+            assert moe is not None
+            if moe.shared_intermediate:
+                linears += self.dense_mlp_linears(moe.shared_intermediate)
+                linears += (LinearSpec("shared_expert_gate", self.hidden_size, 1, False),)
+            return linears
+        return linears + self.dense_mlp_linears()
+
+    def layer_norm_params(self) -> int:
+        h = self.hidden_size
+        qk = 0
+        if self.qk_norm == "head":
+            qk = 2 * self.head_dim
+        elif self.qk_norm == "full":
+            qk = self.q_dim + self.kv_dim
+        return self.norms_per_layer * h + qk
+
+    def layer_expert_params(self, index: int) -> int:
+        """Fused expert weights plus the router of block ``index`` (0 for a dense block)."""
+        if not self.is_moe_layer(index):
+            return 0
+        assert self.moe is not None
+        return self.moe.params(self.hidden_size)
+
+    def layer_params(self, index: int) -> int:
+        return (
+            sum(lin.params for lin in self.layer_linears(index))
+            + self.layer_norm_params()
+            + self.layer_expert_params(index)
+        )
+
+    @cached_property
+    def layer_groups(self) -> tuple[tuple[int, int], ...]:
+        """(first layer index, number of layers) for each kind of block (dense, MoE): blocks of one
+        kind are identical, so the memory model evaluates each kind once."""
+        if not self.moe_layers:
+            return ((0, self.num_layers),)
+        groups: list[tuple[int, int]] = []
+        for kind in (False, True):
+            indices = [i for i, m in enumerate(self.moe_layers) if m == kind]
+            if indices:
+                groups.append((indices[0], len(indices)))
+        return tuple(groups)
+
+    # ---------- totals ----------
+    @cached_property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @cached_property
+    def lm_head_params(self) -> int:
+        """0 when the head shares the embedding matrix."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @cached_property
+    def block_params(self) -> int:
+        return sum(self.layer_params(i) * n for i, n in self.layer_groups)
+
+    @cached_property
+    def linear_weight_params(self) -> int:
+        """Weights of all block ``nn.Linear`` layers: what bitsandbytes quantizes (lm_head excluded)."""
+        return sum(lin.weight_params * n for i, n in self.layer_groups for lin in self.layer_linears(i))
+
+    @cached_property
+    def expert_params(self) -> int:
+        return sum(self.layer_expert_params(i) * n for i, n in self.layer_groups)
+
+    @cached_property
+    def total_params(self) -> int:
+        return self.embedding_params + self.lm_head_params + self.block_params + self.hidden_size
+
+    @cached_property
+    def largest_layer_params(self) -> int:
+        return max(self.layer_params(i) for i, _ in self.layer_groups)
+
+    def linear_names(self) -> tuple[str, ...]:
+        names: list[str] = []
+        for i, _ in self.layer_groups:
+            for lin in self.layer_linears(i):
+                if lin.name not in names:
+                    names.append(lin.name)
+        return tuple(names)
+
+
+# ---------------------------------------------------------------------------
+# Parsing
+
+
+def _get(config: dict, *keys: str, default=None):
+    for key in keys:
+        if key in config and config[key] is not None:
+            return config[key]
+    return default
+
+
+def _int_field(config: dict, keys: tuple[str, ...], *, required: bool, default: int | None = None,
+               low: int = 1, high: int = MAX_DIM) -> int | None:
+    value = _get(config, *keys)
+    name = keys[0]
+    if value is None:
+        if required and default is None:
+            raise ModelConfigError(f"config.json has no '{name}'; a decoder config needs it")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelConfigError(f"config.json field '{name}' must be an integer; got {value!r:.60}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ModelConfigError(f"config.json field '{name}' must be an integer; got {value!r}")
+        value = int(value)
+    if not low <= value <= high:
+        raise ModelConfigError(f"config.json field '{name}' must be between {low} and {high}; got {value}")
+    return value
+
+
+def _bool_field(config: dict, key: str, default: bool) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ModelConfigError(f"config.json field '{key}' must be true or false; got {value!r:.60}")
+    return value
+
+
+def _text_config(config: dict) -> dict:
+    """Multimodal wrappers (gemma3, ...) keep the language model under text_config."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict) and "hidden_size" in inner:
+        merged = dict(inner)
+        merged.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", inner.get("tie_word_embeddings")))
+        if "model_type" not in inner:
+            merged["model_type"] = str(config.get("model_type", "")) + "_text"
+        return merged
+    return config
+
+
+def _spec_from_config(config: dict) -> ModelSpec:
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"config.json must be a JSON object; got {type(config).__name__}")
+    config = _text_config(config)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ModelConfigError("config.json has no 'model_type'; cannot tell the architecture")
+    warnings: list[str] = []
+    known = model_type in SUPPORTED_FAMILIES
+    if not known:
+        warnings.append(
+            f"model_type '{model_type}' is not one of the families canifinetune checks against transformers "
+            f"({', '.join(SUPPORTED_FAMILIES)}); it is estimated as a Llama-like decoder from its standard "
+            "config fields. Measure a short run before relying on it."
+        )
+
+    hidden = _int_field(config, ("hidden_size", "n_embd", "d_model"), required=True)
+    layers = _int_field(config, ("num_hidden_layers", "n_layer", "num_layers"), required=True, high=MAX_LAYERS)
+    heads = _int_field(config, ("num_attention_heads", "n_head"), required=True, high=MAX_DIM)
+    kv_heads = _int_field(config, ("num_key_value_heads",), required=False, default=heads, high=MAX_DIM)
+    vocab = _int_field(config, ("vocab_size",), required=True, high=MAX_VOCAB)
+    intermediate = _int_field(config, ("intermediate_size", "n_inner", "ffn_dim"), required=False,
+                              default=None, high=MAX_DIM)
+    head_dim = _int_field(config, ("head_dim",), required=False, default=None, high=MAX_DIM)
+    if head_dim is None:
+        if hidden % heads:
+            raise ModelConfigError(
+                f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads} and no head_dim is given"
+            )
+        head_dim = hidden // heads
+    if heads % kv_heads:
+        raise ModelConfigError(
+            f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
+    max_pos = _int_field(config, ("max_position_embeddings", "n_positions"), required=False, default=None,
+                         high=1 << 31)
+    tie_default = model_type.startswith("gemma")
+    tie = _bool_field(config, "tie_word_embeddings", tie_default)
+
+    attention_bias = _bool_field(config, "attention_bias", False)
+    attention_out_bias = attention_bias
+    mlp_bias = _bool_field(config, "mlp_bias", False)
+    fused = False
+    qk_norm = "none"
+    norms = 2
+    embed_scale = False
+    softcap = None
+
+    if model_type == "qwen2":
+        attention_bias, attention_out_bias = True, False  # q/k/v carry biases, o_proj does not
+    elif model_type == "qwen2_moe":
+        attention_bias = _bool_field(config, "qkv_bias", True)
+        attention_out_bias = False
+    elif model_type in ("qwen3", "qwen3_moe"):
+        attention_out_bias = attention_bias
+        qk_norm = "head"
+    elif model_type == "gemma":
+        embed_scale = True
+    elif model_type in ("gemma2", "gemma3_text"):
+        embed_scale = True
+        norms = 4
+        qk_norm = "head" if model_type == "gemma3_text" else "none"
+        if model_type == "gemma2":
+            softcap = _get(config, "final_logit_softcapping")
+    elif model_type == "phi3":
+        fused = True
+    elif model_type == "olmo2":
+        qk_norm = "full"
+    elif model_type in ("mistral", "mixtral", "llama"):
+        pass
+
+    moe = None
+    moe_layers: tuple[bool, ...] = ()
+    experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts"), required=False,
+                         default=None, high=MAX_EXPERTS)
+    if experts and experts > 1:
+        top_k = _int_field(config, ("num_experts_per_tok", "top_k", "moe_topk"), required=False, default=2,
+                           high=MAX_EXPERTS)
+        expert_i = _int_field(config, ("moe_intermediate_size",), required=False, default=intermediate)
+        if expert_i is None:
+            raise ModelConfigError("config.json: an MoE config needs 'moe_intermediate_size' or 'intermediate_size'")
+        shared_i = _int_field(config, ("shared_expert_intermediate_size",), required=False, default=0, low=0)
+        if top_k > experts:
+            raise ModelConfigError(f"config.json: num_experts_per_tok {top_k} exceeds the {experts} experts")
+        moe = MoESpec(experts, top_k, expert_i, shared_i if model_type == "qwen2_moe" else 0)
+        step = _int_field(config, ("decoder_sparse_step",), required=False, default=1, high=MAX_LAYERS)
+        dense_only = config.get("mlp_only_layers") or []
+        if not isinstance(dense_only, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in dense_only):
+            raise ModelConfigError("config.json field 'mlp_only_layers' must be a list of layer indices")
+        moe_layers = tuple(
+            (i not in dense_only) and ((i + 1) % step == 0) for i in range(layers)
+        )
+        if not known or model_type not in ("mixtral", "qwen2_moe", "qwen3_moe"):
+            warnings.append(f"MoE layout of '{model_type}' assumed to follow Mixtral/Qwen-MoE (fused experts, top-k routing)")
+    if intermediate is None:
+        if moe is None or any(not m for m in moe_layers):
+            raise ModelConfigError("config.json has no 'intermediate_size'; a decoder config needs it")
+        intermediate = moe.expert_intermediate if moe else 0
+
+    return ModelSpec(
+        model_type=model_type,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        tie_word_embeddings=tie,
+        max_position_embeddings=max_pos,
+        attention_bias=attention_bias,
+        attention_out_bias=attention_out_bias,
+        mlp_bias=mlp_bias,
+        fused_qkv=fused,
+        qk_norm=qk_norm,
+        norms_per_layer=norms,
+        moe=moe,
+        moe_layers=moe_layers,
+        embed_scale=embed_scale,
+        final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) else None,
+        known_family=known,
+        warnings=tuple(warnings),
+    )
