@@ -1,0 +1,412 @@
+"""The built-in model and GPU catalogs: contents, forgiving lookups, suggestions and the numbers themselves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from canifinetune.estimator import catalog
+from canifinetune.estimator.catalog import (
+    CatalogGPU,
+    CatalogModel,
+    find_gpu,
+    find_model,
+    load_gpus,
+    load_models,
+    search_gpus,
+    search_models,
+    suggest_gpus,
+    suggest_models,
+)
+
+GIB = 2**30
+
+# ------------------------------------------------------------------------------------------ contents
+
+REQUIRED_FAMILIES = {
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo2",
+}
+
+REQUIRED_MODELS = [
+    "meta-llama/Llama-2-7b-hf",
+    "meta-llama/Llama-2-13b-hf",
+    "meta-llama/Meta-Llama-3-8B",
+    "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B",
+    "meta-llama/Llama-3.2-1B",
+    "meta-llama/Llama-3.2-3B",
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "HuggingFaceTB/SmolLM2-135M",
+    "HuggingFaceTB/SmolLM2-360M",
+    "HuggingFaceTB/SmolLM2-1.7B",
+    "mistralai/Mistral-7B-v0.1",
+    "mistralai/Mistral-7B-v0.3",
+    "mistralai/Mistral-Nemo-Base-2407",
+    "mistralai/Mixtral-8x7B-v0.1",
+    "Qwen/Qwen2-0.5B",
+    "Qwen/Qwen2-1.5B",
+    "Qwen/Qwen2-7B",
+    "Qwen/Qwen2.5-0.5B",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-1.5B",
+    "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen2.5-3B",
+    "Qwen/Qwen2.5-7B",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen2.5-14B-Instruct",
+    "Qwen/Qwen2.5-32B-Instruct",
+    "Qwen/Qwen2.5-72B-Instruct",
+    "Qwen/Qwen2.5-Coder-7B",
+    "Qwen/Qwen3-0.6B",
+    "Qwen/Qwen3-1.7B",
+    "Qwen/Qwen3-4B",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3-14B",
+    "Qwen/Qwen3-32B",
+    "Qwen/Qwen1.5-MoE-A2.7B",
+    "Qwen/Qwen3-30B-A3B",
+    "google/gemma-2b",
+    "google/gemma-7b",
+    "google/gemma-2-2b-it",
+    "google/gemma-2-9b-it",
+    "google/gemma-2-27b-it",
+    "google/gemma-3-1b-it",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "microsoft/Phi-3.5-mini-instruct",
+    "allenai/OLMo-2-1124-7B",
+]
+
+REQUIRED_GPUS = [
+    "Tesla T4", "Tesla V100 16GB", "Tesla V100 32GB", "A10", "A10G", "L4", "L40S",
+    "A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM",
+    "H100 PCIe", "H100 SXM", "H100 NVL", "H200", "GH200", "B200", "MI250X", "MI300X", "MI325X",
+    "RTX A4000", "RTX A5000", "RTX A6000", "RTX 6000 Ada",
+    "RTX 3060 12GB", "RTX 3080", "RTX 3090", "RTX 4060 Ti 16GB", "RTX 4070", "RTX 4080", "RTX 4090",
+    "RTX 5080", "RTX 5090",
+]  # fmt: skip
+
+ARCH_FIELDS = (
+    "model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings",
+    "torch_dtype", "rms_norm_eps",
+)  # fmt: skip
+
+
+def test_counts():
+    assert len(load_models()) >= 40
+    assert len(load_gpus()) >= 30
+
+
+def test_loads_are_cached_and_typed():
+    assert load_models() is load_models()
+    assert load_gpus() is load_gpus()
+    assert all(isinstance(m, CatalogModel) for m in load_models())
+    assert all(isinstance(g, CatalogGPU) for g in load_gpus())
+
+
+def test_every_family_present():
+    assert REQUIRED_FAMILIES <= {m.family for m in load_models()}
+
+
+@pytest.mark.parametrize("model_id", REQUIRED_MODELS)
+def test_required_model_present(model_id):
+    m = find_model(model_id)
+    assert m is not None and m.id == model_id
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_required_gpu_present(name):
+    g = find_gpu(name)
+    assert g is not None and g.name == name
+
+
+def test_no_apple_gpus():
+    assert not [g for g in load_gpus() if g.vendor not in ("nvidia", "amd")]
+
+
+def test_ids_and_names_unique():
+    ids = [m.id for m in load_models()]
+    assert len(ids) == len(set(ids))
+    names = [g.name for g in load_gpus()]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("model", load_models(), ids=lambda m: m.id)
+def test_model_entry_well_formed(model):
+    assert "/" in model.id
+    assert model.params_published > 0 and model.params_source
+    assert model.config_source
+    assert isinstance(model.gated, bool)
+    for key in ARCH_FIELDS:
+        assert key in model.config, key
+    cfg = model.config_dict()
+    assert cfg["model_type"] == model.family
+    assert isinstance(cfg["architectures"], list) and cfg["architectures"][0].endswith("ForCausalLM")
+    assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
+    assert "head_dim" in cfg or cfg["hidden_size"] % cfg["num_attention_heads"] == 0
+    assert cfg["torch_dtype"] in ("bfloat16", "float16", "float32")
+    if model.is_moe:
+        assert "num_experts_per_tok" in cfg
+    json.dumps(cfg)  # plain JSON, usable as a config.json
+
+
+def test_config_is_read_only_and_copies_are_fresh():
+    m = find_model("Qwen/Qwen2.5-1.5B-Instruct")
+    with pytest.raises(TypeError):
+        m.config["hidden_size"] = 1  # type: ignore[index]
+    cfg = m.config_dict()
+    cfg["hidden_size"] = 1
+    assert m.config["hidden_size"] == 1536
+
+
+def test_moe_fields():
+    mixtral = find_model("mistralai/Mixtral-8x7B-v0.1").config
+    assert (mixtral["num_local_experts"], mixtral["num_experts_per_tok"]) == (8, 2)
+    qmoe = find_model("Qwen/Qwen1.5-MoE-A2.7B").config
+    assert (qmoe["num_experts"], qmoe["num_experts_per_tok"], qmoe["moe_intermediate_size"]) == (60, 4, 1408)
+    assert qmoe["shared_expert_intermediate_size"] == 5632 and qmoe["decoder_sparse_step"] == 1
+    q3 = find_model("Qwen/Qwen3-30B-A3B").config
+    assert (q3["num_experts"], q3["num_experts_per_tok"], q3["moe_intermediate_size"]) == (128, 8, 768)
+    assert q3["norm_topk_prob"] is True and tuple(q3["mlp_only_layers"]) == ()
+
+
+# ------------------------------------------------------------------------------------------ lookups
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("qwen/qwen2.5-1.5b-instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("qwen2.5 1.5b instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("  QWEN 2.5 1.5B  INSTRUCT ", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("qwen2.5_1.5b_instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("llama 3.1 8b", "meta-llama/Llama-3.1-8B"),
+        ("Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("llama 3 8b", "meta-llama/Meta-Llama-3-8B"),
+        ("llama 2 7b", "meta-llama/Llama-2-7b-hf"),
+        ("tinyllama", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"),
+        ("mistral 7b", "mistralai/Mistral-7B-v0.1"),
+        ("mixtral 8x7b", "mistralai/Mixtral-8x7B-v0.1"),
+        ("qwen3 8b", "Qwen/Qwen3-8B"),
+        ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B"),
+        ("gemma 2 9b it", "google/gemma-2-9b-it"),
+        ("gemma-3-1b-it", "google/gemma-3-1b-it"),
+        ("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct"),
+        ("olmo 2 7b", "allenai/OLMo-2-1124-7B"),
+    ],
+)
+def test_find_model_forgiving(query, expected):
+    m = find_model(query)
+    assert m is not None, query
+    assert m.id == expected
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("rtx4090", "RTX 4090"),
+        ("RTX 4090", "RTX 4090"),
+        ("4090", "RTX 4090"),
+        ("GeForce RTX 4090", "RTX 4090"),
+        ("a100 80gb", "A100 80GB SXM"),
+        ("A100-SXM4-80GB", "A100 80GB SXM"),
+        ("a100 80gb pcie", "A100 80GB PCIe"),
+        ("a100 40gb", "A100 40GB SXM"),
+        ("h100", "H100 SXM"),
+        ("H100 PCIe", "H100 PCIe"),
+        ("t4", "Tesla T4"),
+        ("v100 32gb", "Tesla V100 32GB"),
+        ("mi300x", "MI300X"),
+        ("rtx 6000 ada", "RTX 6000 Ada"),
+        ("4060ti", "RTX 4060 Ti 16GB"),
+        ("3060", "RTX 3060 12GB"),
+        ("a6000", "RTX A6000"),
+    ],
+)
+def test_find_gpu_forgiving(query, expected):
+    g = find_gpu(query)
+    assert g is not None, query
+    assert g.name == expected
+
+
+@pytest.mark.parametrize("query", ["", "   ", "gpt-5", "nonexistent/model", "qwen2.5 1.5 instrct", "!!!"])
+def test_find_model_unknown(query):
+    assert find_model(query) is None
+
+
+@pytest.mark.parametrize("query", ["", "rtx 4900", "apple m2", "tpu v5"])
+def test_find_gpu_unknown(query):
+    assert find_gpu(query) is None
+
+
+def test_non_string_lookups_are_none():
+    assert find_model(None) is None  # type: ignore[arg-type]
+    assert find_gpu(4090) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("query", ["qwen 1.5b", "qwen2.5", "smollm2", "llama"])
+def test_ambiguous_model_is_none(query):
+    assert find_model(query) is None
+    assert len(suggest_models(query)) >= 2
+
+
+@pytest.mark.parametrize("query", ["a100", "v100", "a100 pcie"])
+def test_ambiguous_gpu_is_none(query):
+    assert find_gpu(query) is None
+
+
+def test_ambiguous_gpu_suggests_the_candidates():
+    assert set(suggest_gpus("a100")[:4]) == {"A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM"}
+    assert set(suggest_gpus("v100")[:2]) == {"Tesla V100 16GB", "Tesla V100 32GB"}
+
+
+def test_clearly_best_candidate_resolves():
+    # base model (no extra tokens) beats its Instruct sibling
+    assert find_model("qwen2.5 7b").id == "Qwen/Qwen2.5-7B"
+    assert find_model("mixtral").id == "mistralai/Mixtral-8x7B-v0.1"
+
+
+def test_suggestions_for_typos():
+    assert suggest_models("qwen2.5 1.5 instrct")[0] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert suggest_gpus("rtx 4900")[0] == "RTX 4090"
+    assert "meta-llama/Llama-3.1-8B" in suggest_models("lama 3.1 8b")
+    assert suggest_gpus("h200x")[0] == "H200"
+
+
+def test_suggestions_limit_and_junk():
+    assert len(suggest_models("qwen", limit=3)) == 3
+    assert suggest_models("qwen", limit=0) == []
+    assert suggest_models("") == [] and suggest_gpus("   ") == []
+    assert suggest_gpus("zzzzzzzz") == []
+
+
+def test_search():
+    assert len(search_models("")) == len(load_models())
+    qwen3 = {m.id for m in search_models("qwen3")}
+    assert "Qwen/Qwen3-8B" in qwen3 and "Qwen/Qwen2.5-3B" not in qwen3
+    assert {m.id for m in search_models("qwen3_moe")} == {"Qwen/Qwen3-30B-A3B"}
+    assert all("gemma" in m.id for m in search_models("gemma it"))
+    assert {g.name for g in search_gpus("amd")} == {"MI250X", "MI300X", "MI325X"}
+    consumer = search_gpus("consumer")
+    assert consumer and all(g.category == "consumer" for g in consumer)
+    assert "RTX 4090" in {g.name for g in search_gpus("rtx 40")}
+    assert search_gpus("nothing-like-this") == []
+
+
+def test_lookups_are_fast():
+    import time
+
+    start = time.perf_counter()
+    for _ in range(200):
+        find_model("qwen2.5 1.5b instruct")
+        find_gpu("rtx4090")
+        find_model("qwen 1.5b")
+    assert time.perf_counter() - start < 1.0
+
+
+# ------------------------------------------------------------------------------------------ GPU numbers
+
+PRE_AMPERE = {"Tesla T4", "Tesla V100 16GB", "Tesla V100 32GB"}
+
+
+@pytest.mark.parametrize("gpu", load_gpus(), ids=lambda g: g.name)
+def test_gpu_numbers(gpu):
+    assert gpu.memory_gb > 0 and gpu.total_memory_bytes > 0
+    per_device_gb = gpu.memory_gb / gpu.runtime_devices
+    assert gpu.total_memory_bytes <= per_device_gb * GIB * 1.01
+    assert gpu.total_memory_bytes >= per_device_gb * GIB * 0.9
+    assert gpu.tflops_fp16_dense > 0 and gpu.memory_bandwidth_gbs > 0
+    assert gpu.source and gpu.total_memory_source
+    assert gpu.vendor in ("nvidia", "amd") and gpu.category in ("datacenter", "workstation", "consumer")
+    if gpu.bf16:
+        assert gpu.tflops_bf16_dense is not None and gpu.tflops_bf16_dense > 0
+    else:
+        assert gpu.tflops_bf16_dense is None
+
+
+def test_bf16_false_exactly_for_pre_ampere_nvidia():
+    no_bf16 = {g.name for g in load_gpus() if not g.bf16}
+    assert no_bf16 == PRE_AMPERE
+
+
+def test_known_totals():
+    assert find_gpu("t4").total_memory_bytes == 15360 * 2**20
+    assert find_gpu("a100 80gb").total_memory_bytes == 81920 * 2**20
+    assert find_gpu("h100").total_memory_bytes == 81559 * 2**20
+    assert find_gpu("mi250x").runtime_devices == 2
+
+
+# ------------------------------------------------------------------------------------------ import hygiene
+
+
+def test_import_does_not_pull_torch():
+    code = (
+        "import sys\n"
+        "import canifinetune.estimator.catalog as c\n"
+        "c.find_model('qwen2.5 1.5b instruct'); c.find_gpu('4090'); c.suggest_gpus('rtx 4900')\n"
+        "bad = [m for m in ('torch', 'transformers', 'requests', 'huggingface_hub') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------------ real parameter counts
+
+
+def _meta_param_count(config: dict) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(config)
+    model_type = cfg.pop("model_type")
+    hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    # parameters() yields a tied tensor once, so tied embeddings count once
+    return sum(p.numel() for p in model.parameters())
+
+
+_COUNT_CACHE: dict[str, int] = {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", load_models(), ids=lambda m: m.id)
+def test_parameter_count_matches_published(model):
+    pytest.importorskip("transformers")
+    cfg = model.config_dict()
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _COUNT_CACHE:
+        _COUNT_CACHE[key] = _meta_param_count(cfg)
+    n = _COUNT_CACHE[key]
+    rel = abs(n / model.params_published - 1)
+    assert rel <= model.params_tolerance, (
+        f"{model.id}: built {n:,} parameters, published {model.params_published:,} ({rel:.2%} off)"
+    )
+
+
+def test_tolerance_exceptions_are_explained():
+    for m in load_models():
+        if m.params_tolerance != 0.01:
+            assert m.notes, m.id
+            assert m.params_tolerance <= 0.05
+
+
+def test_module_has_no_heavy_imports_at_top():
+    src = open(catalog.__file__, encoding="utf-8").read()
+    for mod in ("torch", "transformers", "requests", "huggingface_hub", "urllib"):
+        assert f"import {mod}" not in src
