@@ -1,0 +1,469 @@
+"""Measure the peak of live tensor memory of two training steps of a TrainingPlan, under fake tensors.
+
+No GPU and no weights are needed: the model is built from its config.json under
+``FakeTensorMode(allow_fallback_kernels=False)`` and every op's outputs are counted by a ``TorchDispatchMode``
+(each untyped storage once, its size rounded up to 512 bytes like the CUDA caching allocator's blocks, freed
+when the storage dies). The maximum of the running sum is what ``torch.cuda.max_memory_allocated`` would
+report, less kernel-internal scratch (see docs/measuring.md).
+
+Usage (one case per process):
+    python benchmarks/validation/fake_mode.py --plan plan.json --config config.json [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+import traceback
+import weakref
+from typing import Any
+
+BLOCK = 512
+
+
+def round_block(nbytes: int) -> int:
+    return 0 if nbytes <= 0 else ((nbytes + BLOCK - 1) // BLOCK) * BLOCK
+
+
+# ----------------------------------------------------------------------------------------------
+# the counter
+
+
+def _make_counter_class():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveMemoryCounter(TorchDispatchMode):
+        """Counts every storage an op outputs once (by identity), rounded up to 512 bytes, until it dies.
+
+        At each new global peak the live set is copied (cheaply: keys, serial numbers, sizes) just before the
+        first free after it; ``classify()`` later, at a safe point (never inside a storage's destructor), splits
+        that copy into categories with ``category_tensors()`` (set by the caller), matching storages by identity
+        and allocation serial number."""
+
+        def __init__(self):
+            super().__init__()
+            self.live: dict[int, tuple[int, int]] = {}  # storage key -> (serial, rounded bytes)
+            self.serial = 0
+            self.current = 0
+            self.peak = 0
+            self.phase = "setup"
+            self.peak_phase = "setup"
+            self.phase_peaks: dict[str, int] = {}
+            self.category_tensors = None  # () -> {category: iterable of tensors}
+            self.peak_categories: dict[str, int] | None = None
+            self._pending: dict[int, tuple[int, int]] | None = None
+            self._dirty = False  # a new global peak not yet copied
+
+        # -- bookkeeping
+        def track(self, tensor) -> None:
+            if tensor.device.type == "meta":
+                return
+            try:
+                storage = tensor.untyped_storage()
+            except Exception:
+                return
+            k = storage._cdata
+            if k in self.live:
+                return
+            nbytes = round_block(int(storage.nbytes()))
+            self.serial += 1
+            self.live[k] = (self.serial, nbytes)
+            weakref.finalize(storage, self._free, k)
+            self.current += nbytes
+            if self.current > self.phase_peaks.get(self.phase, -1):
+                self.phase_peaks[self.phase] = self.current
+            if self.current > self.peak:
+                self.peak = self.current
+                self.peak_phase = self.phase
+                self._dirty = True
+
+        def _free(self, k) -> None:
+            entry = self.live.get(k)
+            if entry is None:
+                return
+            if self._dirty:  # the live set right now (before this free) is the one at the peak
+                self._dirty = False
+                self._pending = dict(self.live)
+            del self.live[k]
+            self.current -= entry[1]
+
+        def classify(self) -> None:
+            """Split the pending peak snapshot into categories (call at safe points only)."""
+            if self._dirty:
+                self._dirty = False
+                self._pending = dict(self.live)
+            if self._pending is None or self.category_tensors is None:
+                return
+            self.peak_categories = self.split(self._pending)
+            self._pending = None
+
+        def split(self, snapshot) -> dict[str, int]:
+            serials: dict[int, str] = {}
+            for category, tensors in self.category_tensors().items():
+                for t in tensors:
+                    if t is None:
+                        continue
+                    try:
+                        entry = self.live.get(t.untyped_storage()._cdata)
+                    except Exception:
+                        continue
+                    if entry is not None and entry[0] not in serials:
+                        serials[entry[0]] = category
+            cats = {"parameters": 0, "gradients": 0, "optimizer_states": 0, "other": 0}
+            for serial, nbytes in snapshot.values():
+                cats[serials.get(serial, "other")] += nbytes
+            return cats
+
+        def categories_now(self) -> dict[str, int]:
+            return self.split(self.live)
+
+        def set_phase(self, name: str) -> None:
+            self.classify()
+            self.phase = name
+            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current)
+
+        def reset_peak(self) -> None:
+            self.peak = self.current
+            self.peak_phase = self.phase
+            self.peak_categories = None
+            self._pending = None
+            self._dirty = True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
+            return out
+
+    return LiveMemoryCounter
+
+
+# ----------------------------------------------------------------------------------------------
+# what a GPU would run
+
+
+def routed_sdpa(original):
+    """F.scaled_dot_product_attention as an A100/H100 dispatches it: flash (bf16/fp16, no mask, head_dim <= 256
+    and a multiple of 8; GQA handled natively), else memory-efficient (no GQA: k/v expanded), else math."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        d = query.shape[-1]
+        half = query.dtype in (torch.bfloat16, torch.float16)
+        same = key.dtype == query.dtype == value.dtype and value.shape[-1] == d
+        if attn_mask is None and half and same and d <= 256 and d % 8 == 0:
+            sdpa.kernels["flash"] = sdpa.kernels.get("flash", 0) + 1
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
+        if key.shape[-3] != query.shape[-3]:
+            rep = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(rep, dim=-3)
+            value = value.repeat_interleave(rep, dim=-3)
+        align = 8 if half else 4
+        if same and d % align == 0 and query.dtype in (torch.bfloat16, torch.float16, torch.float32):
+            sdpa.kernels["efficient"] = sdpa.kernels.get("efficient", 0) + 1
+            bias = attn_mask
+            if bias is not None and bias.dtype == torch.bool:
+                bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
+            if bias is not None:
+                bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, bias, need_grad, dropout_p, is_causal, scale=scale
+            )[0]
+        sdpa.kernels["math"] = sdpa.kernels.get("math", 0) + 1
+        with sdpa_kernel(SDPBackend.MATH):
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+
+    sdpa.kernels = {}
+    return sdpa
+
+
+@contextlib.contextmanager
+def gpu_routing(route_sdpa: bool = True):
+    """Patch F.scaled_dot_product_attention to the GPU routing; patch TRL's chunked log-prob kernel to what its
+    Triton path allocates on a GPU (the torch fallback for devices without Triton makes fp32 tile temporaries
+    the Triton kernels do not)."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+    routed = routed_sdpa(original)
+    patches: list[tuple[Any, str, Any]] = []
+    if route_sdpa:
+        patches.append((F, "scaled_dot_product_attention", routed))
+    try:
+        from trl.kernels import chunked_logprob as clp
+
+        def forward_tile(tile, tile_stride, targets, *stats, **kwargs):  # Triton: folds in registers, in place
+            return None
+
+        def backward_tile(tile, *args, **kwargs):  # Triton: writes the logits gradient into the tile in place
+            return None
+
+        def addmm_fp32(acc, a, b):  # CUDA: torch.addmm(acc, a, b, out_dtype=float32, out=acc), no temporaries
+            return None
+
+        patches += [(clp, "_forward_tile", forward_tile), (clp, "_backward_tile", backward_tile), (clp, "_addmm_fp32", addmm_fp32)]
+    except Exception:  # pragma: no cover - trl missing
+        pass
+    try:
+        # transformers treats fake position ids as traced and keeps a 4D mask (which rules out flash); the inputs here
+        # are unpadded, unpacked sequences, for which the real detection finds no packing.
+        from transformers import masking_utils
+
+        patches.append((masking_utils, "find_packed_sequence_indices", lambda position_ids: None))
+    except Exception:  # pragma: no cover
+        pass
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    try:
+        yield routed
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+@contextlib.contextmanager
+def classic_module_apply():
+    """torch 2.13 swaps fake parameters in ``Module._apply``, which refuses tensors with weak references (peft's
+    ``.to(...)`` then fails): use the classic ``param.data = fn(param)``."""
+    import torch
+
+    def _apply(self, fn, recurse=True):
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
+        for key, param in self._parameters.items():
+            if param is None:
+                continue
+            with torch.no_grad():
+                applied = fn(param)
+            if applied is not param:
+                param.data = applied
+            if param.grad is not None:
+                with torch.no_grad():
+                    param.grad.data = fn(param.grad)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    original = torch.nn.Module._apply
+    torch.nn.Module._apply = _apply
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original
+
+
+# ----------------------------------------------------------------------------------------------
+# the measurement
+
+
+def _storage_keys(tensors) -> set[int]:
+    keys = set()
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            keys.add(t.untyped_storage()._cdata)
+        except Exception:
+            pass
+    return keys
+
+
+def _model_state_tensors(model):
+    import torch
+
+    out = []
+    for p in model.parameters():
+        out.append(p)
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            out.extend(_quant_state_tensors(qs))
+    out.extend(model.buffers())
+    return out
+
+
+def _quant_state_tensors(qs):
+    import torch
+
+    out = []
+    for name in ("absmax", "code"):
+        t = getattr(qs, name, None)
+        if isinstance(t, torch.Tensor):
+            out.append(t)
+    nested = getattr(qs, "state2", None)
+    if nested is not None:
+        out.extend(_quant_state_tensors(nested))
+    off = getattr(qs, "offset", None)
+    if isinstance(off, torch.Tensor):
+        out.append(off)
+    return out
+
+
+def _optimizer_state_tensors(optimizer):
+    import torch
+
+    out = []
+    if optimizer is None:
+        return out
+    for state in optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+    return out
+
+
+def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: str = "trl_fused", route_sdpa: bool = True, clip_grad: bool = True) -> dict:
+    """Build the model and optimizer for ``plan`` and run ``steps`` training steps, counting live memory.
+
+    fake: under FakeTensorMode(allow_fallback_kernels=False) (else with real CPU tensors: tiny models only).
+    loss: "trl_fused" — TRL 1.16 SFTTrainer's loss (the fused, chunked LM head; full logits never exist);
+          "model" — transformers' own ``model(input_ids, labels=labels)`` loss (full logits, fp32 upcast).
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from canifinetune.recipes import setup
+
+    Counter = _make_counter_class()
+    counter = Counter()
+    fake_mode = FakeTensorMode(allow_fallback_kernels=False) if fake else contextlib.nullcontext()
+    model = optimizer = None
+    timeline: list[dict] = []
+    state: dict[str, Any] = {}
+
+    def category_tensors():
+        return {
+            "parameters": _model_state_tensors(model) if model is not None else [],
+            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
+            "optimizer_states": _optimizer_state_tensors(optimizer),
+        }
+
+    counter.category_tensors = category_tensors
+    apply_ctx = classic_module_apply() if fake else contextlib.nullcontext()
+    with gpu_routing(route_sdpa) as routed, apply_ctx, fake_mode, counter:
+        counter.set_phase("build")
+        model = setup.build_model(plan, config)
+        if loss == "trl_fused":
+            from trl.trainer.utils import add_fused_lm_head
+
+            base = model.get_base_model() if plan.uses_adapters else model
+            add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))
+        optimizer = setup.build_optimizer(plan, model)
+        resolved = setup.resolved_settings(plan, model, optimizer)
+        vocab = int(model.config.get_text_config().vocab_size)
+        input_ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len))
+        labels = input_ids.clone()
+        state["after_build"] = counter.current
+        state["after_build_categories"] = counter.categories_now()
+        counter.reset_peak()
+        ac = setup.autocast_dtype(plan)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        for step in range(1, steps + 1):
+            counter.set_phase(f"step{step}.forward")
+            start = counter.current
+            autocast = torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext()
+            with autocast:
+                if loss == "trl_fused":
+                    outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
+                    per_token_loss = -outputs.log_probs
+                    step_loss = per_token_loss.sum() / outputs.label_mask.sum().clamp(min=1)
+                else:
+                    outputs = model(input_ids=input_ids, labels=labels, use_cache=False)
+                    step_loss = outputs.loss
+            counter.set_phase(f"step{step}.backward")
+            step_loss.backward()
+            del outputs, step_loss
+            if loss == "trl_fused":
+                del per_token_loss
+            counter.set_phase(f"step{step}.optimizer")
+            if clip_grad:
+                torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+            optimizer.step()
+            counter.classify()  # before zero_grad frees the gradients
+            if step == steps:
+                state["end_categories"] = counter.categories_now()
+            optimizer.zero_grad(set_to_none=True)
+            timeline.append({"step": step, "start": start, "end": counter.current})
+        counter.set_phase("done")
+    return {
+        "peak_allocated_bytes": counter.peak,
+        "peak_phase": counter.peak_phase,
+        "peak_categories": counter.peak_categories,
+        "phase_peaks": {k: v for k, v in counter.phase_peaks.items() if k.startswith("step")},
+        "after_build_bytes": state["after_build"],
+        "after_build_categories": state["after_build_categories"],
+        "end_of_step_categories": state.get("end_categories"),
+        "steps": timeline,
+        "attention_kernels": dict(routed.kernels),
+        "resolved": resolved,
+        "loss": loss,
+        "fake": fake,
+    }
+
+
+def measure_fake(plan, config: dict, *, loss: str = "trl_fused") -> dict:
+    """The fake-tensor measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict)."""
+    import peft
+    import torch
+    import transformers
+
+    from canifinetune.estimator.plan import TrainingPlan
+
+    if not isinstance(plan, TrainingPlan):
+        plan = TrainingPlan(**plan)
+    t0 = time.perf_counter()
+    result = run_steps(plan, config, fake=True, loss=loss)
+    result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+    for name in ("trl", "bitsandbytes"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:
+            pass
+    result["versions"] = versions
+    result["plan"] = plan.model_dump(mode="json")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", required=True, help="TrainingPlan as JSON (file)")
+    parser.add_argument("--config", required=True, help="the model's config.json")
+    parser.add_argument("--out", help="write the result JSON here (also printed)")
+    parser.add_argument("--loss", choices=("trl_fused", "model"), default="trl_fused",
+                        help="trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); model: transformers' own loss with full logits")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.plan) as f:
+            plan = json.load(f)
+        with open(args.config) as f:
+            config = json.load(f)
+        result = measure_fake(plan, config, loss=args.loss)
+        code = 0
+    except BaseException as exc:  # report, never stay silent
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        code = 1
+    text = json.dumps(result, indent=2, default=str)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
