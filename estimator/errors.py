@@ -34,3 +34,29 @@ class UnknownGPUError(CanIFinetuneError):
 
 class PlanError(CanIFinetuneError):
     """A plan that is valid field by field but cannot run on this model or GPU."""
+
+
+def describe_validation_error(exc) -> str:
+    """One readable line per problem of a pydantic ValidationError: 'field: what is wrong; got value'."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(part) for part in err.get("loc", ()) if not isinstance(part, int)) or "plan"
+        msg = str(err.get("msg", "invalid value"))
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if msg.startswith(f"{loc}: "):
+            msg = msg[len(loc) + 2:]
+        elif loc == "plan" and ": " in msg and msg.split(": ", 1)[0].isidentifier():
+            loc, msg = msg.split(": ", 1)  # a cross-field check names its own field first
+            err = {**err, "type": "cross_field"}
+        got = err.get("input")
+        if isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
+            msg = "must be a finite number"
+        if err.get("type") == "extra_forbidden":
+            msg = "is not a known field"
+        text = f"{loc}: {msg}"
+        if err.get("type") not in ("extra_forbidden", "missing", "cross_field") and loc != "plan" and not isinstance(got, dict):
+            shown = repr(got)
+            text += f"; got {shown[:80] + '...' if len(shown) > 80 else shown}"
+        lines.append(text)
+    return "; ".join(lines)

@@ -109,7 +109,11 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     layer_full = {i: m.layer_activation_bytes(r, i) for i, _ in groups}
     boundary = m.checkpoint_boundary_bytes(r)
     saved_per_layer = {i: (boundary if ckpt else layer_full[i]) for i, _ in groups}
-    saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
+    if ckpt:
+        # block inputs; block 0's input is the embedding output, already in the shared activations
+        saved_layers = boundary * (spec.num_layers - 1)
+    else:
+        saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
     shared = m.shared_activation_bytes(r)
     loss_fwd = m.loss_forward_bytes(r)
     loss_fwd_tmp = m.loss_forward_transient_bytes(r)
@@ -141,9 +145,11 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     head_grad = 0
     if r.full:
         head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * shard.grads)
-    start = static_bytes + saved_layers + shared + loss_fwd + loss_bwd
+    # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
+    start_head = head_grad if plan.loss_implementation == "standard" else 0
+    start = static_bytes + saved_layers + shared + loss_fwd + loss_bwd + start_head
     best = start
-    best_parts = (saved_layers + shared, loss_fwd + loss_bwd, 0, 0)
+    best_parts = (saved_layers + shared, loss_fwd + loss_bwd, start_head, 0)
     # Block-by-block: at block i (from the top), blocks below keep their saved tensors, blocks above
     # have produced their gradients. Blocks of one kind are identical, so evaluate each kind's top-most
     # and bottom-most position (the live set changes linearly in between).
@@ -210,16 +216,14 @@ def _layer_grad_bytes(r: ResolvedPlan, shard: Sharding) -> dict[int, int]:
 
 
 def _saved_below(r: ResolvedPlan, index: int, saved_per_layer: dict[int, int]) -> int:
-    """Saved activations of the blocks below block ``index`` (exclusive) plus, with checkpointing,
-    the block's own boundary input."""
+    """Saved activations of the blocks below block ``index`` (exclusive). With checkpointing these are
+    the inputs of blocks 1..index (block 0's input is the embedding output, counted as shared)."""
     spec = r.spec
     total = 0
     for first, _ in spec.layer_groups:
         kind = spec.is_moe_layer(first)
         count = sum(1 for j in range(index) if spec.is_moe_layer(j) == kind) if spec.moe_layers else index
         total += count * saved_per_layer[first]
-    if r.plan.gradient_checkpointing:
-        total += saved_per_layer[spec.layer_groups[0][0]]
     return total
 
 

@@ -1,0 +1,221 @@
+"""The canifinetune command line: the same core and the same JSON as the MCP tools.
+
+Exit codes: 0 success (fits, or no GPU given); 2 bad input (one line on stderr); 3 the plan does not
+fit; 4 the plan is tight; 1 an unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import types
+import typing
+from typing import get_args, get_origin
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_DOES_NOT_FIT = 3
+EXIT_TIGHT = 4
+
+# Fields the CLI takes as subcommand options; everything in TrainingPlan is one.
+_LIST_FIELDS = {"target_modules"}
+
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from canifinetune.estimator.plan import TrainingPlan
+
+    for name, field in TrainingPlan.model_fields.items():
+        annotation = field.annotation
+        help_text = field.description or ""
+        if name == "model":
+            parser.add_argument("--model", required=True, help=help_text)
+            continue
+        kwargs: dict = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        base = _unwrap_optional(annotation)
+        if name in _LIST_FIELDS:
+            kwargs["metavar"] = "NAMES"
+            kwargs["help"] = help_text + " Comma-separated, or 'all-linear'."
+            parser.add_argument(_flag(name), **kwargs)
+        elif base is bool:
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kwargs)
+        elif get_origin(base) is typing.Literal:
+            parser.add_argument(_flag(name), choices=[str(c) for c in get_args(base)], **kwargs)
+        elif base in (int, float):
+            parser.add_argument(_flag(name), type=_number(base, name), **kwargs)
+        else:
+            parser.add_argument(_flag(name), **kwargs)
+
+
+def _unwrap_optional(annotation):
+    origin = get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap_optional(args[0])
+    if get_origin(annotation) is typing.Annotated:
+        return get_args(annotation)[0]
+    return annotation
+
+
+def _number(kind, name):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}; got {text!r}")
+    parse.__name__ = name
+    return parse
+
+
+def _plan_from_args(args: argparse.Namespace):
+    from canifinetune.estimator.plan import TrainingPlan
+
+    data = {k: v for k, v in vars(args).items() if k in TrainingPlan.model_fields}
+    targets = data.get("target_modules")
+    if isinstance(targets, str):
+        data["target_modules"] = targets if targets == "all-linear" else [t for t in targets.split(",") if t.strip()]
+    return TrainingPlan(**data)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="canifinetune",
+        description="Will this fine-tune fit my GPU? Itemized GPU-memory estimates for full, LoRA and QLoRA fine-tuning.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    est = sub.add_parser("estimate", help="estimate the peak GPU memory of a plan and judge it against a GPU")
+    _add_plan_arguments(est)
+    est.add_argument("--json", action="store_true", help="print the estimate as JSON (the MCP tool's structure)")
+    est.add_argument("--offline", action="store_true", help="never touch the network (the catalog and local folders only)")
+
+    models = sub.add_parser("models", help="search the built-in model catalog")
+    models.add_argument("query", nargs="?", default="", help="words to match, e.g. 'qwen 7b'")
+    models.add_argument("--json", action="store_true")
+
+    gpus = sub.add_parser("gpus", help="search the built-in GPU catalog")
+    gpus.add_argument("query", nargs="?", default="", help="words to match, e.g. '4090' or 'a100'")
+    gpus.add_argument("--json", action="store_true")
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio; --http for streamable HTTP)")
+    serve.add_argument("--http", action="store_true", help="speak streamable HTTP instead of stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=_number(int, "port"), default=8765, help="HTTP port (default 8765)")
+    return parser
+
+
+def _cmd_estimate(args) -> int:
+    from canifinetune.estimator.estimate import estimate
+
+    from .text import format_estimate
+
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    plan = _plan_from_args(args)
+    result = estimate(plan)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print(format_estimate(result))
+    return {"does_not_fit": EXIT_DOES_NOT_FIT, "tight": EXIT_TIGHT}.get(result.verdict, EXIT_OK)
+
+
+def _cmd_models(args) -> int:
+    from canifinetune.estimator.catalog import search_models
+    from canifinetune.estimator.spec import ModelSpec
+
+    found = search_models(args.query)
+    rows = []
+    for entry in found:
+        spec = ModelSpec.from_config(entry.config_dict())
+        rows.append({"id": entry.id, "family": entry.model_type, "params": spec.total_params, "gated": entry.gated})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        if not rows:
+            print(f"no catalog model matches {args.query!r}")
+        for row in rows:
+            print(f"{row['id']:<48} {row['family']:<12} {row['params'] / 1e9:7.2f}B{'  (gated)' if row['gated'] else ''}")
+    return EXIT_OK
+
+
+def _cmd_gpus(args) -> int:
+    from canifinetune.estimator.catalog import search_gpus
+
+    found = search_gpus(args.query)
+    rows = [
+        {"name": g.name, "memory_gb": g.memory_gb, "usable_bytes": g.total_memory_bytes, "bf16": g.bf16,
+         "tflops_bf16_dense": g.tflops_bf16_dense, "tflops_fp16_dense": g.tflops_fp16_dense,
+         "memory_bandwidth_gbs": g.memory_bandwidth_gbs}
+        for g in found
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        if not rows:
+            print(f"no catalog GPU matches {args.query!r}")
+        for row in rows:
+            print(f"{row['name']:<28} {row['memory_gb']:6g} GB  usable {row['usable_bytes'] / 2**30:7.2f} GiB  "
+                  f"bf16 {'yes' if row['bf16'] else 'no '}  {row['tflops_fp16_dense']:7g} TFLOPS fp16")
+    return EXIT_OK
+
+
+def _cmd_serve(args) -> int:
+    from .mcp_server import run_http, run_stdio
+
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port: must be between 1 and 65535; got {args.port}")
+    if args.http:
+        run_http(args.host, args.port)
+    else:
+        run_stdio()
+    return EXIT_OK
+
+
+COMMANDS = {"estimate": _cmd_estimate, "models": _cmd_models, "gpus": _cmd_gpus, "serve": _cmd_serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
+    from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error
+
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"canifinetune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValidationError as exc:
+        print(f"canifinetune: error: {describe_validation_error(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except CanIFinetuneError as exc:
+        print(f"canifinetune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # never a traceback for a user; say what broke
+        print(f"canifinetune: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Model specs from config.json: counts tensor by tensor, checked against transformers on the meta device."""
+
+import pytest
+
+from canifinetune.estimator.errors import ModelConfigError
+from canifinetune.estimator.spec import ModelSpec
+
+# Small configs of every supported family, exercising biases, GQA, qk-norms, fused projections,
+# tied/untied heads, MoE with shared experts, sparse steps and dense-only layers.
+FAMILY_CONFIGS = {
+    "llama": dict(model_type="llama", vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
+                  num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
+    "llama_bias_tied": dict(model_type="llama", vocab_size=32000, hidden_size=512, intermediate_size=1024,
+                            num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, attention_bias=True,
+                            mlp_bias=True, tie_word_embeddings=True),
+    "mistral": dict(model_type="mistral", vocab_size=32768, hidden_size=512, intermediate_size=1024,
+                    num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4, head_dim=128),
+    "mixtral": dict(model_type="mixtral", vocab_size=32000, hidden_size=512, intermediate_size=1024,
+                    num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
+                    num_experts_per_tok=2),
+    "qwen2": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=2,
+                  num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", vocab_size=151936, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=128, tie_word_embeddings=True),
+    "qwen2_moe": dict(model_type="qwen2_moe", vocab_size=1000, hidden_size=512, intermediate_size=1024,
+                      moe_intermediate_size=256, shared_expert_intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=8, num_experts=8, num_experts_per_tok=2,
+                      decoder_sparse_step=2, mlp_only_layers=[0]),
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=1000, hidden_size=512, intermediate_size=1024,
+                      moe_intermediate_size=256, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
+                      head_dim=128, num_experts=8, num_experts_per_tok=2),
+    "gemma": dict(model_type="gemma", vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=1, head_dim=256),
+    "gemma2": dict(model_type="gemma2", vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256),
+    "gemma3_text": dict(model_type="gemma3_text", vocab_size=1000, hidden_size=512, intermediate_size=1024,
+                        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, head_dim=256),
+    "phi3": dict(model_type="phi3", vocab_size=32064, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=4),
+    "olmo2": dict(model_type="olmo2", vocab_size=100352, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_CONFIGS))
+def test_param_count_matches_transformers_meta_model(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = FAMILY_CONFIGS[name]
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    expected = sum(p.numel() for p in model.parameters())
+    spec = ModelSpec.from_config(config)
+    assert abs(spec.total_params - expected) <= 0.001 * expected, (spec.total_params, expected)
+    # every nn.Linear the spec lists exists in the model with that shape
+    linear_shapes = {(n.rsplit(".", 1)[-1], tuple(m.weight.shape)) for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and "layers." in n}
+    for index, _ in spec.layer_groups:
+        for lin in spec.layer_linears(index):
+            assert (lin.name, (lin.out_features, lin.in_features)) in linear_shapes
+
+
+def test_all_supported_families_are_covered():
+    from canifinetune.estimator.spec import SUPPORTED_FAMILIES
+
+    covered = {c["model_type"] for c in FAMILY_CONFIGS.values()}
+    assert set(SUPPORTED_FAMILIES) <= covered
+
+
+def test_unknown_family_with_standard_keys_warns():
+    spec = ModelSpec.from_config(dict(FAMILY_CONFIGS["llama"], model_type="brandnew"))
+    assert not spec.known_family and "brandnew" in spec.warnings[0]
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"hidden_size": None}, "hidden_size"),
+        ({"hidden_size": 0}, "hidden_size"),
+        ({"hidden_size": -5}, "hidden_size"),
+        ({"hidden_size": "big"}, "hidden_size"),
+        ({"hidden_size": float("nan")}, "hidden_size"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+        ({"num_attention_heads": 7}, "num_attention_heads"),
+        ({"model_type": None}, "model_type"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
+        ({"vocab_size": True}, "vocab_size"),
+    ],
+)
+def test_bad_configs_are_clear_errors(change, fragment):
+    config = dict(FAMILY_CONFIGS["llama"])
+    for key, value in change.items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
+    with pytest.raises(ModelConfigError) as info:
+        ModelSpec.from_config(config)
+    assert fragment in str(info.value)
+
+
+def test_multimodal_wrapper_reads_text_config():
+    inner = dict(FAMILY_CONFIGS["gemma3_text"])
+    inner.pop("model_type")
+    spec = ModelSpec.from_config({"model_type": "gemma3", "text_config": inner})
+    assert spec.model_type == "gemma3_text"
