@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = {
@@ -27,6 +26,30 @@ VARIANTS = {
 }
 KEEP = ("error", "peak_allocated_bytes", "peak_phase", "peak_categories", "phase_peaks", "after_build_bytes",
         "end_of_step_categories", "attention_kernels", "resolved", "wall_seconds", "versions")
+
+
+def run_case_in_process(model, variant, seq_len, batch, ckpt, loss):
+    """Faster (one import per worker); the CLI (run_case) is the reference way, one process per case."""
+    sys.path.insert(0, HERE)
+    import fake_mode
+
+    plan = {"model": model, **VARIANTS[variant], "seq_len": seq_len, "batch_size": batch,
+            "gradient_checkpointing": ckpt, "optim": "adamw_torch_fused", "dtype": "bf16"}
+    with open(os.path.join(HERE, MODELS[model])) as f:
+        config = json.load(f)
+    try:
+        result = fake_mode.measure_fake(plan, config, loss=loss)
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    case = {"model": model, "variant": variant, "seq_len": seq_len, "batch_size": batch,
+            "gradient_checkpointing": ckpt, "loss": loss}
+    case.update({k: result[k] for k in KEEP if k in result})
+    print(json.dumps({k: case.get(k) for k in ("model", "variant", "seq_len", "batch_size", "gradient_checkpointing", "loss", "peak_allocated_bytes", "peak_phase", "error")}), flush=True)
+    return case
+
+
+def _worker(g):
+    return run_case_in_process(g[1], g[2], g[3], g[4], g[5], g[0])
 
 
 def run_case(model, variant, seq_len, batch, ckpt, loss):
@@ -70,16 +93,16 @@ def main():
                 c = json.loads(line)
                 done[(c["loss"], c["model"], c["variant"], c["seq_len"], c["batch_size"], c["gradient_checkpointing"])] = c
 
-    def one(g):
-        if g in done:
-            return done[g]
-        case = run_case(g[1], g[2], g[3], g[4], g[5], g[0])
-        with open(partial, "a") as f:
-            f.write(json.dumps(case) + "\n")
-        return case
+    todo = [g for g in grid if g not in done]
+    import multiprocessing
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        cases = list(pool.map(one, grid))
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for case in pool.imap_unordered(_worker, todo):
+            key = (case["loss"], case["model"], case["variant"], case["seq_len"], case["batch_size"], case["gradient_checkpointing"])
+            done[key] = case
+            with open(partial, "a") as f:
+                f.write(json.dumps(case) + "\n")
+    cases = [done[g] for g in grid]
     with open(args.out, "w") as f:
         json.dump({"description": "Fake-tensor measurements (benchmarks/validation/fake_mode.py): peak of live tensor "
                    "bytes over two training steps, bf16, adamw_torch_fused, flash-routed SDPA, no attention mask.",

@@ -59,6 +59,8 @@ def _make_counter_class():
             self.peak_categories: dict[str, int] | None = None
             self._pending: dict[int, tuple[int, int]] | None = None
             self._dirty = False  # a new global peak not yet copied
+            self.largest_other: list[int] = []
+            self.peak_largest_other: list[int] = []
 
         # -- bookkeeping
         def track(self, tensor) -> None:
@@ -101,6 +103,7 @@ def _make_counter_class():
             if self._pending is None or self.category_tensors is None:
                 return
             self.peak_categories = self.split(self._pending)
+            self.peak_largest_other = self.largest_other
             self._pending = None
 
         def split(self, snapshot) -> dict[str, int]:
@@ -116,8 +119,13 @@ def _make_counter_class():
                     if entry is not None and entry[0] not in serials:
                         serials[entry[0]] = category
             cats = {"parameters": 0, "gradients": 0, "optimizer_states": 0, "other": 0}
+            others = []
             for serial, nbytes in snapshot.values():
-                cats[serials.get(serial, "other")] += nbytes
+                cat = serials.get(serial, "other")
+                cats[cat] += nbytes
+                if cat == "other":
+                    others.append(nbytes)
+            self.largest_other = sorted(others, reverse=True)[:8]
             return cats
 
         def categories_now(self) -> dict[str, int]:
@@ -403,6 +411,7 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
         "peak_allocated_bytes": counter.peak,
         "peak_phase": counter.peak_phase,
         "peak_categories": counter.peak_categories,
+        "peak_largest_other_bytes": counter.peak_largest_other,
         "phase_peaks": {k: v for k, v in counter.phase_peaks.items() if k.startswith("step")},
         "after_build_bytes": state["after_build"],
         "after_build_categories": state["after_build_categories"],
