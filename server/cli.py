@@ -113,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_argument("query", nargs="?", default="", help="words to match, e.g. '4090' or 'a100'")
     gpus.add_argument("--json", action="store_true")
 
+    sug = sub.add_parser("suggest", help="the cheapest changes that make a plan fit, ranked, each with its cost")
+    _add_plan_arguments(sug)
+    sug.add_argument("--keep", action="append", default=[], metavar="FIELD",
+                     help="pin a plan field (repeatable): e.g. --keep seq_len --keep method")
+    sug.add_argument("--max-suggestions", type=_number(int, "max_suggestions"), default=5, dest="max_suggestions")
+    sug.add_argument("--training-tokens", type=_number(int, "training_tokens"), default=None, dest="training_tokens",
+                     help="tokens to train on: adds each plan's approximate training time")
+    sug.add_argument("--json", action="store_true", help="print the result as JSON (the MCP tool's structure)")
+    sug.add_argument("--offline", action="store_true", help="never touch the network (the catalog and local folders only)")
+
     serve = sub.add_parser("serve", help="run the MCP server (stdio; --http for streamable HTTP)")
     serve.add_argument("--http", action="store_true", help="speak streamable HTTP instead of stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1: this machine only)")
@@ -188,7 +198,19 @@ def _cmd_serve(args) -> int:
     return EXIT_OK
 
 
+def _cmd_suggest(args) -> int:
+    from canifinetune.estimator.search import render_text, suggest
+
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    plan = _plan_from_args(args)
+    result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens)
+    print(result.model_dump_json(indent=2) if args.json else render_text(result))
+    return EXIT_OK if (result.fits_already or result.suggestions) else EXIT_DOES_NOT_FIT
+
+
 COMMANDS = {"estimate": _cmd_estimate, "models": _cmd_models, "gpus": _cmd_gpus, "serve": _cmd_serve}
+COMMANDS["suggest"] = _cmd_suggest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,863 @@
+"""suggest(): the fitting configurations that cost the user least, each with what it costs.
+
+When a plan does not fit, the search looks for the smallest changes that make it fit and ranks them
+by a documented cost model (``docs/search.md``):
+
+* tier 0, ``same_math``: changes that leave the training mathematics unchanged: gradient
+  checkpointing, the chunked (fused) loss, the attention kernel, a smaller micro-batch with more
+  gradient accumulation (same effective batch), 8-bit or paged optimizer states, CPU offload. Ranked
+  among themselves by how much slower they make training (a figure from :mod:`.throughput`).
+* tier 1, ``changes_learning``: changes that alter what is learned: a shorter context, a lower LoRA
+  rank, fewer adapted modules, LoRA instead of full fine-tuning, a 4-bit (QLoRA) base. Ranked by a
+  quality penalty (:data:`QUALITY_WEIGHTS`), then by slowdown.
+* tier 2, ``more_hardware``: more GPUs with a sharding strategy (DDP, ZeRO-2/3, FSDP), with
+  tier-0 changes only. Ranked by how many GPUs are added, then the quality penalty, then slowdown.
+
+The search is bounded: single-knob moves first (the mildest level of each knob that fits), then
+greedy combinations that add knobs in cost order until the plan fits, then a minimality pass that
+drops whole knobs, relaxes each remaining knob to its mildest fitting level, and finally reverts any
+single field whose reversal still fits and is not more expensive. Every suggestion is therefore
+minimal: reverting any one of its changes makes it invalid, not fit, or not cheaper.
+
+Pinned fields (``keep``) never change. Plans the estimator refuses (a :class:`PlanError`, or a
+validation error from an illegal combination) are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from . import catalog
+from .errors import CanIFinetuneError, PlanError
+from .estimate import Estimate, estimate
+from .models import ResolvedModel, resolve_model
+from .plan import MAX_NUM_GPUS, PLAN_FIELDS, TrainingPlan
+from .spec import PEFT_DEFAULT_TARGETS
+from .throughput import APPROXIMATE_LABEL, Throughput, throughput
+
+# ------------------------------------------------------------------ the cost model (policy, documented)
+
+Tier = Literal["same_math", "changes_learning", "more_hardware"]
+TIER_NAMES: tuple[str, ...] = ("same_math", "changes_learning", "more_hardware")
+
+# Quality penalty of changes that alter what is learned. Ordinal policy, not a measurement: it only
+# orders tier-1 suggestions among themselves (docs/search.md explains each weight).
+QUALITY_WEIGHTS = {
+    "seq_len_per_halving": 2.0,  # lost context: samples are truncated or split
+    "lora_r_per_halving": 1.0,  # Hu et al. 2021 (LoRA, table 6): small ranks often suffice
+    "fewer_targets": 1.0,  # fewer adapted modules: less capacity (QLoRA paper: all-linear matters)
+    "full_to_lora": 2.0,
+    "lora_to_qlora": 2.0,  # 4-bit NF4 base: QLoRA reports parity on its benchmarks; a risk, not a certainty
+    "effective_batch": 1.0,  # a different number of sequences per optimizer step
+    "other": 1.0,
+}
+
+# Search floors and grids (bounds that keep the search small; documented in docs/search.md).
+SEQ_LEN_FLOOR = 256
+SEQ_LEN_GRID = 128
+LORA_R_FLOOR = 4
+GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+MULTI_GPU_SHARDINGS = ("ddp", "zero2", "zero3", "fsdp_full_shard")
+
+COST_MODEL_TEXT = (
+    "Suggestions are ranked by tier, then within the tier: same_math (checkpointing, chunked loss, "
+    "attention kernel, micro-batch with gradient accumulation, 8-bit/paged optimizer, CPU offload) by "
+    "slowdown; changes_learning (shorter context, lower LoRA rank, fewer targets, full->LoRA->QLoRA) by "
+    "quality penalty then slowdown; more_hardware (more GPUs with DDP/ZeRO/FSDP) by GPUs added, then "
+    "quality penalty, then slowdown. Slowdowns are approximate (see throughput)."
+)
+
+
+class Change(BaseModel):
+    field: str
+    old: Any
+    new: Any
+
+
+class Cost(BaseModel):
+    """What a suggestion costs the user, in words and in numbers."""
+
+    tier: Tier
+    tier_rank: int = Field(description="0 same_math, 1 changes_learning, 2 more_hardware")
+    quality_penalty: float = Field(description="ordinal penalty of changes that alter what is learned (0 for none)")
+    extra_gpus: int = Field(description="GPUs added to the plan")
+    slowdown_fraction: float = Field(
+        description="time per training token relative to the original plan, minus 1: 0.33 is about 33% slower, "
+                    "negative is faster (approximate, from the throughput model)")
+    context_tokens_lost: int = 0
+    effective_batch_before: int
+    effective_batch_after: int
+    summary: str
+    details: list[str]
+
+    def sort_key(self) -> tuple:
+        return sort_key(self)
+
+
+class Suggestion(BaseModel):
+    rank: int
+    changes: list[Change]
+    cost: Cost
+    estimate: Estimate
+    throughput: Throughput
+    plan: TrainingPlan
+
+
+class SuggestResult(BaseModel):
+    """The outcome of :func:`suggest`."""
+
+    plan: TrainingPlan
+    original: Estimate
+    original_throughput: Throughput
+    fits_already: bool = Field(description="the plan fits as it is; no change is needed")
+    keep: list[str] = Field(description="pinned fields: no suggestion changes them")
+    suggestions: list[Suggestion]
+    nothing_fits: bool = Field(description="no change on the plan's own GPUs (same count) makes it fit")
+    min_reachable_bytes: int | None = Field(
+        None, description="the smallest budget_bytes reachable on this GPU (same count) with any allowed change")
+    min_reachable_changes: list[Change] = Field(default_factory=list)
+    smallest_gpu: str | None = Field(None, description="the smallest catalog GPU on which the original plan fits")
+    smallest_gpu_usable_bytes: int | None = None
+    min_gpus: int | None = Field(None, description="the fewest GPUs of this kind on which the original plan fits (sharding changed only)")
+    min_gpus_sharding: str | None = None
+    training_tokens: int | None = None
+    cost_model: str = COST_MODEL_TEXT
+    throughput_label: str = APPROXIMATE_LABEL
+    plans_evaluated: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------------ knobs
+
+@dataclass
+class Knob:
+    name: str
+    tier: int
+    levels: list[dict]  # mild -> strong; each a dict of field changes
+    monotone: bool = False  # memory falls monotonically along levels: bisect
+
+
+def _divisors_below(n: int) -> list[int]:
+    return [d for d in range(n - 1, 0, -1) if n % d == 0]
+
+
+def _current_targets(plan: TrainingPlan, rm: ResolvedModel) -> tuple[str, ...] | None:
+    names = rm.spec.linear_names()
+    if plan.target_modules is None:
+        default = PEFT_DEFAULT_TARGETS.get(rm.spec.model_type)
+        return tuple(n for n in default if n in names) if default else None
+    if plan.target_modules == "all-linear":
+        return names
+    return tuple(n for n in plan.target_modules if n in names)
+
+
+def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[Knob]:
+    """Every knob the search may turn for ``plan``, in cost order, with pinned fields left out."""
+    p = plan
+    knobs: list[Knob] = []
+    # ---- tier 0: same mathematics
+    if not p.gradient_checkpointing:
+        knobs.append(Knob("gradient_checkpointing", 0, [{"gradient_checkpointing": True}]))
+    if p.loss_implementation == "standard":
+        knobs.append(Knob("loss_implementation", 0, [{"loss_implementation": "chunked"}]))
+    attn = []
+    if p.attn_implementation == "eager":
+        attn.append({"attn_implementation": "sdpa"})
+    if p.attn_implementation != "flash_attention_2" and p.dtype != "fp32":
+        attn.append({"attn_implementation": "flash_attention_2"})
+    if attn:
+        knobs.append(Knob("attn_implementation", 0, attn))
+    if p.batch_size > 1:
+        levels = [{"batch_size": d, "gradient_accumulation_steps": p.gradient_accumulation_steps * (p.batch_size // d)}
+                  for d in _divisors_below(p.batch_size)
+                  if p.gradient_accumulation_steps * (p.batch_size // d) <= 65536]
+        knobs.append(Knob("batch_size", 0, levels, monotone=True))
+    if p.optim in ("adamw_torch_fused", "adamw_torch"):
+        knobs.append(Knob("optim", 0, [{"optim": "adamw_bnb_8bit"}, {"optim": "paged_adamw_8bit"}]))
+    elif p.optim == "paged_adamw_32bit":
+        knobs.append(Knob("optim", 0, [{"optim": "paged_adamw_8bit"}]))
+    off: list[dict] = []
+    if p.sharding in ("none", "ddp"):
+        if not p.offload_optimizer:
+            off.append({"sharding": "zero2", "offload_optimizer": True})
+        off.append({"sharding": "zero3", "offload_optimizer": True, "offload_params": True})
+    elif p.sharding in ("zero3", "fsdp_full_shard"):
+        if not p.offload_optimizer:
+            off.append({"offload_optimizer": True})
+        if not p.offload_params:
+            off.append({"offload_optimizer": True, "offload_params": True})
+    else:  # zero1, zero2, fsdp_shard_grad_op
+        if not p.offload_optimizer:
+            off.append({"offload_optimizer": True})
+        off.append({"sharding": "zero3", "offload_optimizer": True, "offload_params": True})
+    if off:
+        knobs.append(Knob("cpu_offload", 0, off))
+    # ---- tier 1: changes what is learned
+    if p.seq_len > SEQ_LEN_FLOOR:
+        top = (p.seq_len - 1) // SEQ_LEN_GRID * SEQ_LEN_GRID
+        values = list(range(top, SEQ_LEN_FLOOR - 1, -SEQ_LEN_GRID)) or [SEQ_LEN_FLOOR]
+        knobs.append(Knob("seq_len", 1, [{"seq_len": v} for v in values], monotone=True))
+    if p.uses_adapters and p.lora_r > LORA_R_FLOOR:
+        values, r = [], p.lora_r
+        while r // 2 >= LORA_R_FLOOR:
+            r //= 2
+            values.append(r)
+        if (values[-1] if values else p.lora_r) > LORA_R_FLOOR:
+            values.append(LORA_R_FLOOR)
+        knobs.append(Knob("lora_r", 1, [{"lora_r": v} for v in values], monotone=True))
+    if p.uses_adapters:
+        current = _current_targets(p, rm)
+        if current:
+            attn_names = tuple(lin.name for lin in rm.spec.attention_linears())
+            default = PEFT_DEFAULT_TARGETS.get(rm.spec.model_type)
+            smallest = tuple(n for n in (default or attn_names[:1]) if n in rm.spec.linear_names())
+            levels = []
+            for cand in (attn_names, smallest):
+                cset = set(cand)
+                if cand and cset < set(current) and not any(set(lv["target_modules"]) == cset for lv in levels):
+                    levels.append({"target_modules": sorted(cset)})
+            if levels:
+                knobs.append(Knob("target_modules", 1, levels))
+    method_levels: list[dict] = []
+    needs_targets = (p.target_modules is None and PEFT_DEFAULT_TARGETS.get(rm.spec.model_type) is None)
+    extra_targets = {"target_modules": "all-linear"} if needs_targets else {}
+    to_qlora = {"method": "qlora"}
+    if p.load_in_8bit:
+        to_qlora["load_in_8bit"] = False
+    if p.load_in_4bit is False:
+        to_qlora["load_in_4bit"] = None
+    if p.method == "full":
+        method_levels = [{"method": "lora", **extra_targets}, {**to_qlora, **extra_targets}]
+    elif p.method == "lora":
+        method_levels = [to_qlora]
+    if method_levels:
+        knobs.append(Knob("method", 1, method_levels))
+    # ---- tier 2: more hardware
+    hw: list[dict] = []
+    shardings = (p.sharding,) if ("sharding" in keep or p.sharding not in ("none", "ddp")) else MULTI_GPU_SHARDINGS
+    for n in GPU_COUNTS:
+        if n <= p.num_gpus or n > MAX_NUM_GPUS:
+            continue
+        for s in shardings:
+            lv: dict = {"num_gpus": n}
+            if s != p.sharding:
+                lv["sharding"] = s
+            total = p.gradient_accumulation_steps * p.num_gpus
+            if total % n == 0 and total // n != p.gradient_accumulation_steps:
+                hw.append({**lv, "gradient_accumulation_steps": total // n})  # keeps the effective batch
+            hw.append(lv)
+    if hw:
+        knobs.append(Knob("num_gpus", 2, hw))
+    # pins: a level that touches a pinned field is not allowed
+    out = []
+    for k in knobs:
+        k.levels = [lv for lv in k.levels if not (set(lv) & keep) and any(getattr(p, f) != v for f, v in lv.items())]
+        if k.levels:
+            out.append(k)
+    return out
+
+
+# ------------------------------------------------------------------ evaluation
+
+def _freeze(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+class _Evaluator:
+    """Evaluates plans (original + changes) once each, skipping illegal ones."""
+
+    def __init__(self, plan: TrainingPlan, rm: ResolvedModel):
+        self.plan = plan
+        self.rm = rm
+        self.cache: dict[frozenset, tuple[TrainingPlan, Estimate] | None] = {}
+        self.tp_cache: dict[frozenset, Throughput] = {}
+        self.min_bytes: int | None = None
+        self.min_changes: dict = {}
+
+    def key(self, changes: dict) -> frozenset:
+        return frozenset((k, _freeze(v)) for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v))
+
+    def clean(self, changes: dict) -> dict:
+        return {k: v for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v)}
+
+    def get(self, changes: dict) -> tuple[TrainingPlan, Estimate] | None:
+        k = self.key(changes)
+        if k in self.cache:
+            return self.cache[k]
+        try:
+            plan = self.plan.replace(**self.clean(changes)) if k else self.plan
+            est = estimate(plan, model=self.rm)
+            out = (plan, est)
+        except (ValidationError, CanIFinetuneError):
+            out = None
+        self.cache[k] = out
+        if out is not None and out[0].num_gpus == self.plan.num_gpus:
+            if self.min_bytes is None or out[1].budget_bytes < self.min_bytes:
+                self.min_bytes, self.min_changes = out[1].budget_bytes, self.clean(changes)
+        return out
+
+    def fits(self, changes: dict) -> bool:
+        got = self.get(changes)
+        return got is not None and got[1].verdict == "fits"
+
+    def budget(self, changes: dict) -> float:
+        got = self.get(changes)
+        return math.inf if got is None else got[1].budget_bytes
+
+    def throughput(self, changes: dict, training_tokens: int | None = None) -> Throughput:
+        k = self.key(changes)
+        if training_tokens is None and k in self.tp_cache:
+            return self.tp_cache[k]
+        plan = self.plan.replace(**self.clean(changes)) if k else self.plan
+        tp = throughput(plan, model=self.rm, training_tokens=training_tokens)
+        if training_tokens is None:
+            self.tp_cache[k] = tp
+        return tp
+
+
+# ------------------------------------------------------------------ cost
+
+def _effective_batch(p: TrainingPlan) -> int:
+    return p.batch_size * p.gradient_accumulation_steps * p.num_gpus
+
+
+def _targets_of(p: TrainingPlan, rm: ResolvedModel) -> set[str]:
+    t = _current_targets(p, rm)
+    return set(t or ())
+
+
+def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
+            base_tp: Throughput | None = None, tp: Throughput | None = None) -> Cost:
+    """The cost of going from ``original`` to ``plan`` under the documented cost model."""
+    base_tp = base_tp or throughput(original, model=rm)
+    tp = tp or throughput(plan, model=rm)
+    w = QUALITY_WEIGHTS
+    tier = 0
+    quality = 0.0
+    details: list[str] = []
+    changed = [f for f in PLAN_FIELDS if getattr(original, f) != getattr(plan, f)]
+    handled = set()
+    lost = 0
+    # learning changes
+    if plan.seq_len < original.seq_len:
+        lost = original.seq_len - plan.seq_len
+        quality += w["seq_len_per_halving"] * math.log2(original.seq_len / plan.seq_len)
+        tier = max(tier, 1)
+        details.append(f"{lost} fewer tokens of context ({original.seq_len} -> {plan.seq_len}): longer samples "
+                       "are truncated or must be split")
+    elif plan.seq_len != original.seq_len:
+        quality += w["other"]
+        tier = max(tier, 1)
+        details.append(f"seq_len {original.seq_len} -> {plan.seq_len}")
+    handled.add("seq_len")
+    if original.method != plan.method:
+        tier = max(tier, 1)
+        if original.method == "full" and plan.method == "lora":
+            quality += w["full_to_lora"]
+            details.append(f"LoRA (r={plan.lora_r}) instead of full fine-tuning: only adapters train, the base "
+                           "stays frozen")
+        elif original.method == "lora" and plan.method == "qlora":
+            quality += w["lora_to_qlora"]
+            details.append("4-bit NF4 base (QLoRA): quality risk of quantizing the frozen weights (QLoRA reports "
+                           f"parity with 16-bit on its benchmarks, not on every task); about "
+                           f"{_pct(tp, base_tp)} in time")
+        elif original.method == "full" and plan.method == "qlora":
+            quality += w["full_to_lora"] + w["lora_to_qlora"]
+            details.append(f"QLoRA (4-bit NF4 base + LoRA r={plan.lora_r}) instead of full fine-tuning: only "
+                           "adapters train, and the quality risk of 4-bit quantization")
+        else:
+            quality += w["other"] * 2
+            details.append(f"method {original.method} -> {plan.method}")
+    handled |= {"method", "load_in_4bit", "load_in_8bit"}
+    if plan.uses_adapters and original.uses_adapters and plan.lora_r != original.lora_r:
+        tier = max(tier, 1)
+        if plan.lora_r < original.lora_r:
+            quality += w["lora_r_per_halving"] * math.log2(original.lora_r / plan.lora_r)
+            details.append(f"LoRA rank {original.lora_r} -> {plan.lora_r}: fewer adapter parameters, less capacity")
+        else:
+            details.append(f"LoRA rank {original.lora_r} -> {plan.lora_r}")
+    elif plan.lora_r != original.lora_r:
+        details.append(f"lora_r {original.lora_r} -> {plan.lora_r} (no effect without adapters)")
+        quality += 0.01  # a pointless change is never free
+    handled.add("lora_r")
+    if plan.target_modules != original.target_modules:
+        before, after = _targets_of(original, rm), _targets_of(plan, rm)
+        if plan.uses_adapters and original.uses_adapters:
+            tier = max(tier, 1)
+            if after < before:
+                quality += w["fewer_targets"]
+                details.append(f"adapters on {', '.join(sorted(after))} only, not {', '.join(sorted(before))}: "
+                               "fewer adapted modules, less capacity")
+            else:
+                quality += w["other"] if after != before else 0.01
+                details.append(f"target_modules {original.target_modules} -> {plan.target_modules}")
+        else:
+            quality += 0.01
+    handled.add("target_modules")
+    eb0, eb1 = _effective_batch(original), _effective_batch(plan)
+    if eb0 != eb1:
+        quality += w["effective_batch"]
+        tier = max(tier, 1)
+        details.append(f"effective batch {eb0} -> {eb1} sequences per optimizer step (retune the learning rate)")
+    elif plan.batch_size != original.batch_size or plan.gradient_accumulation_steps != original.gradient_accumulation_steps:
+        details.append(f"micro-batch {original.batch_size} -> {plan.batch_size} per GPU with gradient accumulation "
+                       f"{original.gradient_accumulation_steps} -> {plan.gradient_accumulation_steps}"
+                       + (f" on {plan.num_gpus} GPUs" if plan.num_gpus != original.num_gpus else "")
+                       + f": same effective batch of {eb1} sequences")
+    handled |= {"batch_size", "gradient_accumulation_steps"}
+    # hardware
+    extra = plan.num_gpus - original.num_gpus
+    if extra:
+        tier = 2
+        details.append(f"{extra} more GPU{'s' if extra != 1 else ''} ({original.num_gpus} -> {plan.num_gpus} x "
+                       f"{tp.gpu}) with {plan.sharding}")
+    handled |= {"num_gpus"}
+    # same-math changes
+    if plan.gradient_checkpointing != original.gradient_checkpointing:
+        details.append("gradient checkpointing: recompute each block in backward instead of keeping its "
+                       "activations" if plan.gradient_checkpointing else "gradient checkpointing off")
+    if plan.loss_implementation != original.loss_implementation:
+        details.append(f"loss {original.loss_implementation} -> {plan.loss_implementation}: the same loss, "
+                       "scored in tiles without the full fp32 logits")
+    if plan.attn_implementation != original.attn_implementation:
+        details.append(f"attention {original.attn_implementation} -> {plan.attn_implementation}: the same attention, "
+                       "a memory-efficient kernel")
+    if plan.optim != original.optim:
+        word = {"adamw_bnb_8bit": "8-bit AdamW states (bitsandbytes block-wise; matched 32-bit Adam in Dettmers "
+                                  "et al. 2022)",
+                "paged_adamw_8bit": "paged 8-bit AdamW states (block-wise 8-bit, evictable to CPU under pressure)",
+                "paged_adamw_32bit": "paged 32-bit AdamW states (evictable to CPU under pressure)"}.get(plan.optim)
+        details.append(f"optimizer {original.optim} -> {plan.optim}" + (f": {word}" if word else ""))
+    if plan.offload_optimizer != original.offload_optimizer or plan.offload_params != original.offload_params:
+        what = []
+        if plan.offload_optimizer and not original.offload_optimizer:
+            what.append("optimizer states")
+        if plan.offload_params and not original.offload_params:
+            what.append("parameters")
+        details.append(f"CPU offload of {' and '.join(what) or 'nothing'} ({plan.sharding})")
+    elif plan.sharding != original.sharding and not extra:
+        details.append(f"sharding {original.sharding} -> {plan.sharding}")
+    handled |= {"gradient_checkpointing", "loss_implementation", "attn_implementation", "optim",
+                "offload_optimizer", "offload_params", "sharding"}
+    for f in changed:
+        if f not in handled:
+            quality += w["other"]
+            tier = max(tier, 1)
+            details.append(f"{f} {getattr(original, f)!r} -> {getattr(plan, f)!r}")
+    slow = tp.seconds_per_million_tokens / base_tp.seconds_per_million_tokens - 1.0
+    summary = _summary(tier, quality, extra, slow, lost)
+    return Cost(tier=TIER_NAMES[tier], tier_rank=tier, quality_penalty=round(quality, 4), extra_gpus=extra,
+                slowdown_fraction=round(slow, 4), context_tokens_lost=lost, effective_batch_before=eb0,
+                effective_batch_after=eb1, summary=summary, details=details)
+
+
+def _pct(tp: Throughput, base: Throughput) -> str:
+    s = tp.seconds_per_million_tokens / base.seconds_per_million_tokens - 1.0
+    return f"{abs(s):.0%} {'slower' if s >= 0 else 'faster'}"
+
+
+def _summary(tier: int, quality: float, extra: int, slow: float, lost: int) -> str:
+    speed = ("about the same speed" if abs(slow) < 0.005 else
+             f"about {abs(slow):.0%} {'slower' if slow > 0 else 'faster'} per training token (approximate)")
+    if tier == 0:
+        return f"same training mathematics; {speed}"
+    if tier == 1:
+        extra_words = f", {lost} fewer tokens of context" if lost else ""
+        return f"changes what is learned (quality penalty {quality:g}{extra_words}); {speed}"
+    return f"{extra} more GPU{'s' if extra != 1 else ''}" + (
+        f", quality penalty {quality:g}" if quality else "") + f"; {speed}"
+
+
+def sort_key(c: Cost) -> tuple:
+    """The ranking: tier, then (tier 1) quality or (tier 2) GPUs added and quality, then slowdown."""
+    if c.tier_rank == 2:
+        primary, secondary = c.extra_gpus, c.quality_penalty
+    else:
+        primary, secondary = c.quality_penalty, 0
+    return (c.tier_rank, round(primary, 4), round(secondary, 4), round(c.slowdown_fraction, 3))
+
+
+# ------------------------------------------------------------------ the search
+
+@dataclass
+class _Candidate:
+    changes: dict
+    cost: Cost
+    key: tuple = field(default=())
+
+
+def _mildest_fitting(ev: _Evaluator, base: dict, knob: Knob) -> dict | None:
+    """The mildest level of ``knob`` that fits on top of ``base``; None if none does."""
+    levels = knob.levels
+    if knob.monotone and len(levels) > 4:
+        if not ev.fits({**base, **levels[-1]}):
+            return None
+        lo, hi = 0, len(levels) - 1  # find the first index that fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ev.fits({**base, **levels[mid]}):
+                hi = mid
+            else:
+                lo = mid + 1
+        return levels[lo]
+    for lv in levels:
+        if ev.fits({**base, **lv}):
+            return lv
+    return None
+
+
+def _strongest(ev: _Evaluator, base: dict, knob: Knob) -> dict | None:
+    """The level of ``knob`` with the lowest budget on top of ``base`` (None when none lowers it)."""
+    if knob.monotone:
+        cands = [knob.levels[-1]]
+    else:
+        cands = knob.levels
+    best, best_b = None, ev.budget(base)
+    for lv in cands:
+        b = ev.budget({**base, **lv})
+        if b < best_b:
+            best, best_b = lv, b
+    return best
+
+
+class _Search:
+    def __init__(self, plan: TrainingPlan, rm: ResolvedModel, keep: set[str]):
+        self.plan = plan
+        self.rm = rm
+        self.keep = keep
+        self.ev = _Evaluator(plan, rm)
+        self.base_tp = self.ev.throughput({})
+        self.knobs = build_knobs(plan, rm, keep)
+        self.cost_cache: dict[frozenset, Cost] = {}
+
+    def cost(self, changes: dict) -> Cost:
+        k = self.ev.key(changes)
+        if k not in self.cost_cache:
+            got = self.ev.get(changes)
+            assert got is not None
+            self.cost_cache[k] = cost_of(self.plan, got[0], self.rm, self.base_tp, self.ev.throughput(changes))
+        return self.cost_cache[k]
+
+    def minimize(self, applied: list[tuple[Knob, dict]]) -> dict | None:
+        """Drop whole knobs, relax the rest to their mildest fitting level, then revert single fields."""
+        def merged(items):
+            out: dict = {}
+            for _, lv in items:
+                out.update(lv)
+            return out
+
+        items = list(applied)
+        if not self.ev.fits(merged(items)):
+            return None
+        # 1. drop whole knobs, most expensive first
+        for entry in sorted(items, key=lambda kv: (-kv[0].tier, -self.knobs.index(kv[0]))):
+            trial = [x for x in items if x is not entry]
+            if self.ev.fits(merged(trial)):
+                items = trial
+        # 2. relax each remaining knob to its mildest fitting level, most expensive first
+        for idx in sorted(range(len(items)), key=lambda i: (-items[i][0].tier, -self.knobs.index(items[i][0]))):
+            knob, _ = items[idx]
+            others = merged(items[:idx] + items[idx + 1:])
+            lv = _mildest_fitting(self.ev, others, knob)
+            if lv is not None:
+                items[idx] = (knob, lv)
+        changes = self.ev.clean(merged(items))
+        # 3. revert single fields while that fits and is not more expensive
+        return self.field_pass(changes)
+
+    def field_pass(self, changes: dict) -> dict:
+        improved = True
+        while improved:
+            improved = False
+            cur_key = sort_key(self.cost(changes))
+            for f in list(changes):
+                trial = {k: v for k, v in changes.items() if k != f}
+                if self.ev.fits(trial) and sort_key(self.cost(trial)) <= cur_key:
+                    changes = trial
+                    improved = True
+                    break
+        return changes
+
+    def combo(self, knobs: list[Knob]) -> dict | None:
+        """Add knobs in cost order at their strongest level until the plan fits; then minimize."""
+        applied: list[tuple[Knob, dict]] = []
+        state: dict = {}
+        for knob in knobs:
+            if knob.tier == 2:
+                lv = _mildest_fitting(self.ev, state, knob)
+                if lv is None:
+                    return None
+            else:
+                lv = _strongest(self.ev, state, knob)
+                if lv is None:
+                    continue
+            applied.append((knob, lv))
+            state = {**state, **lv}
+            if self.ev.fits(state):
+                return self.minimize(applied)
+        return None
+
+    def hw_level(self, state: dict, n: int, sharding: str) -> dict | None:
+        """``n`` GPUs with ``sharding`` on top of ``state``, keeping the effective batch when the micro-batch
+        and accumulation allow it (largest micro-batch that fits first); else the batch as it is."""
+        p = self.plan
+        b = state.get("batch_size", p.batch_size)
+        g = state.get("gradient_accumulation_steps", p.gradient_accumulation_steps)
+        lv: dict = {"num_gpus": n}
+        if sharding != p.sharding:
+            lv["sharding"] = sharding
+        eff = b * g * p.num_gpus
+        for b2 in [b] + _divisors_below(b):
+            if b2 != b and "batch_size" in self.keep:
+                continue
+            if eff % (b2 * n):
+                continue
+            g2 = eff // (b2 * n)
+            if g2 != g and "gradient_accumulation_steps" in self.keep:
+                continue
+            trial = {**state, **lv, "batch_size": b2, "gradient_accumulation_steps": g2}
+            if self.ev.fits(trial):
+                return self.ev.clean({**lv, "batch_size": b2, "gradient_accumulation_steps": g2})
+        trial = {**state, **lv}
+        if self.ev.fits(trial):
+            return lv
+        return None
+
+    def hw_combo(self, tier0: list[Knob]) -> dict | None:
+        """Same-math knobs at their strongest, then the fewest GPUs that fit; then minimize."""
+        if "num_gpus" in self.keep or self.plan.num_gpus >= MAX_NUM_GPUS:
+            return None
+        applied: list[tuple[Knob, dict]] = []
+        state: dict = {}
+        for knob in tier0:
+            lv = _strongest(self.ev, state, knob)
+            if lv is not None:
+                applied.append((knob, lv))
+                state = {**state, **lv}
+        if applied and self.ev.fits(state):
+            return None  # fits without more hardware: a hardware suggestion would not be minimal
+        shardings = ((self.plan.sharding,) if ("sharding" in self.keep or self.plan.sharding not in ("none", "ddp"))
+                     else MULTI_GPU_SHARDINGS)
+        for n in GPU_COUNTS:
+            if n <= self.plan.num_gpus or n > MAX_NUM_GPUS:
+                continue
+            for sh in shardings:
+                lv = self.hw_level(state, n, sh)
+                if lv is None:
+                    continue
+                # drop same-math knobs the hardware made unnecessary, most expensive first
+                items = list(applied)
+                for entry in sorted(items, key=lambda kv: -self.knobs.index(kv[0])):
+                    trial = [x for x in items if x is not entry]
+                    merged: dict = {}
+                    for _, l2 in trial:
+                        merged.update(l2)
+                    if self.ev.fits({**merged, **lv}):
+                        items = trial
+                merged = {}
+                for _, l2 in items:
+                    merged.update(l2)
+                return self.field_pass(self.ev.clean({**merged, **lv}))
+        return None
+
+    def run(self) -> list[dict]:
+        found: list[dict] = []
+        tier0 = [k for k in self.knobs if k.tier == 0]
+        tier1 = [k for k in self.knobs if k.tier == 1]
+        no_off = [k for k in tier0 if k.name != "cpu_offload"]
+        # single-knob moves
+        for knob in self.knobs:
+            if knob.tier == 2:
+                continue
+            lv = _mildest_fitting(self.ev, {}, knob)
+            if lv is not None:
+                found.append(self.field_pass(self.ev.clean(lv)))
+        # greedy combinations in cost order, with and without CPU offload (offload is slow: the
+        # variant without it reaches the learning-changing alternatives)
+        meth = [k for k in tier1 if k.name == "method"]
+        free = [k for k in no_off if k.name != "gradient_checkpointing"]
+        bases = [tier0]
+        if len(no_off) < len(tier0):
+            bases.insert(0, no_off)
+        if len(free) < len(no_off):
+            bases.insert(0, free)  # no recomputation either: the faster learning-changing alternatives
+        for base in bases:
+            recipes: list[list[Knob]] = [base] + [base + [k] for k in tier1]
+            if len(tier1) > 1:
+                recipes.append(base + tier1)
+                if meth:
+                    recipes.append(base + meth + [k for k in tier1 if k.name != "method"])
+            for recipe in recipes:
+                got = self.combo(recipe)
+                if got is not None:
+                    found.append(got)
+        # more hardware: alone, with same-math knobs, and with offload as a last resort
+        for base in ([], no_off, tier0):
+            got = self.hw_combo(base)
+            if got is not None:
+                found.append(got)
+                if base:
+                    break
+        return found
+
+
+def _drop_dominated(ranked: list[dict], search: "_Search") -> list[dict]:
+    """Drop a suggestion when an earlier one is no dearer on every count and changes a subset of its fields."""
+    kept: list[dict] = []
+    for ch in ranked:
+        c = search.cost(ch)
+        dominated = False
+        for other in kept:
+            o = search.cost(other)
+            if (o.tier_rank <= c.tier_rank and o.extra_gpus <= c.extra_gpus and o.quality_penalty <= c.quality_penalty
+                    and o.slowdown_fraction <= c.slowdown_fraction + 1e-9 and set(other) <= set(ch)):
+                dominated = True
+                break
+        if not dominated:
+            kept.append(ch)
+    return kept
+
+
+def _changes_list(original: TrainingPlan, plan: TrainingPlan) -> list[Change]:
+    return [Change(field=f, old=getattr(original, f), new=getattr(plan, f))
+            for f in PLAN_FIELDS if getattr(original, f) != getattr(plan, f)]
+
+
+def validate_keep(keep: Iterable[str]) -> list[str]:
+    """The pinned field names, checked: an unknown name is an error that lists the valid ones."""
+    out = []
+    for name in keep:
+        name = str(name).strip()
+        if name not in PLAN_FIELDS:
+            raise PlanError(f"keep: '{name}' is not a plan field; valid fields are {', '.join(PLAN_FIELDS)}",
+                            field="keep")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int = 5,
+            training_tokens: int | None = None, model: ResolvedModel | None = None) -> SuggestResult:
+    """The cheapest fitting variations of ``plan``, ranked by the cost model, each with its cost.
+
+    ``keep`` pins plan fields (never changed). ``training_tokens`` adds the approximate training time of
+    each plan. Raises PlanError for an unknown pinned field or a plan without a GPU.
+    """
+    pins = validate_keep(keep)
+    if max_suggestions < 1:
+        raise PlanError("max_suggestions: must be at least 1", field="max_suggestions")
+    if training_tokens is not None and training_tokens < 1:
+        raise PlanError("training_tokens: must be a positive number of tokens", field="training_tokens")
+    rm = model or resolve_model(plan.model)
+    original = estimate(plan, model=rm)
+    if original.verdict == "unknown":
+        raise PlanError("gpu: suggest needs a target GPU; pass gpu (a catalog name) or gpu_vram_gb", field="gpu")
+    search = _Search(plan, rm, set(pins))
+    ev = search.ev
+    ev.get({})
+    base_tp = ev.throughput({}, training_tokens)
+    result = SuggestResult(plan=plan, original=original, original_throughput=base_tp,
+                           fits_already=original.verdict == "fits", keep=pins, suggestions=[],
+                           nothing_fits=False, training_tokens=training_tokens)
+    if result.fits_already:
+        result.min_reachable_bytes = original.budget_bytes
+        result.notes.append("the plan fits as it is: nothing to change")
+        result.plans_evaluated = len(ev.cache)
+        return result
+
+    raw = search.run()
+    uniq: dict[frozenset, dict] = {}
+    for ch in raw:
+        if ch and ev.fits(ch):
+            uniq.setdefault(ev.key(ch), ch)
+    ranked = sorted(uniq.values(), key=lambda ch: (sort_key(search.cost(ch)), len(ch), sorted(map(str, ch))))
+    ranked = _drop_dominated(ranked, search)
+    suggestions = []
+    for i, ch in enumerate(ranked[:max_suggestions]):
+        new_plan, est = ev.get(ch)  # type: ignore[misc]
+        suggestions.append(Suggestion(rank=i + 1, changes=_changes_list(plan, new_plan), cost=search.cost(ch),
+                                      estimate=est, throughput=ev.throughput(ch, training_tokens), plan=new_plan))
+    result.suggestions = suggestions
+    result.nothing_fits = not any(search.cost(ch).extra_gpus == 0 for ch in ranked)
+
+    # the minimum reachable on this GPU: every same-hardware knob at its strongest
+    strongest: dict = {}
+    for knob in search.knobs:
+        if knob.tier < 2:
+            lv = _strongest(ev, strongest, knob)
+            if lv is not None:
+                strongest.update(lv)
+    result.min_reachable_bytes = ev.min_bytes
+    result.min_reachable_changes = _changes_list(plan, plan.replace(**ev.min_changes)) if ev.min_changes else []
+
+    # the smallest catalog GPU for the original plan (the budget does not depend on the GPU's size)
+    best = None
+    for g in catalog.load_gpus():
+        if plan.dtype == "bf16" and not g.bf16:
+            continue
+        if original.budget_bytes <= g.total_memory_bytes:
+            if best is None or (g.total_memory_bytes, -(g.tflops_bf16_dense or g.tflops_fp16_dense)) < (
+                    best.total_memory_bytes, -(best.tflops_bf16_dense or best.tflops_fp16_dense)):
+                best = g
+    if best is not None:
+        result.smallest_gpu, result.smallest_gpu_usable_bytes = best.name, best.total_memory_bytes
+    if "gpu" in pins or "gpu_vram_gb" in pins:
+        result.notes.append("gpu is pinned: smallest_gpu is reported for information only")
+    # the fewest GPUs of this kind for the original plan (sharding only)
+    if "num_gpus" in pins:
+        result.notes.append("num_gpus is pinned: no multi-GPU alternative was searched")
+    else:
+        hw = [k for k in search.knobs if k.tier == 2]
+        for lv in (hw[0].levels if hw else []):
+            if "gradient_accumulation_steps" not in lv and ev.fits(lv):
+                got = ev.get(lv)
+                result.min_gpus, result.min_gpus_sharding = got[0].num_gpus, got[0].sharding  # type: ignore[index]
+                break
+    if result.nothing_fits:
+        result.notes.append(
+            "nothing fits on this GPU with the allowed changes: the least memory reachable is "
+            f"{(result.min_reachable_bytes or 0) / 2**30:.2f} GiB of {original.gpu_usable_bytes / 2**30:.2f} GiB"  # type: ignore[operator]
+            + (f"; the original plan fits a {result.smallest_gpu}" if result.smallest_gpu else "")
+            + (f", or {result.min_gpus} GPUs with {result.min_gpus_sharding}" if result.min_gpus else ""))
+    result.plans_evaluated = len(ev.cache)
+    return result
+
+
+def render_text(result: SuggestResult) -> str:
+    """A plain-text rendering of a SuggestResult (the CLI's default output)."""
+    gib = 2**30
+    o = result.original
+    lines = [f"{o.model} on {o.gpu.name if o.gpu else 'no GPU'}: {o.verdict.replace('_', ' ')} "
+             f"({o.budget_bytes / gib:.2f} GiB needed, {(o.gpu_usable_bytes or 0) / gib:.2f} GiB usable); "
+             f"~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)"]
+    if result.fits_already:
+        lines.append("It fits as it is: nothing to change.")
+        return "\n".join(lines)
+    if result.keep:
+        lines.append("pinned: " + ", ".join(result.keep))
+    for s in result.suggestions:
+        lines.append("")
+        lines.append(f"{s.rank}. [{s.cost.tier}] {s.cost.summary}; needs {s.estimate.budget_bytes / gib:.2f} GiB, "
+                     f"~{s.throughput.tokens_per_second:,.0f} tokens/s"
+                     + (f", ~{s.throughput.training_hours:.1f} h for {result.training_tokens:,} tokens"
+                        if s.throughput.training_hours is not None else ""))
+        for c in s.changes:
+            lines.append(f"     {c.field}: {c.old!r} -> {c.new!r}")
+        for d in s.cost.details:
+            lines.append(f"     - {d}")
+    if not result.suggestions:
+        lines.append("No allowed change makes it fit.")
+    lines.append("")
+    if result.min_reachable_bytes is not None and result.nothing_fits:
+        lines.append(f"least memory reachable on this GPU: {result.min_reachable_bytes / gib:.2f} GiB")
+    if result.smallest_gpu:
+        lines.append(f"smallest catalog GPU for the original plan: {result.smallest_gpu}")
+    if result.min_gpus:
+        lines.append(f"fewest GPUs for the original plan: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
+                     f"with {result.min_gpus_sharding}")
+    lines.append(f"({result.throughput_label})")
+    return "\n".join(lines)
