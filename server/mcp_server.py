@@ -1,0 +1,736 @@
+"""The MCP server: canifinetune's tools, resources, prompt and completions for AI assistants.
+
+A thin adapter over the core. Each tool takes the :class:`TrainingPlan` fields flat (their names,
+types, defaults and descriptions are copied from ``TrainingPlan.model_fields`` when the server is
+built, so the plan stays the single source of truth), builds a plan, calls the core and returns
+validated structured content plus a short text for people. Every failure reaches the client as a
+``ToolError`` whose text names the field, the bad value and what to do instead.
+
+Run it with ``canifinetune serve`` (stdio) or ``canifinetune serve --http`` (streamable HTTP on
+127.0.0.1, DNS-rebinding protection on). Logs go to stderr only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
+from mcp.types import CallToolResult, Completion, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error
+from canifinetune.estimator.estimate import Estimate, Verdict
+from canifinetune.estimator.plan import PLAN_FIELDS, TrainingPlan
+
+logger = logging.getLogger("canifinetune.mcp")
+
+SERVER_NAME = "canifinetune"
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8765
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+# What suggest_cheaper_config never changes unless told otherwise: the task and the hardware.
+DEFAULT_KEEP: tuple[str, ...] = ("model", "gpu", "gpu_vram_gb", "num_gpus")
+# Fields that describe the run, not its memory: a suggestion never needs to touch them.
+_RUN_FIELDS = ("dataset", "learning_rate", "max_steps", "num_train_epochs", "output_dir", "lora_alpha")
+
+INSTRUCTIONS = """\
+canifinetune estimates the peak GPU memory of fine-tuning a Hugging Face causal LM (full, LoRA or
+QLoRA) from its config.json alone, offline, and says whether it fits a GPU.
+Loop: call estimate_memory with a model and a gpu (catalog name) or gpu_vram_gb; read the verdict
+(fits / tight / does_not_fit / unknown) and the breakdown. If it does not fit, call
+suggest_cheaper_config with the same arguments and apply the first suggestion's changes. When it
+fits, call make_recipe for a runnable recipe. Change one argument at a time; every argument has a
+default. Resources: canifinetune://catalog/gpus, canifinetune://catalog/models,
+canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
+
+_ANNOTATIONS = ToolAnnotations(
+    read_only_hint=True,
+    destructive_hint=False,
+    idempotent_hint=True,
+    # The catalog and local folders only: nothing is fetched from the Hub, so the world is closed.
+    open_world_hint=False,
+)
+
+
+# --------------------------------------------------------------------------------------------- outputs
+
+
+class Suggestion(BaseModel):
+    """One configuration that fits, as changes to the plan that was passed in."""
+
+    changes: dict[str, Any] = Field(description="plan fields to set, with their new values; apply them all")
+    summary: str = Field(description="the changes in words, e.g. 'method lora -> qlora, batch_size 8 -> 2'")
+    verdict: Verdict
+    budget_bytes: int = Field(description="the estimate with margin after the changes")
+    used_fraction: float | None
+    plan: TrainingPlan = Field(description="the whole plan after the changes")
+    note: str | None = Field(None, description="what the change costs (speed, quality), when the search says")
+
+
+class GPUOption(BaseModel):
+    """Hardware on which the original plan, unchanged, fits."""
+
+    gpu: str
+    num_gpus: int = 1
+    sharding: str = "none"
+    budget_bytes: int
+
+
+class Suggestions(BaseModel):
+    """suggest_cheaper_config's answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    original_verdict: Verdict
+    original_budget_bytes: int
+    gpu_usable_bytes: int | None
+    already_fits: bool = Field(description="the plan as given already fits; suggestions are then not needed")
+    suggestions: list[Suggestion] = Field(description="fitting configurations, best first; every one was estimated")
+    nothing_fits: bool = Field(description="no configuration within the kept fields fits this GPU")
+    smallest_gpu: GPUOption | None = Field(description="the smallest catalog GPU on which the original plan fits")
+    more_gpus: GPUOption | None = Field(description="the fewest GPUs of this kind on which the original plan fits")
+    keep: list[str] = Field(description="the fields that were held fixed")
+    message: str = Field(description="the answer in one sentence")
+    notes: list[str] = Field(default_factory=list, description="the search's own remarks, if any")
+
+
+class Recipe(BaseModel):
+    """make_recipe's answer: the recipe plus the verdict of the plan it trains."""
+
+    verdict: Verdict
+    verdict_reason: str
+    plan: TrainingPlan
+    files: dict[str, str] = Field(description="file name -> content of the recipe's files")
+    recipe: Optional[dict[str, Any]] = Field(None, description="the recipe as the recipe renderer returned it, as a JSON object")
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+
+def plan_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per TrainingPlan field: same name, type, constraints, default, description."""
+    params = []
+    for name, field in TrainingPlan.model_fields.items():
+        extra: dict[str, Any] = {}
+        if field.examples:
+            extra["examples"] = field.examples
+        annotation = Annotated[(field.annotation, *field.metadata, Field(description=field.description, **extra))]
+        default = inspect.Parameter.empty if field.is_required() else field.default
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default))
+    return params
+
+
+PlanField = Literal[PLAN_FIELDS]  # type: ignore[valid-type]
+
+KEEP_PARAMETER = inspect.Parameter(
+    "keep",
+    inspect.Parameter.KEYWORD_ONLY,
+    annotation=Annotated[
+        Optional[list[PlanField]],
+        Field(
+            description=(
+                "Plan fields the search must not change. Default (null): "
+                + ", ".join(DEFAULT_KEEP)
+                + " (the task and the hardware). Pass [] to let it change anything, or add e.g. 'seq_len' "
+                "or 'method' to hold them too."
+            ),
+            examples=[["model", "gpu", "seq_len"]],
+        ),
+    ],
+    default=None,
+)
+
+
+def _plan_from(arguments: dict[str, Any]) -> TrainingPlan:
+    data = {k: v for k, v in arguments.items() if k in TrainingPlan.model_fields}
+    return TrainingPlan(**data)
+
+
+def _literal_hints(exc: ValidationError) -> list[str]:
+    hints = []
+    for err in exc.errors(include_url=False):
+        if err.get("type") != "literal_error":
+            continue
+        choices = [c.strip("'\"") for c in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ", ").split(", ")]
+        got = err.get("input")
+        close = difflib.get_close_matches(str(got), choices, n=1, cutoff=0.3) if isinstance(got, str) else []
+        loc = ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, int))
+        if close:
+            hints.append(f"did you mean {loc}='{close[0]}'?")
+    return hints
+
+
+def describe_error(exc: BaseException) -> str:
+    """The text a model reads for a failed call: field, bad value, what to do instead."""
+    if isinstance(exc, ValidationError):
+        text = describe_validation_error(exc)
+        hints = _literal_hints(exc)
+        if any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("model",) for e in exc.errors()):
+            hints.append("give model, e.g. 'Qwen/Qwen2.5-7B-Instruct' (canifinetune://catalog/models lists the catalog)")
+        return text + ("; " + " ".join(hints) if hints else "")
+    return str(exc)
+
+
+def _guard(tool: str, fn, *args, **kwargs):
+    """Run the core; turn every failure into a ToolError with a message a model can act on."""
+    try:
+        return fn(*args, **kwargs)
+    except ToolError:
+        raise
+    except ValidationError as exc:
+        raise ToolError(f"{tool}: {describe_error(exc)}") from exc
+    except CanIFinetuneError as exc:
+        raise ToolError(f"{tool}: {exc}") from exc
+    except Exception as exc:  # never a bare "Error executing tool"
+        logger.exception("%s failed unexpectedly", tool)
+        raise ToolError(
+            f"{tool}: internal error: {type(exc).__name__}: {exc}. The inputs may still be valid; "
+            "please report this (https://github.com/canifinetune/canifinetune/issues)"
+        ) from exc
+
+
+# --------------------------------------------------------------------------------------------- tools
+
+
+def _estimate(plan: TrainingPlan) -> Estimate:
+    from canifinetune.estimator.estimate import estimate
+
+    return estimate(plan)
+
+
+def estimate_memory_impl(arguments: dict[str, Any]) -> CallToolResult:
+    from .text import format_estimate
+
+    def run():
+        plan = _plan_from(arguments)
+        return _estimate(plan)
+
+    est = _guard("estimate_memory", run)
+    return CallToolResult(
+        content=[TextContent(type="text", text=format_estimate(est, next_move=_next_move(est)))],
+        structured_content=est.model_dump(mode="json"),
+    )
+
+
+def _next_move(est: Estimate) -> str | None:
+    if est.verdict == "does_not_fit":
+        return "call suggest_cheaper_config with the same arguments; it returns changes that fit, already estimated"
+    if est.verdict == "tight":
+        return ("it may run, near the limit; suggest_cheaper_config finds a configuration with room to spare, "
+                "or make_recipe and measure a short probe run")
+    if est.verdict == "unknown":
+        return "pass gpu (a catalog name such as 'RTX 4090') or gpu_vram_gb (e.g. 24) for a verdict"
+    return "call make_recipe with the same arguments for a runnable recipe, then run a short probe"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if not isinstance(obj, dict) and hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def _candidate_plans(raw: Any, original: TrainingPlan) -> list[tuple[TrainingPlan, str | None]]:
+    """The plans a search result proposes, whatever its exact shape (a list, or an object holding one)."""
+    items = raw if isinstance(raw, (list, tuple)) else _get(raw, "suggestions", "candidates", "configs", "options")
+    out: list[tuple[TrainingPlan, str | None]] = []
+    for item in items or ():
+        note = _get(item, "note", "tradeoff", "tradeoffs", "cost", "why", "reason")
+        if note is not None and not isinstance(note, str):
+            summary = _get(note, "summary")  # the search's Cost object says what the change costs in words
+            note = summary if isinstance(summary, str) else json.dumps(_jsonable(note))
+        plan = item if isinstance(item, TrainingPlan) else _get(item, "plan")
+        try:
+            if isinstance(plan, TrainingPlan):
+                out.append((plan, note))
+            elif isinstance(plan, dict):
+                out.append((TrainingPlan(**plan), note))
+            elif isinstance(_get(item, "changes"), dict):
+                out.append((original.replace(**_get(item, "changes")), note))
+            elif isinstance(item, dict):
+                out.append((original.replace(**{k: v for k, v in item.items() if k in TrainingPlan.model_fields}), note))
+        except (ValidationError, CanIFinetuneError, TypeError):
+            continue  # a proposal that is not a valid plan is no suggestion
+    return out
+
+
+def _changes(original: TrainingPlan, new: TrainingPlan) -> dict[str, Any]:
+    a, b = original.model_dump(mode="json"), new.model_dump(mode="json")
+    return {k: b[k] for k in PLAN_FIELDS if a[k] != b[k]}
+
+
+def _summary(original: TrainingPlan, changes: dict[str, Any]) -> str:
+    before = original.model_dump(mode="json")
+    return ", ".join(f"{k} {json.dumps(before[k])} -> {json.dumps(v)}" for k, v in changes.items())
+
+
+def _smallest_gpu(plan: TrainingPlan) -> GPUOption | None:
+    from canifinetune.estimator.catalog import load_gpus
+
+    for g in sorted(load_gpus(), key=lambda g: (g.total_memory_bytes, g.name)):
+        if not g.bf16 and plan.dtype == "bf16":
+            continue
+        try:
+            est = _estimate(plan.replace(gpu=g.name, gpu_vram_gb=None))
+        except (CanIFinetuneError, ValidationError):
+            continue
+        if est.verdict == "fits":
+            return GPUOption(gpu=g.name, num_gpus=plan.num_gpus, sharding=plan.sharding, budget_bytes=est.budget_bytes)
+    return None
+
+
+def _more_gpus(plan: TrainingPlan, gpu_name: str) -> GPUOption | None:
+    if plan.gpu is None and plan.gpu_vram_gb is None:
+        return None
+    shardings = [plan.sharding] if plan.sharding not in ("none", "ddp") else []
+    shardings += [s for s in ("zero2", "zero3") if s not in shardings]
+    for n in (2, 4, 8, 16, 32, 64, 128):
+        if n <= plan.num_gpus:
+            continue
+        for sharding in shardings:
+            try:
+                est = _estimate(plan.replace(num_gpus=n, sharding=sharding))
+            except (CanIFinetuneError, ValidationError):
+                continue
+            if est.verdict == "fits":
+                return GPUOption(gpu=gpu_name, num_gpus=n, sharding=sharding, budget_bytes=est.budget_bytes)
+    return None
+
+
+def _search(plan: TrainingPlan, keep: list[str] | None):
+    try:
+        from canifinetune.estimator.search import suggest
+    except ImportError as exc:
+        raise ToolError(
+            "suggest_cheaper_config: the configuration search is not available in this canifinetune build "
+            f"({exc}); change one field at a time with estimate_memory instead: method 'qlora', a smaller "
+            "batch_size, gradient_checkpointing true, optim 'paged_adamw_8bit'"
+        ) from None
+    return suggest(plan) if keep is None else suggest(plan, keep=tuple(keep))
+
+
+def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
+    from .text import format_suggestions
+
+    def run() -> Suggestions:
+        keep = arguments.get("keep")
+        plan = _plan_from(arguments)
+        original = _estimate(plan)
+        kept = list(DEFAULT_KEEP if keep is None else keep)
+        suggestions: list[Suggestion] = []
+        notes: list[str] = []
+        if original.verdict == "unknown":
+            raise ToolError("suggest_cheaper_config: gpu: no GPU given; pass gpu (a catalog name such as "
+                            "'RTX 4090') or gpu_vram_gb (e.g. 24) so there is something to fit")
+        if original.verdict != "fits":
+            raw = _search(plan, kept)
+            notes = [str(n) for n in (_get(raw, "notes") or []) if isinstance(n, str)]
+            seen: set[str] = set()
+            for candidate, note in _candidate_plans(raw, plan):
+                changes = _changes(plan, candidate)
+                if not changes or any(k in kept for k in changes):
+                    continue  # no change, or a change to a field held fixed
+                key = json.dumps(changes, sort_keys=True)
+                if key in seen:
+                    continue
+                seen.add(key)
+                est = _estimate(candidate)
+                if est.verdict != "fits":
+                    continue  # suggest only what is verified to fit
+                suggestions.append(Suggestion(changes=changes, summary=_summary(plan, changes), verdict=est.verdict,
+                                              budget_bytes=est.budget_bytes, used_fraction=est.used_fraction,
+                                              plan=candidate, note=note))
+        gpu_name = original.gpu.name if original.gpu else "GPU"
+        nothing = original.verdict != "fits" and not suggestions and original.gpu is not None
+        smallest = more = None
+        if nothing:
+            smallest = _smallest_gpu(plan)
+            more = _more_gpus(plan, gpu_name)
+        if original.verdict == "fits":
+            message = f"the plan already fits on the {gpu_name}; no change is needed"
+        elif suggestions:
+            message = (f"{len(suggestions)} configuration(s) fit on the {gpu_name}; apply the first: "
+                       f"{suggestions[0].summary}")
+        else:
+            where = []
+            if smallest:
+                where.append(f"the smallest catalog GPU on which the plan fits unchanged is the {smallest.gpu}")
+            if more:
+                where.append(f"it fits on {more.num_gpus} x {gpu_name} with sharding '{more.sharding}'")
+            message = (f"nothing fits on the {gpu_name} while keeping {', '.join(kept) or 'nothing'} fixed; "
+                       + ("; ".join(where) if where else "no catalog GPU or GPU count up to 128 fits the plan either"))
+        return Suggestions(
+            original_verdict=original.verdict, original_budget_bytes=original.budget_bytes,
+            gpu_usable_bytes=original.gpu_usable_bytes, already_fits=original.verdict == "fits",
+            suggestions=suggestions, nothing_fits=nothing, smallest_gpu=smallest, more_gpus=more,
+            keep=kept, message=message, notes=notes,
+        )
+
+    result = _guard("suggest_cheaper_config", run)
+    return CallToolResult(
+        content=[TextContent(type="text", text=format_suggestions(result))],
+        structured_content=result.model_dump(mode="json"),
+    )
+
+
+def _as_object(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) or value is None else {"value": value}
+
+
+def _recipe_files(raw: Any) -> dict[str, str]:
+    if isinstance(raw, str):
+        return {"recipe.yaml": raw}
+    files = _get(raw, "files")
+    if isinstance(files, dict):
+        return {str(k): str(v) for k, v in files.items()}
+    if isinstance(raw, dict) and raw and all(isinstance(v, str) for v in raw.values()):
+        return {str(k): v for k, v in raw.items()}
+    for attr in ("yaml", "text", "content", "to_yaml", "render"):
+        value = _get(raw, attr)
+        if callable(value):
+            try:
+                value = value()
+            except TypeError:
+                continue
+        if isinstance(value, str):
+            return {"recipe.yaml": value}
+    return {}
+
+
+def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
+    from .text import format_recipe
+
+    def run() -> Recipe:
+        plan = _plan_from(arguments)
+        est = _estimate(plan)
+        try:
+            from canifinetune.recipes.render import make_recipe
+        except ImportError as exc:
+            raise ToolError(
+                "make_recipe: recipes are not available yet in this canifinetune build "
+                f"(canifinetune.recipes.render: {exc}); estimate_memory and suggest_cheaper_config work"
+            ) from None
+        raw = make_recipe(plan)
+        return Recipe(verdict=est.verdict, verdict_reason=est.verdict_reason, plan=plan,
+                      files=_recipe_files(raw), recipe=_as_object(_jsonable(raw)))
+
+    result = _guard("make_recipe", run)
+    return CallToolResult(
+        content=[TextContent(type="text", text=format_recipe(result))],
+        structured_content=result.model_dump(mode="json"),
+    )
+
+
+def _tool_function(name: str, impl, extra: list[inspect.Parameter], output: type[BaseModel], doc: str):
+    """A tool function whose signature is TrainingPlan's fields (plus ``extra``), built from the plan."""
+
+    def fn(**arguments):
+        return impl(arguments)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        plan_parameters() + extra, return_annotation=Annotated[CallToolResult, output]
+    )
+    return fn
+
+
+ESTIMATE_DOC = """\
+Estimate the peak GPU memory of fine-tuning a Hugging Face causal LM and judge it against a GPU.
+Give model plus gpu (catalog name, e.g. 'RTX 4090', 'A100 80GB') or gpu_vram_gb (e.g. 24); every other
+argument has TRL SFTTrainer's default (method lora, seq_len 1024, batch_size 8, bf16, gradient
+checkpointing on). Returns verdict (fits / tight / does_not_fit / unknown), verdict_reason, the
+per-component breakdown in bytes, the peak phase, warnings and assumptions. Offline: the built-in
+catalog and local folders with config.json; nothing is downloaded."""
+
+SUGGEST_DOC = """\
+Find configurations that fit the GPU when a plan does not: takes the same arguments as
+estimate_memory (plus keep: fields to hold fixed) and returns suggestions, best first, each with the
+changes to apply and its verified estimate. If nothing fits on that GPU it says so and names the
+smallest catalog GPU, and the number of these GPUs, on which the plan fits unchanged."""
+
+RECIPE_DOC = """\
+Make a runnable fine-tuning recipe (TRL SFTTrainer) for a plan: same arguments as estimate_memory.
+Returns the recipe's files and the plan's verdict; run a short probe before a long run."""
+
+
+# --------------------------------------------------------------------------------------------- server
+
+
+class CanIFinetuneServer(MCPServer):
+    """MCPServer whose argument errors name the field, the bad value and the nearest valid choice."""
+
+    async def call_tool(self, name, arguments, context=None):
+        tool = self._tool_manager.get_tool(name)
+        if tool is None:
+            close = difflib.get_close_matches(name, [t.name for t in self._tool_manager.list_tools()], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ToolError(f"unknown tool '{name}'{hint} Tools: estimate_memory, suggest_cheaper_config, make_recipe")
+        known = list(tool.parameters.get("properties", {}))
+        for key in arguments or {}:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ToolError(f"{name}: '{key}' is not an argument of {name}{hint} (arguments: {', '.join(known)})")
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError as exc:
+            cause = exc.__cause__ or exc
+            logger.error("%s crashed: %r", name, cause)
+            raise ToolError(f"{name}: internal error: {type(cause).__name__}: {cause} (please report it)") from exc
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):  # the arguments failed the input schema
+                raise ToolError(f"{name}: {describe_error(cause)}") from cause
+            if isinstance(cause, ToolError):  # our own message, without the SDK's prefix
+                raise ToolError(str(cause)) from cause
+            raise
+
+
+def _catalog_gpus_json() -> str:
+    from canifinetune.estimator.catalog import load_gpus
+
+    rows = [
+        {"name": g.name, "aliases": list(g.aliases), "vendor": g.vendor, "category": g.category,
+         "memory_gb": g.memory_gb, "usable_bytes": g.total_memory_bytes, "bf16": g.bf16,
+         "tflops_bf16_dense": g.tflops_bf16_dense, "tflops_fp16_dense": g.tflops_fp16_dense,
+         "memory_bandwidth_gbs": g.memory_bandwidth_gbs, "runtime_devices": g.runtime_devices, "notes": g.notes}
+        for g in load_gpus()
+    ]
+    return json.dumps({"gpus": rows}, indent=1)
+
+
+def _catalog_models_json() -> str:
+    from canifinetune.estimator.catalog import load_models
+    from canifinetune.estimator.spec import ModelSpec
+
+    rows = []
+    for m in load_models():
+        spec = ModelSpec.from_config(m.config_dict())
+        rows.append({"id": m.id, "aliases": list(m.aliases), "family": m.model_type, "params": spec.total_params,
+                     "params_published": m.params_published, "gated": m.gated, "moe": m.is_moe,
+                     "max_position_embeddings": spec.max_position_embeddings, "notes": m.notes})
+    return json.dumps({"models": rows}, indent=1)
+
+
+def _model_spec_json(model_id: str) -> str:
+    from canifinetune.estimator.catalog import find_model, suggest_models
+    from canifinetune.estimator.spec import ModelSpec
+
+    entry = find_model(model_id)
+    if entry is None:
+        close = suggest_models(model_id, limit=5)
+        hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
+        raise ResourceNotFoundError(f"model '{model_id}' is not in the catalog{hint} (canifinetune://catalog/models lists it)")
+    config = entry.config_dict()
+    spec = ModelSpec.from_config(config)
+    data = {k: _jsonable(getattr(spec, k)) for k in spec.__dataclass_fields__}
+    data.update(
+        id=entry.id, params_total=spec.total_params, params_published=entry.params_published,
+        embedding_params=spec.embedding_params, lm_head_params=spec.lm_head_params,
+        linear_modules=list(spec.linear_names()), gated=entry.gated, config=config,
+        config_source=entry.config_source,
+    )
+    return json.dumps(data, indent=1)
+
+
+def memory_model_document() -> str:
+    """docs/memory_model.md when present (a source checkout), else the memory model's own docstrings."""
+    doc = Path(__file__).resolve().parent.parent / "docs" / "memory_model.md"
+    if doc.is_file():
+        return doc.read_text(encoding="utf-8")
+    from canifinetune.estimator import memory, phases
+
+    parts = ["# The memory model\n", inspect.getdoc(memory) or "", "", inspect.getdoc(phases) or "", ""]
+    for name, fn in inspect.getmembers(memory, inspect.isfunction):
+        if fn.__module__ == memory.__name__ and not name.startswith("_") and fn.__doc__:
+            parts += [f"## {name}\n", inspect.getdoc(fn) or "", ""]
+    return "\n".join(parts)
+
+
+FIT_PROMPT = """\
+Help me fine-tune {model} on {gpu}.{goal}
+
+Work through it with the canifinetune tools:
+1. Call estimate_memory with model='{model}' and gpu='{gpu}' (if that GPU name is not in the catalog,
+   the error lists the closest names; or use gpu_vram_gb). Start from the defaults (LoRA, seq_len 1024,
+   batch_size 8) unless I said otherwise, and set seq_len to the length my data needs.
+2. Read the verdict first. Explain the two or three largest components of the breakdown in one line each.
+3. If the verdict is does_not_fit or tight, call suggest_cheaper_config with the same arguments and
+   apply the first suggestion's changes; call estimate_memory once more to confirm it fits. If it says
+   nothing fits on this GPU, tell me the smallest GPU or number of GPUs it names.
+4. When it fits, call make_recipe with the final arguments and show me how to run a short probe first.
+Report warnings (for example a seq_len beyond the model's context) instead of hiding them."""
+
+
+def _complete_values(kind: str, prefix: str) -> Completion:
+    from canifinetune.estimator.catalog import load_gpus, load_models, normalize_name, search_models, search_gpus
+
+    prefix = (prefix or "").strip()
+    if kind == "model":
+        names = [m.id for m in load_models()]
+        hits = [n for n in names if n.lower().startswith(prefix.lower()) or n.split("/")[-1].lower().startswith(prefix.lower())]
+        hits += [m.id for m in search_models(prefix) if m.id not in hits] if normalize_name(prefix) else []
+    else:
+        names = [g.name for g in load_gpus()]
+        hits = [n for n in names if n.lower().startswith(prefix.lower())]
+        hits += [g.name for g in search_gpus(prefix) if g.name not in hits] if normalize_name(prefix) else []
+    if not prefix:
+        hits = names
+    return Completion(values=hits[:100], total=len(hits), has_more=len(hits) > 100)
+
+
+def build_server() -> CanIFinetuneServer:
+    """The MCP server with its tools, resources, prompt and completions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("canifinetune")
+    except PackageNotFoundError:  # pragma: no cover
+        ver = "0"
+    mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
+                             instructions=INSTRUCTIONS, version=ver, log_level="WARNING")
+
+    mcp.add_tool(_tool_function("estimate_memory", estimate_memory_impl, [], Estimate, ESTIMATE_DOC),
+                 title="Estimate fine-tuning GPU memory", annotations=_ANNOTATIONS)
+    mcp.add_tool(_tool_function("suggest_cheaper_config", suggest_impl, [KEEP_PARAMETER], Suggestions, SUGGEST_DOC),
+                 title="Suggest a configuration that fits", annotations=_ANNOTATIONS)
+    mcp.add_tool(_tool_function("make_recipe", recipe_impl, [], Recipe, RECIPE_DOC),
+                 title="Make a runnable fine-tuning recipe", annotations=_ANNOTATIONS)
+
+    @mcp.resource("canifinetune://catalog/gpus", name="gpu-catalog", title="GPU catalog", mime_type="application/json",
+                  description="Every catalog GPU: name, aliases, memory as sold and usable bytes, bf16 support, throughput.")
+    def gpu_catalog() -> str:
+        return _catalog_gpus_json()
+
+    @mcp.resource("canifinetune://catalog/models", name="model-catalog", title="Model catalog",
+                  mime_type="application/json",
+                  description="Every catalog model: Hub id, aliases, family, parameters, gated, context length.")
+    def model_catalog() -> str:
+        return _catalog_models_json()
+
+    @mcp.resource("canifinetune://spec/{+model_id}", name="model-spec", title="A model's resolved spec",
+                  mime_type="application/json",
+                  description="The architecture canifinetune resolved from a catalog model's config.json "
+                              "(e.g. canifinetune://spec/Qwen/Qwen2.5-7B-Instruct): shapes, parameter counts, linear modules.")
+    def model_spec(model_id: str) -> str:
+        try:
+            return _model_spec_json(model_id)
+        except ResourceError:
+            raise
+        except CanIFinetuneError as exc:
+            raise ResourceError(str(exc)) from exc
+
+    @mcp.resource("canifinetune://docs/memory-model", name="memory-model", title="The memory model",
+                  mime_type="text/markdown",
+                  description="How every component of the estimate is computed, with its formula and sources.")
+    def memory_model() -> str:
+        return memory_model_document()
+
+    @mcp.prompt(name="fit_finetune", title="Fit a fine-tune on a GPU",
+                description="Walks the assistant through estimate -> suggest -> recipe for one model and GPU.")
+    def fit_finetune(model: str, gpu: str, goal: str = "") -> str:
+        return FIT_PROMPT.format(model=model, gpu=gpu, goal=f" Goal: {goal}" if goal else "")
+
+    @mcp.completion()
+    async def complete(ref, argument, context):
+        if argument.name in ("model", "model_id"):
+            return _complete_values("model", argument.value)
+        if argument.name == "gpu":
+            return _complete_values("gpu", argument.value)
+        return None
+
+    return mcp
+
+
+# --------------------------------------------------------------------------------------------- transports
+
+
+def _quiet_logging(level: int = logging.WARNING) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def transport_security(host: str, port: int):
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = list(LOCAL_HOSTS)
+    if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+        hosts.append(f"[{host}]" if ":" in host else host)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{h}:{port}" for h in hosts] + [h for h in hosts],
+        allowed_origins=[f"http://{h}:{port}" for h in hosts],
+    )
+
+
+def uvicorn_log_config() -> dict:
+    """uvicorn's logging, every handler on stderr (its default sends access logs to stdout)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+            "uvicorn.error": {"level": "INFO"},
+            "uvicorn.access": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+        },
+    }
+
+
+def run_stdio() -> None:
+    build_server().run()
+
+
+def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT) -> None:
+    import anyio
+    import uvicorn
+
+    mcp = build_server()
+    app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info")
+    print(f"canifinetune MCP server on http://{host if ':' not in host else f'[{host}]'}:{port}/mcp", file=sys.stderr)
+    anyio.run(uvicorn.Server(config).serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="canifinetune-mcp", description="canifinetune's MCP server")
+    parser.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
+    parser.add_argument("--host", default=DEFAULT_HTTP_HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT)
+    args = parser.parse_args(argv)
+    if args.http:
+        run_http(args.host, args.port)
+    else:
+        run_stdio()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

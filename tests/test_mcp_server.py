@@ -1,0 +1,455 @@
+"""The MCP server through the SDK's in-memory Client: every tool, resource, prompt, completion and error path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+
+import pytest
+from mcp import Client
+from mcp.types import PromptReference, ResourceTemplateReference
+
+from canifinetune.estimator.estimate import Estimate
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.server import mcp_server
+from canifinetune.server.mcp_server import DEFAULT_KEEP, Recipe, Suggestions, build_server
+
+pytestmark = pytest.mark.anyio
+
+SEARCH = "canifinetune.estimator.search"
+RENDER = "canifinetune.recipes.render"
+
+
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+needs_search = pytest.mark.skipif(not _have(SEARCH), reason=f"{SEARCH} (the configuration search) is not written yet")
+needs_recipes = pytest.mark.skipif(not _have(RENDER), reason=f"{RENDER} (issue 4, recipes) is not written yet")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def text_of(result) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+
+async def call(name: str, **arguments):
+    async with Client(build_server()) as client:
+        return await client.call_tool(name, arguments)
+
+
+# ------------------------------------------------------------------------------------------- listing
+
+
+async def test_tools_listed_with_annotations_and_output_schemas():
+    async with Client(build_server()) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == {"estimate_memory", "suggest_cheaper_config", "make_recipe"}
+    for tool in tools.values():
+        a = tool.annotations
+        assert a.read_only_hint is True and a.idempotent_hint is True and a.open_world_hint is False
+        assert a.destructive_hint is False
+        assert tool.output_schema and tool.output_schema.get("type") == "object"
+        assert tool.description and tool.title
+    assert set(tools["estimate_memory"].output_schema["properties"]) == set(Estimate.model_fields)
+    assert set(tools["suggest_cheaper_config"].output_schema["properties"]) == set(Suggestions.model_fields)
+    assert set(tools["make_recipe"].output_schema["properties"]) == set(Recipe.model_fields)
+
+
+async def test_tool_inputs_are_the_plan_fields():
+    """The plan is the single source of truth: names, types, defaults, constraints, descriptions."""
+    plan_schema = TrainingPlan.model_json_schema()
+    async with Client(build_server()) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in ("estimate_memory", "make_recipe"):
+        schema = tools[name].input_schema
+        assert schema["properties"] == plan_schema["properties"]
+        assert schema.get("required") == plan_schema.get("required") == ["model"]
+    suggest = tools["suggest_cheaper_config"].input_schema
+    assert set(suggest["properties"]) == set(plan_schema["properties"]) | {"keep"}
+    assert {k: v for k, v in suggest["properties"].items() if k != "keep"} == plan_schema["properties"]
+    keep = suggest["properties"]["keep"]
+    assert "model" in json.dumps(keep) and keep.get("default") is None and keep.get("description")
+    for prop in plan_schema["properties"].values():
+        assert prop.get("description"), prop
+
+
+# ------------------------------------------------------------------------------------------- estimate_memory
+
+
+async def test_estimate_fits_structured_and_text():
+    result = await call("estimate_memory", model="Qwen/Qwen2.5-1.5B-Instruct", gpu="RTX 4090")
+    assert not result.is_error
+    est = Estimate.model_validate(result.structured_content)
+    assert est.verdict == "fits" and est.gpu.name == "RTX 4090"
+    text = text_of(result)
+    lines = text.splitlines()
+    assert lines[0].startswith("FITS on RTX 4090")
+    for c in est.breakdown:  # one line per component, with a bar
+        assert any(line.strip().startswith(c.name) and ("#" in line or "." in line) for line in lines), c.name
+    assert lines[-1].startswith("next:") and "make_recipe" in lines[-1]
+
+
+async def test_estimate_does_not_fit_points_to_suggest():
+    result = await call("estimate_memory", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
+    assert not result.is_error
+    assert result.structured_content["verdict"] == "does_not_fit"
+    text = text_of(result)
+    assert text.startswith("DOES NOT FIT")
+    assert "suggest_cheaper_config" in text.splitlines()[-1]
+
+
+async def test_estimate_with_gpu_vram_and_without_gpu():
+    r = await call("estimate_memory", model="qwen2.5 0.5b", gpu_vram_gb=16)
+    assert not r.is_error and r.structured_content["gpu"]["name"] == "16 GB GPU"
+    r = await call("estimate_memory", model="Qwen/Qwen2.5-0.5B")
+    assert r.structured_content["verdict"] == "unknown"
+    assert "gpu" in text_of(r).splitlines()[-1]
+
+
+async def test_every_plan_field_is_accepted():
+    args = dict(model="meta-llama/Llama-3.1-8B", method="qlora", lora_r=8, lora_alpha=16, lora_dropout=0.0,
+                target_modules=["q_proj", "v_proj"], bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                dtype="bf16", optim="paged_adamw_8bit", seq_len=2048, batch_size=2, gradient_accumulation_steps=8,
+                gradient_checkpointing=True, attn_implementation="sdpa", loss_implementation="chunked",
+                num_gpus=2, sharding="ddp", gpu="A100 80GB", dataset="data.jsonl", learning_rate=2e-4,
+                max_steps=100, output_dir="out")
+    r = await call("estimate_memory", **args)
+    assert not r.is_error, text_of(r)
+    plan = r.structured_content["plan"]
+    for key, value in args.items():
+        if key not in ("gpu", "model"):
+            assert plan[key] == value, key
+    assert r.structured_content["per_gpu"] is True
+
+
+async def test_seq_len_beyond_context_is_a_warning_not_a_clamp():
+    r = await call("estimate_memory", model="microsoft/Phi-3-mini-4k-instruct", target_modules="all-linear",
+                   seq_len=8192, gpu="H100 SXM")
+    assert not r.is_error, text_of(r)
+    assert r.structured_content["plan"]["seq_len"] == 8192
+    assert any("max_position_embeddings" in w for w in r.structured_content["warnings"])
+    assert "warning: seq_len 8192" in text_of(r)
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+ERROR_CASES = [
+    # (arguments, substrings the message must hold: the field, the bad value, the alternative)
+    ({"model": "qwen2.5 7b instrct"}, ["model", "qwen2.5 7b instrct", "Qwen/Qwen2.5-7B-Instruct"]),
+    ({"model": "Qwen/Qwen2.5-7B", "gpu": "rtx 4900"}, ["gpu", "rtx 4900", "RTX 4090"]),
+    ({"model": "Qwen/Qwen2.5-7B", "gpu": "T4"}, ["dtype", "bf16", "fp16"]),
+    ({"model": "Qwen/Qwen2.5-7B", "method": "qlroa"}, ["method", "qlroa", "'qlora'"]),
+    ({"model": "Qwen/Qwen2.5-7B", "optim": "adamw"}, ["optim", "'adamw'", "adamw_torch"]),
+    ({"model": "Qwen/Qwen2.5-7B", "lora_rank": 8}, ["lora_rank", "lora_r"]),
+    ({"model": "Qwen/Qwen2.5-7B", "batch_size": 0}, ["batch_size", "greater than or equal to 1", "0"]),
+    ({"model": "Qwen/Qwen2.5-7B", "seq_len": -5}, ["seq_len", "-5"]),
+    ({"model": "Qwen/Qwen2.5-7B", "num_gpus": 4}, ["sharding", "4 GPUs", "zero3"]),
+    ({"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "gpu_vram_gb": 24}, ["gpu", "gpu_vram_gb", "not both"]),
+    ({"model": "Qwen/Qwen2.5-7B", "method": "full", "load_in_4bit": True}, ["method", "qlora"]),
+    ({"model": "Qwen/Qwen2.5-7B", "offload_params": True}, ["offload_params", "zero3"]),
+    ({"model": "Qwen/Qwen2.5-7B", "target_modules": ["q_proj;rm -rf"]}, ["target_modules", "q_proj;rm -rf"]),
+    ({"model": "Qwen/Qwen2.5-7B", "gpu_vram_gb": -1}, ["gpu_vram_gb", "-1"]),
+    ({"model": "Qwen/Qwen2.5-7B", "lora_dropout": 1.5}, ["lora_dropout", "1.5"]),
+    ({"model": "Qwen/Qwen2.5-7B", "batch_size": "eight"}, ["batch_size", "eight"]),
+    ({"model": ""}, ["model"]),
+    ({}, ["model", "required", "Qwen/Qwen2.5-7B-Instruct"]),
+    ({"model": "microsoft/Phi-3-mini-4k-instruct"}, ["target_modules", "qkv_proj", "all-linear"]),
+    ({"model": "/nonexistent/folder"}, ["model", "/nonexistent/folder"]),
+]
+
+
+@pytest.mark.parametrize("tool", ["estimate_memory", "suggest_cheaper_config", "make_recipe"])
+@pytest.mark.parametrize("arguments,expected", ERROR_CASES, ids=[str(i) for i in range(len(ERROR_CASES))])
+async def test_bad_input_is_an_actionable_tool_error(tool, arguments, expected):
+    result = await call(tool, **arguments)
+    assert result.is_error
+    text = text_of(result)
+    assert not text.startswith("Error executing tool"), text
+    assert text.startswith(f"{tool}: ") or text.startswith(f"{tool}:"), text
+    for part in expected:
+        assert part in text, (part, text)
+
+
+async def test_unknown_tool_names_the_closest():
+    async with Client(build_server()) as client:
+        result = await client.call_tool("estimate_mem", {"model": "x"})
+    assert result.is_error and "estimate_memory" in text_of(result)
+
+
+async def test_a_crash_in_the_core_is_reported_with_its_message(monkeypatch):
+    def boom(plan):
+        raise RuntimeError("the calibration table is corrupt")
+
+    monkeypatch.setattr(mcp_server, "_estimate", boom)
+    result = await call("estimate_memory", model="Qwen/Qwen2.5-7B", gpu="RTX 4090")
+    assert result.is_error
+    text = text_of(result)
+    assert "internal error" in text and "RuntimeError" in text and "calibration table is corrupt" in text
+
+
+async def test_an_invalid_structured_result_is_reported(monkeypatch):
+    monkeypatch.setattr(mcp_server, "_recipe_files", lambda raw: {"a": 1})  # not dict[str, str]
+    fake = types.ModuleType(RENDER)
+    fake.make_recipe = lambda plan: "x"
+    monkeypatch.setitem(sys.modules, RENDER, fake)
+    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
+    assert result.is_error and "make_recipe" in text_of(result)
+    assert text_of(result) != "Error executing tool make_recipe"
+
+
+# ------------------------------------------------------------------------------------------- suggest (adapter)
+
+
+def _fake_search(monkeypatch, suggest):
+    module = types.ModuleType(SEARCH)
+    module.suggest = suggest
+    monkeypatch.setitem(sys.modules, SEARCH, module)
+    return module
+
+
+async def test_suggest_without_the_search_module_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, SEARCH, None)
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
+    assert result.is_error
+    assert "not available" in text_of(result) and "qlora" in text_of(result)
+
+
+async def test_suggest_keeps_only_verified_fitting_changes(monkeypatch):
+    seen = {}
+
+    def suggest(plan, keep=()):
+        seen["keep"] = keep
+        return {"suggestions": [
+            {"changes": {"batch_size": 4}},  # still does not fit: dropped
+            {"changes": {"gpu": "H200"}},  # changes a kept field: dropped
+            {"plan": plan.replace(method="qlora", batch_size=1).model_dump(), "note": "slower"},
+            plan.replace(method="lora", batch_size=2),
+        ]}
+
+    _fake_search(monkeypatch, suggest)
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
+    assert not result.is_error, text_of(result)
+    out = Suggestions.model_validate(result.structured_content)
+    assert tuple(seen["keep"]) == DEFAULT_KEEP
+    assert out.original_verdict == "does_not_fit" and not out.nothing_fits
+    assert [s.changes for s in out.suggestions] == [{"method": "qlora", "batch_size": 1}, {"method": "lora", "batch_size": 2}]
+    assert out.suggestions[0].note == "slower" and all(s.verdict == "fits" for s in out.suggestions)
+    text = text_of(result)
+    assert text.splitlines()[0].startswith("2 configuration(s) fit on the RTX 4090")
+    assert 'method "full" -> "qlora"' in text and text.splitlines()[-1].startswith("next:")
+
+
+async def test_suggest_nothing_fits_names_a_gpu_and_a_gpu_count(monkeypatch):
+    _fake_search(monkeypatch, lambda plan, keep=(): [])
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090",
+                        keep=["model", "gpu", "method"])
+    assert not result.is_error, text_of(result)
+    out = Suggestions.model_validate(result.structured_content)
+    assert out.nothing_fits and not out.suggestions and out.keep == ["model", "gpu", "method"]
+    assert out.smallest_gpu is not None and out.more_gpus is not None
+    assert "nothing fits on the RTX 4090" in out.message and out.smallest_gpu.gpu in out.message
+    r = await call("estimate_memory", model="Qwen/Qwen2.5-7B", method="full", gpu=out.smallest_gpu.gpu)
+    assert r.structured_content["verdict"] == "fits"
+    r = await call("estimate_memory", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090",
+                   num_gpus=out.more_gpus.num_gpus, sharding=out.more_gpus.sharding)
+    assert r.structured_content["verdict"] == "fits"
+
+
+async def test_suggest_when_it_already_fits(monkeypatch):
+    _fake_search(monkeypatch, lambda plan, keep=(): pytest.fail("no search for a plan that fits"))
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-0.5B", gpu="H100 SXM")
+    assert not result.is_error
+    assert result.structured_content["already_fits"] is True and "already fits" in text_of(result)
+
+
+# ------------------------------------------------------------------------------------------- make_recipe
+
+
+async def test_make_recipe_without_recipes_says_not_available(monkeypatch):
+    monkeypatch.setitem(sys.modules, RENDER, None)
+    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
+    assert result.is_error
+    assert "recipes are not available yet" in text_of(result)
+
+
+async def test_make_recipe_adapter(monkeypatch):
+    fake = types.ModuleType(RENDER)
+    fake.make_recipe = lambda plan: {"files": {"recipe.yaml": f"model: {plan.model}\n", "train.sh": "canifinetune train recipe.yaml\n"}}
+    monkeypatch.setitem(sys.modules, RENDER, fake)
+    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
+    assert not result.is_error, text_of(result)
+    out = Recipe.model_validate(result.structured_content)
+    assert out.files["recipe.yaml"] == "model: Qwen/Qwen2.5-0.5B\n" and out.verdict == "fits"
+    assert text_of(result).startswith("FITS") and "--- recipe.yaml" in text_of(result)
+
+
+@needs_recipes
+async def test_make_recipe_real():
+    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090", dataset="data.jsonl")
+    assert not result.is_error, text_of(result)
+    out = Recipe.model_validate(result.structured_content)
+    assert out.files or out.recipe
+    assert "Qwen/Qwen2.5-0.5B" in json.dumps(result.structured_content)
+
+
+# ------------------------------------------------------------------------------------------- resources
+
+
+async def test_resources_and_template_listed():
+    async with Client(build_server()) as client:
+        resources = {str(r.uri): r for r in (await client.list_resources()).resources}
+        templates = (await client.list_resource_templates()).resource_templates
+    assert set(resources) == {"canifinetune://catalog/gpus", "canifinetune://catalog/models", "canifinetune://docs/memory-model"}
+    assert [t.uri_template for t in templates] == ["canifinetune://spec/{+model_id}"]
+    assert all(r.description and r.mime_type for r in resources.values())
+
+
+async def test_read_catalogs_and_doc():
+    async with Client(build_server()) as client:
+        gpus = json.loads((await client.read_resource("canifinetune://catalog/gpus")).contents[0].text)["gpus"]
+        models = json.loads((await client.read_resource("canifinetune://catalog/models")).contents[0].text)["models"]
+        doc = (await client.read_resource("canifinetune://docs/memory-model")).contents[0].text
+    assert any(g["name"] == "RTX 4090" and g["bf16"] for g in gpus)
+    assert any(g["name"] == "Tesla T4" and not g["bf16"] for g in gpus)
+    assert any(m["id"] == "Qwen/Qwen2.5-7B-Instruct" and m["params"] > 7e9 for m in models)
+    assert "memory" in doc.lower() and len(doc) > 500
+
+
+async def test_read_model_spec_template():
+    async with Client(build_server()) as client:
+        spec = json.loads((await client.read_resource("canifinetune://spec/Qwen/Qwen2.5-7B-Instruct")).contents[0].text)
+        assert spec["id"] == "Qwen/Qwen2.5-7B-Instruct" and spec["num_layers"] == 28
+        assert "q_proj" in spec["linear_modules"] and spec["config"]["model_type"] == "qwen2"
+        with pytest.raises(Exception) as err:
+            await client.read_resource("canifinetune://spec/Qwen/Qwen9-7B")
+    assert "not in the catalog" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------- prompt, completions
+
+
+async def test_prompt():
+    async with Client(build_server()) as client:
+        prompts = (await client.list_prompts()).prompts
+        assert [p.name for p in prompts] == ["fit_finetune"]
+        assert {a.name for a in prompts[0].arguments} == {"model", "gpu", "goal"}
+        got = await client.get_prompt("fit_finetune", {"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "goal": "a chat model"})
+    text = got.messages[0].content.text
+    for word in ("estimate_memory", "suggest_cheaper_config", "make_recipe", "Qwen/Qwen2.5-7B", "RTX 4090", "a chat model"):
+        assert word in text
+
+
+async def test_completions():
+    async with Client(build_server()) as client:
+        prompt = PromptReference(type="ref/prompt", name="fit_finetune")
+        r = await client.complete(prompt, {"name": "model", "value": "Qwen/Qwen2.5-7"})
+        assert r.completion.values and all(v.startswith("Qwen/Qwen2.5-7") for v in r.completion.values)
+        r = await client.complete(prompt, {"name": "gpu", "value": "RTX 40"})
+        assert set(r.completion.values) >= {"RTX 4090", "RTX 4080", "RTX 4070"}
+        r = await client.complete(prompt, {"name": "gpu", "value": "a100"})
+        assert "A100 80GB SXM" in r.completion.values
+        r = await client.complete(prompt, {"name": "model", "value": "llama 3.1"})
+        assert "meta-llama/Llama-3.1-8B" in r.completion.values
+        r = await client.complete(prompt, {"name": "gpu", "value": ""})
+        assert len(r.completion.values) == r.completion.total > 20
+        template = ResourceTemplateReference(type="ref/resource", uri="canifinetune://spec/{+model_id}")
+        r = await client.complete(template, {"name": "model_id", "value": "google/gemma-2"})
+        assert "google/gemma-2-9b-it" in r.completion.values
+        r = await client.complete(prompt, {"name": "goal", "value": "x"})
+        assert r.completion.values == []
+
+
+# ------------------------------------------------------------------------------------------- the assistant's loop
+
+LOOP_PLANS = [
+    dict(model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090"),
+    dict(model="meta-llama/Llama-3.1-8B", seq_len=2048, batch_size=16, gpu="RTX 4090"),
+    dict(model="mistralai/Mistral-7B-v0.3", gpu_vram_gb=8),
+    dict(model="Qwen/Qwen2.5-14B", gpu="A100 40GB PCIe", batch_size=16, seq_len=2048),
+    dict(model="meta-llama/Llama-3.1-70B", method="qlora", gpu="A100 80GB SXM", batch_size=16, seq_len=4096),
+    dict(model="google/gemma-2-9b-it", method="full", batch_size=16, gpu="A100 80GB SXM"),
+    dict(model="Qwen/Qwen2.5-32B", gpu="H100 SXM", batch_size=16, seq_len=2048),
+    dict(model="microsoft/Phi-3-medium-4k-instruct", target_modules="all-linear", gpu="RTX 3090"),
+    dict(model="Qwen/Qwen3-8B", method="full", gpu="L40S"),
+    dict(model="meta-llama/Llama-3.2-3B", method="full", gpu="RTX 4060 Ti 16GB"),
+    dict(model="Qwen/Qwen2.5-1.5B", method="full", seq_len=4096, batch_size=16, gpu="RTX 3060 12GB"),
+    dict(model="mistralai/Mixtral-8x7B-v0.1", gpu="A100 80GB SXM"),
+    dict(model="meta-llama/Llama-2-13b-hf", gpu="RTX 4090"),
+    dict(model="google/gemma-2-27b-it", method="qlora", seq_len=2048, gpu="RTX 4090"),
+    dict(model="Qwen/Qwen2.5-72B-Instruct", method="qlora", gpu="RTX A6000", batch_size=8, seq_len=2048),
+    dict(model="meta-llama/Llama-3.2-1B", method="full", dtype="fp16", gpu="Tesla T4", batch_size=16, seq_len=2048),
+    dict(model="mistralai/Mistral-7B-v0.1", dtype="fp16", gpu="Tesla V100 16GB"),
+    dict(model="allenai/OLMo-2-1124-13B", method="full", gpu="H100 SXM"),
+    dict(model="Qwen/Qwen2.5-7B-Instruct", gradient_checkpointing=False, seq_len=4096, gpu="A10G"),
+    dict(model="HuggingFaceTB/SmolLM2-1.7B", method="full", batch_size=32, gpu="RTX 3080"),
+    dict(model="meta-llama/Llama-3.1-70B", method="full", gpu="A100 80GB SXM"),
+    dict(model="Qwen/Qwen3-30B-A3B", target_modules=["q_proj", "v_proj"], gpu="RTX 5090"),
+    dict(model="google/gemma-3-1b-it", method="full", seq_len=8192, batch_size=8, gpu_vram_gb=8),
+    dict(model="Qwen/Qwen2.5-0.5B", method="full", seq_len=16384, batch_size=4, loss_implementation="standard", gpu_vram_gb=8),
+]
+
+
+def _frugal_fits(args: dict) -> bool:
+    """Oracle: does the thriftiest configuration (same model, GPU and seq_len) fit? Then a suggestion must exist."""
+    from canifinetune.estimator.errors import CanIFinetuneError
+    from canifinetune.estimator.estimate import estimate
+
+    plan = TrainingPlan(**args).replace(method="qlora", load_in_4bit=None, load_in_8bit=False, batch_size=1,
+                                        optim="paged_adamw_8bit", gradient_checkpointing=True,
+                                        loss_implementation="chunked", precision="pure")
+    for targets in (plan.target_modules, "all-linear"):
+        try:
+            return estimate(plan.replace(target_modules=targets)).verdict == "fits"
+        except CanIFinetuneError:
+            continue
+    return False
+
+
+def test_loop_plans_span_models_methods_and_gpus():
+    from canifinetune.estimator.estimate import estimate
+
+    assert len(LOOP_PLANS) >= 20
+    assert len({p["model"] for p in LOOP_PLANS}) >= 18 and {p.get("method", "lora") for p in LOOP_PLANS} == {"full", "lora", "qlora"}
+    sizes = [estimate(TrainingPlan(**p)).gpu_usable_bytes / 2**30 for p in LOOP_PLANS]
+    assert min(sizes) <= 8.1 and max(sizes) >= 79
+    for p in LOOP_PLANS:
+        assert estimate(TrainingPlan(**p)).verdict == "does_not_fit", p
+
+
+@needs_search
+@pytest.mark.parametrize("args", LOOP_PLANS, ids=[f"{p['model'].split('/')[-1]}-{p.get('gpu', p.get('gpu_vram_gb'))}" for p in LOOP_PLANS])
+async def test_assistant_loop(args):
+    """Plays an assistant: estimate, one suggest_cheaper_config call, apply the first suggestion, confirm."""
+    async with Client(build_server()) as client:
+        first = await client.call_tool("estimate_memory", args)
+        assert first.structured_content["verdict"] == "does_not_fit"
+        answer = await client.call_tool("suggest_cheaper_config", args)
+        assert not answer.is_error, text_of(answer)
+        out = Suggestions.model_validate(answer.structured_content)
+        if out.suggestions:
+            applied = {**args, **out.suggestions[0].changes}
+            confirm = await client.call_tool("estimate_memory", applied)
+            assert not confirm.is_error, text_of(confirm)
+            assert confirm.structured_content["verdict"] == "fits", text_of(confirm)
+            return
+        assert not _frugal_fits(args), f"a fitting configuration exists but none was suggested: {text_of(answer)}"
+        assert out.nothing_fits and "nothing fits" in text_of(answer)
+        assert out.smallest_gpu or out.more_gpus, text_of(answer)
+        if out.smallest_gpu:
+            assert out.smallest_gpu.gpu in text_of(answer)
+            on = {**args, "gpu": out.smallest_gpu.gpu, "gpu_vram_gb": None}
+            assert (await client.call_tool("estimate_memory", on)).structured_content["verdict"] == "fits"
+        if out.more_gpus:
+            on = {**args, "num_gpus": out.more_gpus.num_gpus, "sharding": out.more_gpus.sharding}
+            assert (await client.call_tool("estimate_memory", on)).structured_content["verdict"] == "fits"
