@@ -627,6 +627,19 @@ class _Search:
             return lv
         return None
 
+    def hw_possible(self, state: dict, n: int, shardings: tuple[str, ...]) -> bool:
+        """Whether the least-memory layout on ``n`` GPUs fits (memory falls with sharding and micro-batch)."""
+        p = self.plan
+        sh = "zero3" if "zero3" in shardings else shardings[-1]
+        b = state.get("batch_size", p.batch_size)
+        g = state.get("gradient_accumulation_steps", p.gradient_accumulation_steps)
+        lv: dict = {"num_gpus": n, "sharding": sh}
+        if "batch_size" not in self.keep:
+            lv["batch_size"] = 1
+            if "gradient_accumulation_steps" not in self.keep:
+                lv["gradient_accumulation_steps"] = max(1, b * g * p.num_gpus // n)
+        return self.ev.fits({**state, **lv})
+
     def hw_combo(self, tier0: list[Knob]) -> dict | None:
         """Same-math knobs at their strongest, then the fewest GPUs that fit; then minimize."""
         if "num_gpus" in self.keep or self.plan.num_gpus >= MAX_NUM_GPUS:
@@ -645,6 +658,8 @@ class _Search:
         for n in GPU_COUNTS:
             if n <= self.plan.num_gpus or n > MAX_NUM_GPUS:
                 continue
+            if not self.hw_possible(state, n, shardings):
+                continue  # not even the most sharded, smallest-batch layout fits on n GPUs
             for sh in shardings:
                 lv = self.hw_level(state, n, sh)
                 if lv is None:

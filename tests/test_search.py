@@ -1,0 +1,297 @@
+"""suggest(): every suggestion fits by estimate(), is minimal, respects pins and is ranked by the cost model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from canifinetune.estimator.errors import CanIFinetuneError, PlanError
+from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.search import TIER_NAMES, cost_of, sort_key, suggest
+from canifinetune.estimator.throughput import flops_per_token, throughput
+
+# A spread of plans that do not fit: different families, methods and GPUs from 10 to 141 GB.
+SPREAD = [
+    dict(model="meta-llama/Llama-3.1-8B", method="full", gpu="RTX 4090", seq_len=4096),
+    dict(model="meta-llama/Llama-3.1-8B", method="lora", gpu="RTX 4090", seq_len=4096,
+         gradient_checkpointing=False, loss_implementation="standard"),
+    dict(model="Qwen/Qwen2.5-72B-Instruct", method="qlora", gpu="RTX 4090"),
+    dict(model="Qwen/Qwen2.5-7B", method="full", gpu="A100 40GB SXM", seq_len=2048),
+    dict(model="mistralai/Mistral-7B-v0.3", method="lora", gpu="Tesla T4", dtype="fp16", batch_size=16,
+         seq_len=2048, gradient_checkpointing=False),
+    dict(model="Qwen/Qwen3-30B-A3B", method="lora", target_modules="all-linear", gpu="A100 80GB SXM",
+         seq_len=8192, batch_size=16),
+    dict(model="google/gemma-2-9b-it", method="qlora", gpu="RTX 3060 12GB", seq_len=4096, batch_size=8),
+    dict(model="microsoft/Phi-3-mini-4k-instruct", method="full", gpu="RTX 3080"),
+    dict(model="HuggingFaceTB/SmolLM2-1.7B", method="full", gpu="RTX 4060 Ti 16GB", seq_len=8192, batch_size=16,
+         attn_implementation="eager", gradient_checkpointing=False),
+    dict(model="allenai/OLMo-2-1124-7B", method="lora", target_modules="all-linear", lora_r=64,
+         gpu="RTX 4090", seq_len=4096, gradient_checkpointing=False),
+    dict(model="meta-llama/Llama-3.1-70B", method="lora", gpu="H100 SXM", seq_len=4096, optim="adamw_torch"),
+    dict(model="mistralai/Mixtral-8x7B-v0.1", method="qlora", gpu="L4", seq_len=2048),
+    dict(model="Qwen/Qwen2.5-14B", method="full", gpu="H200", seq_len=8192, gradient_checkpointing=False),
+]
+
+
+def _plan(kw) -> TrainingPlan:
+    return TrainingPlan(**kw)
+
+
+@pytest.fixture(scope="module")
+def results():
+    out = []
+    for kw in SPREAD:
+        plan = _plan(kw)
+        out.append((plan, suggest(plan, max_suggestions=8)))
+    return out
+
+
+def _try(plan: TrainingPlan, **changes):
+    """The plan with ``changes`` and its estimate, or None when the combination is illegal."""
+    try:
+        p = plan.replace(**changes)
+        return p, estimate(p)
+    except (ValidationError, CanIFinetuneError):
+        return None
+
+
+def test_the_spread_does_not_fit_as_given(results):
+    for plan, res in results:
+        assert estimate(plan).verdict != "fits", plan.model
+        assert not res.fits_already
+
+
+def test_every_suggestion_fits_by_estimate(results):
+    count = 0
+    for plan, res in results:
+        for s in res.suggestions:
+            again = estimate(s.plan)
+            assert again.verdict == "fits", (plan.model, [c.field for c in s.changes])
+            assert again.budget_bytes == s.estimate.budget_bytes
+            count += 1
+    assert count >= len(results)  # most plans get several suggestions
+
+
+def test_every_suggestion_is_minimal(results):
+    """Reverting any one change makes the plan illegal, not fit, or not cheaper."""
+    for plan, res in results:
+        rm = resolve_model(plan.model)
+        base_tp = throughput(plan, model=rm)
+        for s in res.suggestions:
+            own = sort_key(cost_of(plan, s.plan, rm, base_tp))
+            assert own == sort_key(s.cost)
+            assert s.changes, "a suggestion with no change"
+            for change in s.changes:
+                got = _try(s.plan, **{change.field: change.old})
+                if got is None or got[1].verdict != "fits":
+                    continue
+                reverted = sort_key(cost_of(plan, got[0], rm, base_tp))
+                assert reverted >= own, (plan.model, change.field, reverted, own)
+
+
+def test_changes_list_matches_the_plan(results):
+    for plan, res in results:
+        for s in res.suggestions:
+            for c in s.changes:
+                assert getattr(plan, c.field) == c.old and getattr(s.plan, c.field) == c.new
+            rebuilt = plan.replace(**{c.field: c.new for c in s.changes})
+            assert rebuilt == s.plan
+
+
+def test_ranking_follows_the_cost_model(results):
+    for plan, res in results:
+        keys = [sort_key(s.cost) for s in res.suggestions]
+        assert keys == sorted(keys), plan.model
+        tiers = [s.cost.tier_rank for s in res.suggestions]
+        assert tiers == sorted(tiers)
+        for s in res.suggestions:
+            assert s.cost.tier == TIER_NAMES[s.cost.tier_rank]
+            assert s.rank == res.suggestions.index(s) + 1
+            fields = {c.field for c in s.changes}
+            if s.cost.tier == "same_math":
+                assert not fields & {"seq_len", "lora_r", "target_modules", "method", "num_gpus"}
+                assert s.cost.effective_batch_after == s.cost.effective_batch_before
+            if s.cost.tier == "more_hardware":
+                assert s.cost.extra_gpus > 0 and "num_gpus" in fields
+            if "seq_len" in fields:
+                assert s.cost.context_tokens_lost == plan.seq_len - s.plan.seq_len > 0
+            assert s.cost.summary and s.cost.details
+
+
+def test_same_math_ranks_before_learning_before_hardware():
+    plan = _plan(SPREAD[0])  # 8B full fine-tune on a 24 GB card: all three tiers are possible
+    res = suggest(plan, max_suggestions=10)
+    tiers = [s.cost.tier for s in res.suggestions]
+    assert {"same_math", "changes_learning", "more_hardware"} <= set(tiers)
+    assert tiers.index("same_math") < tiers.index("changes_learning") < tiers.index("more_hardware")
+
+
+def test_slowdown_is_a_figure():
+    plan = _plan(SPREAD[1])
+    res = suggest(plan)
+    ckpt = [s for s in res.suggestions if any(c.field == "gradient_checkpointing" for c in s.changes)]
+    assert ckpt, "checkpointing should be among the suggestions"
+    assert all(s.cost.slowdown_fraction > 0.1 for s in ckpt)
+    assert "slower" in ckpt[0].cost.summary
+
+
+@pytest.mark.parametrize("keep", [["seq_len", "method"], ["num_gpus"], ["batch_size", "gradient_checkpointing"],
+                                  ["method", "num_gpus", "sharding", "optim"]])
+def test_pins_are_respected(keep):
+    for kw in (SPREAD[0], SPREAD[1], SPREAD[6], SPREAD[9]):
+        plan = _plan(kw)
+        res = suggest(plan, keep=keep)
+        assert res.keep == keep
+        for s in res.suggestions:
+            assert not {c.field for c in s.changes} & set(keep)
+            for name in keep:
+                assert getattr(s.plan, name) == getattr(plan, name)
+        if "num_gpus" in keep:
+            assert res.min_gpus is None
+
+
+def test_unknown_pin_names_the_field_and_lists_valid_ones():
+    with pytest.raises(PlanError) as err:
+        suggest(_plan(SPREAD[0]), keep=["seqlen"])
+    assert "seqlen" in str(err.value) and "seq_len" in str(err.value)
+    assert err.value.field == "keep"
+
+
+def test_a_plan_that_fits_needs_nothing():
+    res = suggest(TrainingPlan(model="Qwen/Qwen2.5-0.5B", gpu="H100 SXM"))
+    assert res.fits_already and res.suggestions == [] and not res.nothing_fits
+
+
+def test_a_plan_without_gpu_is_refused():
+    with pytest.raises(PlanError):
+        suggest(TrainingPlan(model="Qwen/Qwen2.5-0.5B"))
+
+
+def test_nothing_fits_reports_min_reachable_smallest_gpu_and_gpu_count():
+    plan = TrainingPlan(model="meta-llama/Llama-3.1-8B", method="full", gpu_vram_gb=16, seq_len=1024, batch_size=1)
+    res = suggest(plan, keep=["method", "seq_len", "offload_params", "offload_optimizer"])
+    assert res.nothing_fits
+    assert not any(s.cost.extra_gpus == 0 for s in res.suggestions)
+    assert res.min_reachable_bytes is not None
+    assert res.min_reachable_bytes > 16 * 2**30  # still too big for the card
+    assert res.min_reachable_bytes < res.original.budget_bytes
+    assert res.smallest_gpu is not None
+    assert estimate(plan.replace(gpu_vram_gb=None, gpu=res.smallest_gpu)).verdict == "fits"
+    # every catalog GPU smaller than it cannot hold the plan
+    assert res.smallest_gpu_usable_bytes >= res.original.budget_bytes
+    assert res.min_gpus is not None and res.min_gpus > 1
+    fits_n = plan.replace(num_gpus=res.min_gpus, sharding=res.min_gpus_sharding)
+    assert estimate(fits_n).verdict == "fits"
+    assert res.notes
+
+
+def test_nothing_fits_anywhere_with_one_gpu_only():
+    plan = TrainingPlan(model="Qwen/Qwen2.5-72B-Instruct", method="full", gpu="RTX 3060 12GB", seq_len=8192)
+    res = suggest(plan, keep=["method", "num_gpus", "seq_len", "offload_params"])
+    assert res.nothing_fits and res.suggestions == []
+    assert res.min_reachable_bytes and res.min_reachable_bytes > res.original.gpu_usable_bytes
+
+
+def test_suggest_is_deterministic():
+    plan = _plan(SPREAD[3])
+    a, b = suggest(plan), suggest(plan)
+    assert a.model_dump() == b.model_dump()
+
+
+# ------------------------------------------------------------------ throughput
+
+def test_throughput_is_positive_and_labelled(results):
+    for plan, res in results:
+        tp = res.original_throughput
+        assert tp.approximate and "approximate" in tp.label
+        assert tp.tokens_per_second > 0 and math.isfinite(tp.tokens_per_second)
+        for s in res.suggestions:
+            assert s.throughput.tokens_per_second > 0
+
+
+def test_throughput_moves_the_right_way():
+    base = TrainingPlan(model="meta-llama/Llama-3.1-8B", method="lora", gpu="A100 80GB SXM", seq_len=2048,
+                        gradient_checkpointing=False)
+    t = throughput(base).tokens_per_second
+    # checkpointing adds a forward: slower, by less than a whole step
+    assert 0.6 * t < throughput(base.replace(gradient_checkpointing=True)).tokens_per_second < t
+    # QLoRA's dequantization costs time
+    assert throughput(base.replace(method="qlora")).tokens_per_second < t
+    # full fine-tuning computes the weight gradients LoRA skips
+    assert throughput(base.replace(method="full")).tokens_per_second < t
+    # a faster GPU is faster; a longer context costs more per token
+    assert throughput(base.replace(gpu="H100 SXM")).tokens_per_second > t
+    assert throughput(base.replace(seq_len=8192)).tokens_per_second < t
+    # CPU offload is slower; more GPUs give more tokens per second in all
+    sharded = base.replace(sharding="zero2")
+    assert throughput(sharded.replace(offload_optimizer=True)).tokens_per_second <= throughput(sharded).tokens_per_second
+    assert throughput(base.replace(num_gpus=4, sharding="ddp")).tokens_per_second > t
+
+
+def test_training_time_is_tokens_over_throughput():
+    plan = TrainingPlan(model="Qwen/Qwen2.5-1.5B", method="lora", gpu="RTX 4090")
+    one = throughput(plan, training_tokens=10_000_000)
+    two = throughput(plan, training_tokens=20_000_000)
+    assert one.training_seconds == pytest.approx(10_000_000 / one.tokens_per_second)
+    assert two.training_hours == pytest.approx(2 * one.training_hours)
+
+
+def test_flops_per_token_follow_the_formula():
+    rm = resolve_model("meta-llama/Llama-3.1-8B")
+    spec = rm.spec
+    full = flops_per_token(TrainingPlan(model="meta-llama/Llama-3.1-8B", method="full", seq_len=1,
+                                        gradient_checkpointing=False), spec)
+    # about 6N for a dense model at a tiny context (N without the embedding lookup)
+    n = spec.total_params - spec.vocab_size * spec.hidden_size
+    assert full.total == pytest.approx(6 * n, rel=0.01)
+    lora = flops_per_token(TrainingPlan(model="meta-llama/Llama-3.1-8B", seq_len=1, gradient_checkpointing=False),
+                           spec)
+    assert lora.total == pytest.approx(4 * n, rel=0.01)
+    # MoE: active parameters, far below 6 x total
+    moe = resolve_model("Qwen/Qwen3-30B-A3B").spec
+    f = flops_per_token(TrainingPlan(model="Qwen/Qwen3-30B-A3B", method="full", seq_len=1,
+                                     gradient_checkpointing=False), moe)
+    assert f.total < 6 * moe.total_params / 5
+
+
+def test_a_catalogless_gpu_uses_the_reference_and_says_so():
+    tp = throughput(TrainingPlan(model="Qwen/Qwen2.5-1.5B", gpu_vram_gb=24))
+    assert tp.gpu_assumed and tp.notes
+
+
+# ------------------------------------------------------------------ the CLI
+
+def test_cli_suggest_json_has_the_tool_structure(capsys):
+    from canifinetune.server.cli import main
+
+    code = main(["suggest", "--model", "meta-llama/Llama-3.1-8B", "--method", "full", "--gpu", "RTX 4090",
+                 "--seq-len", "4096", "--keep", "seq_len", "--keep", "num_gpus", "--training-tokens", "1000000",
+                 "--json"])
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert code == 0
+    assert data["keep"] == ["seq_len", "num_gpus"]
+    assert data["suggestions"]
+    for item in data["suggestions"]:
+        assert item["changes"] and all({"field", "old", "new"} <= set(c) for c in item["changes"])
+        assert item["estimate"]["verdict"] == "fits"
+        assert {"tier", "summary", "slowdown_fraction", "details"} <= set(item["cost"])
+        assert item["throughput"]["training_hours"] > 0
+        assert not {c["field"] for c in item["changes"]} & {"seq_len", "num_gpus"}
+    for key in ("nothing_fits", "min_reachable_bytes", "smallest_gpu", "min_gpus", "original", "cost_model"):
+        assert key in data
+
+
+def test_cli_suggest_text_and_bad_pin(capsys):
+    from canifinetune.server.cli import main
+
+    assert main(["suggest", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX 4090", "--seq-len", "4096",
+                 "--no-gradient-checkpointing"]) == 0
+    assert "1. [" in capsys.readouterr().out
+    assert main(["suggest", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX 4090", "--keep", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
