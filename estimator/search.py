@@ -553,18 +553,34 @@ class _Search:
         items = list(applied)
         if not self.ev.fits(merged(items)):
             return None
-        # 1. drop whole knobs, most expensive first
-        for entry in sorted(items, key=lambda kv: (-kv[0].tier, -self.knobs.index(kv[0]))):
-            trial = [x for x in items if x is not entry]
-            if self.ev.fits(merged(trial)):
-                items = trial
-        # 2. relax each remaining knob to its mildest fitting level, most expensive first
-        for idx in sorted(range(len(items)), key=lambda i: (-items[i][0].tier, -self.knobs.index(items[i][0]))):
-            knob, _ = items[idx]
-            others = merged(items[:idx] + items[idx + 1:])
-            lv = _mildest_fitting(self.ev, others, knob)
-            if lv is not None:
-                items[idx] = (knob, lv)
+
+        def relax(which):
+            for idx in sorted(range(len(items)), key=lambda i: (-items[i][0].tier, -self.knobs.index(items[i][0]))):
+                knob, _ = items[idx]
+                if not which(knob):
+                    continue
+                others = merged(items[:idx] + items[idx + 1:])
+                lv = _mildest_fitting(self.ev, others, knob)
+                if lv is not None:
+                    items[idx] = (knob, lv)
+
+        def drop(which):
+            nonlocal items
+            for entry in sorted(items, key=lambda kv: (-kv[0].tier, -self.knobs.index(kv[0]))):
+                if not which(entry[0]):
+                    continue
+                trial = [x for x in items if x is not entry]
+                if self.ev.fits(merged(trial)):
+                    items = trial
+
+        # 1. the expensive knobs first: drop those not needed, and relax the rest to their mildest
+        #    fitting level with every cheap knob still at its strongest (the longest context, the
+        #    highest rank that fits)
+        drop(lambda k: k.tier >= 1)
+        relax(lambda k: k.tier >= 1)
+        # 2. then the cheap knobs: drop those the relaxed plan no longer needs, relax the rest
+        drop(lambda k: k.tier == 0)
+        relax(lambda k: k.tier == 0)
         changes = self.ev.clean(merged(items))
         # 3. revert single fields while that fits and is not more expensive
         return self.field_pass(changes)
@@ -721,7 +737,7 @@ class _Search:
 
 
 def _drop_dominated(ranked: list[dict], search: "_Search") -> list[dict]:
-    """Drop a suggestion when an earlier one is no dearer on every count and changes a subset of its fields."""
+    """Drop a suggestion when an earlier one is no dearer on every count (tier, quality, GPUs, slowdown)."""
     kept: list[dict] = []
     for ch in ranked:
         c = search.cost(ch)
@@ -729,7 +745,7 @@ def _drop_dominated(ranked: list[dict], search: "_Search") -> list[dict]:
         for other in kept:
             o = search.cost(other)
             if (o.tier_rank <= c.tier_rank and o.extra_gpus <= c.extra_gpus and o.quality_penalty <= c.quality_penalty
-                    and o.slowdown_fraction <= c.slowdown_fraction + 1e-9 and set(other) <= set(ch)):
+                    and o.slowdown_fraction <= c.slowdown_fraction + 1e-9):
                 dominated = True
                 break
         if not dominated:
