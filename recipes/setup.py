@@ -37,8 +37,13 @@ def weight_dtype(plan):
 
 
 def autocast_dtype(plan):
-    """The autocast dtype for 'mixed' precision (transformers' bf16/fp16 AMP), else None."""
-    return torch_dtype(plan) if plan.precision == "mixed" else None
+    """The autocast dtype the trainer runs the forward under, or None.
+
+    TRL's SFTConfig turns bf16 on by default (fp16 when asked), and accelerate then wraps the model's
+    forward in ``torch.autocast`` whatever dtype the weights are stored in (Accelerator.prepare_model with
+    native AMP). So a bf16 model runs under bf16 autocast too: PEFT's fp32 LoRA adapters then compute in
+    bf16 and keep bf16 inputs for backward. Only fp32 plans run without autocast."""
+    return torch_dtype(plan) if plan.dtype in ("bf16", "fp16") else None
 
 
 def quantization_config(plan):

@@ -232,6 +232,17 @@ def gpu_routing(route_sdpa: bool = True):
         patches.append((masking_utils, "find_packed_sequence_indices", lambda position_ids: None))
     except Exception:  # pragma: no cover
         pass
+    # On CUDA, aten::dropout takes the fused native_dropout kernel (is_fused_kernel_acceptable: a CUDA input
+    # and 0 < p < 1), which keeps a 1-byte bool mask; on CPU it falls back to input * noise, keeping a mask in
+    # the input's dtype (4 bytes per element for PEFT's fp32-cast LoRA inputs). Route it as a GPU would.
+    original_dropout = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0.0 < p < 1.0 and input.numel() > 0:
+            return torch.ops.aten.native_dropout(input, p, True)[0]
+        return original_dropout(input, p, training, inplace)
+
+    patches.append((F, "dropout", dropout))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     for obj, name, value in patches:
         setattr(obj, name, value)

@@ -1,0 +1,91 @@
+"""Run fake-mode measurements for a list of plans, each in its own process, beside their estimates.
+
+    python benchmarks/validation/compare.py CASES.json [--out results.json] [--jobs 2]
+
+CASES.json is a list of TrainingPlan dicts (models from the catalog or local folders). Each case runs
+``fake_mode.py`` in a fresh Python process; a case that fails is reported with its error, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FAKE_MODE = HERE / "fake_mode.py"
+LOSS_MODE = {"chunked": "trl_fused", "standard": "model"}
+
+
+def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
+    """Measure one plan under fake tensors in a fresh interpreter."""
+    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.plan import TrainingPlan
+
+    validated = TrainingPlan(**plan)
+    config = resolve_model(validated.model).config
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_path, config_path, out_path = (Path(tmp) / n for n in ("plan.json", "config.json", "out.json"))
+        plan_path.write_text(json.dumps(validated.model_dump(mode="json")), encoding="utf-8")
+        config_path.write_text(json.dumps(config), encoding="utf-8")
+        cmd = [sys.executable, str(FAKE_MODE), "--plan", str(plan_path), "--config", str(config_path),
+               "--out", str(out_path), "--loss", LOSS_MODE[validated.loss_implementation]]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        if out_path.exists():
+            return json.loads(out_path.read_text(encoding="utf-8"))
+        return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+
+
+def compare(plan: dict) -> dict:
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.estimator.plan import TrainingPlan
+
+    est = estimate(TrainingPlan(**plan))
+    measured = measure_in_subprocess(plan)
+    row = {"plan": plan, "estimate_bytes": est.peak_allocated_bytes, "estimate_phase": est.peak_phase,
+           "estimate_phases": est.phases}
+    if "error" in measured:
+        row["error"] = measured["error"]
+        return row
+    peak = measured["peak_allocated_bytes"]
+    row.update(measured_bytes=peak, measured_phase=measured.get("peak_phase"),
+               measured_categories=measured.get("peak_categories"), error_pct=round(100 * (est.peak_allocated_bytes - peak) / peak, 2),
+               wall_seconds=measured.get("wall_seconds"), attention_kernels=measured.get("attention_kernels"))
+    return row
+
+
+def run_all(plans: list[dict], jobs: int = 2) -> list[dict]:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(compare, plans))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases")
+    parser.add_argument("--out")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    plans = json.loads(Path(args.cases).read_text(encoding="utf-8"))
+    rows = run_all(plans, args.jobs)
+    for row in rows:
+        p = row["plan"]
+        label = f"{p['model']} {p.get('method', 'lora')} s{p.get('seq_len')} b{p.get('batch_size')} ckpt={p.get('gradient_checkpointing', True)}"
+        if "error" in row:
+            print(f"{label}: ERROR {row['error'][:200]}")
+        else:
+            print(f"{label}: est {row['estimate_bytes'] / 2**30:.3f} GiB ({row['estimate_phase']}) "
+                  f"measured {row['measured_bytes'] / 2**30:.3f} GiB ({row['measured_phase']}) err {row['error_pct']:+.2f}%")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
