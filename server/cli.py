@@ -127,7 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http", action="store_true", help="speak streamable HTTP instead of stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=_number(int, "port"), default=8765, help="HTTP port (default 8765)")
+    _add_recipe_commands(sub)
     return parser
+
+
+def _add_recipe_commands(sub) -> None:
+    """`recipe` (write a runnable recipe) and `train` (run one, or --probe it): recipes/render.py, recipes/runtime.py."""
+    rec = sub.add_parser("recipe", help="write a runnable recipe for a plan: recipe.yaml, launch command, requirements")
+    _add_plan_arguments(rec)
+    rec.add_argument("--out", required=True, metavar="DIR", help="folder to write the recipe's files into")
+    rec.add_argument("--json", action="store_true", help="also print the recipe as JSON")
+    rec.add_argument("--offline", action="store_true", help="never touch the network (the catalog and local folders only)")
+    tr = sub.add_parser("train", help="train a recipe (needs `pip install 'canifinetune[train]'`); --probe N measures N steps")
+    tr.add_argument("recipe", metavar="RECIPE.yaml", help="the recipe file `canifinetune recipe` wrote")
+    tr.add_argument("--dataset", default=None, metavar="PATH", help="JSONL file or dataset folder (overrides the recipe's)")
+    tr.add_argument("--probe", type=_number(int, "probe"), default=None, metavar="N",
+                    help="run N steps on the GPU and print the measured peaks beside the estimate (CUDA only)")
+    tr.add_argument("--device", choices=["cuda", "cpu"], default=None, help="force the device (default: CUDA when present)")
 
 
 def _cmd_estimate(args) -> int:
@@ -211,6 +227,32 @@ def _cmd_suggest(args) -> int:
 
 COMMANDS = {"estimate": _cmd_estimate, "models": _cmd_models, "gpus": _cmd_gpus, "serve": _cmd_serve}
 COMMANDS["suggest"] = _cmd_suggest
+
+
+def _cmd_recipe(args) -> int:
+    from canifinetune.recipes.render import make_recipe, recipe_json, write_recipe
+
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    recipe = make_recipe(_plan_from_args(args))
+    paths = write_recipe(recipe, args.out)
+    if args.json:
+        print(recipe_json(recipe))
+    else:
+        print(recipe.estimate_summary.rstrip())
+        print("wrote: " + ", ".join(str(p) for p in paths))
+    return EXIT_OK
+
+
+def _cmd_train(args) -> int:
+    from canifinetune.recipes.runtime import train
+
+    train(args.recipe, dataset=args.dataset, probe_steps=args.probe, device=args.device)
+    return EXIT_OK
+
+
+COMMANDS["recipe"] = _cmd_recipe
+COMMANDS["train"] = _cmd_train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,255 @@
+"""make_recipe: a plan in, the files that train exactly that plan out.
+
+Nothing here imports torch (a test checks ``sys.modules``). Plan values never reach a shell command or a path:
+the launch commands name only fixed file names, every argument is quoted with ``shlex``, YAML is written with
+``yaml.safe_dump`` and files are written only inside the chosen folder under fixed names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field
+
+from canifinetune.estimator.estimate import Estimate, estimate
+from canifinetune.estimator.plan import TrainingPlan
+
+from .schema import RECIPE_FILE, RECIPE_VERSION, EstimateSummary, RecipeError, RecipeFile, dump_recipe
+
+ACCELERATE_FILE = "accelerate_config.yaml"
+REQUIREMENTS_FILE = "requirements.txt"
+ESTIMATE_FILE = "ESTIMATE.txt"
+ESTIMATE_JSON_FILE = "estimate.json"
+LAUNCH_FILE = "launch.sh"
+FILE_NAMES = (RECIPE_FILE, ACCELERATE_FILE, REQUIREMENTS_FILE, ESTIMATE_FILE, ESTIMATE_JSON_FILE, LAUNCH_FILE)
+
+# What the runtime needs (the `train` extra), pinned to the versions the estimate's semantics follow.
+BASE_REQUIREMENTS = (
+    "canifinetune[train]",
+    "torch>=2.4",
+    "transformers>=5.0",
+    "peft>=0.17",
+    "trl>=1.16",
+    "accelerate>=1.0",
+    "datasets>=3",
+    "pyyaml>=6",
+)
+
+_GIB = 1024**3
+
+
+class Recipe(BaseModel):
+    """Everything make_recipe produces. ``files`` maps each file name to its text (what `--out DIR` writes)."""
+
+    plan: TrainingPlan
+    recipe_yaml: str = Field(description="recipe.yaml: the plan and the estimate it was made from")
+    launch_command: str = Field(description="the shell command that trains the recipe, run from the recipe folder")
+    launch_argv: list[str] = Field(description="the same command as an argument list (no shell)")
+    accelerate_config_yaml: str | None = Field(description="accelerate config for several GPUs (DDP, FSDP, DeepSpeed)")
+    requirements_txt: str
+    estimate_summary: str = Field(description="a short text giving the estimate the recipe was made from")
+    files: dict[str, str]
+    estimate: Estimate
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+
+def launch_argv(plan: TrainingPlan) -> list[str]:
+    """The launch command as argv. It names only fixed file names: no plan value is ever in it."""
+    if plan.num_gpus == 1:
+        return ["canifinetune", "train", RECIPE_FILE]
+    return ["accelerate", "launch", "--config_file", ACCELERATE_FILE,
+            "-m", "canifinetune.server.cli", "train", RECIPE_FILE]
+
+
+def accelerate_config(plan: TrainingPlan) -> dict | None:
+    """The accelerate config (as a dict) for a multi-GPU plan; None for one GPU."""
+    if plan.num_gpus == 1:
+        return None
+    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype]
+    config: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "machine_rank": 0,
+        "num_machines": 1,
+        "num_processes": plan.num_gpus,
+        "gpu_ids": "all",
+        "main_training_function": "main",
+        "mixed_precision": mixed,
+        "downcast_bf16": "no",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": False,
+    }
+    if plan.sharding == "ddp":
+        config["distributed_type"] = "MULTI_GPU"
+    elif plan.sharding.startswith("fsdp"):
+        config["distributed_type"] = "FSDP"
+        config["fsdp_config"] = {
+            "fsdp_version": 2,
+            # FSDP2: reshard after forward = FULL_SHARD; keep gathered until backward = SHARD_GRAD_OP
+            "fsdp_reshard_after_forward": plan.sharding == "fsdp_full_shard",
+            # FSDP offloads parameters, gradients and the optimizer step together
+            "fsdp_offload_params": bool(plan.offload_params),
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+            # gradient checkpointing comes from the recipe (TrainingArguments), as the estimate assumes
+            "fsdp_activation_checkpointing": False,
+        }
+    else:  # zero1 / zero2 / zero3
+        stage = int(plan.sharding[-1])
+        ds: dict = {
+            "zero_stage": stage,
+            "offload_optimizer_device": "cpu" if plan.offload_optimizer else "none",
+            "offload_param_device": "cpu" if plan.offload_params else "none",
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "gradient_clipping": 1.0,
+            "zero3_init_flag": stage == 3 and not plan.uses_adapters,
+        }
+        if stage == 3:
+            ds["zero3_save_16bit_model"] = True
+        config["distributed_type"] = "DEEPSPEED"
+        config["deepspeed_config"] = ds
+    return config
+
+
+def requirements(plan: TrainingPlan) -> list[str]:
+    reqs = list(BASE_REQUIREMENTS)
+    if plan.quantized_4bit or plan.load_in_8bit or plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+        reqs.append("bitsandbytes>=0.45")
+    if plan.attn_implementation == "flash_attention_2":
+        reqs.append("flash-attn>=2.6  # build needs CUDA; see https://github.com/Dao-AILab/flash-attention")
+    if plan.sharding.startswith("zero"):
+        reqs.append("deepspeed>=0.15")
+    reqs.append("nvidia-ml-py>=12  # optional: lets --probe read per-process GPU memory")
+    return reqs
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / _GIB:.2f} GiB"
+
+
+def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
+    """A short text giving the estimate the recipe was made from. Plan values appear only as repr()s."""
+    lines = [
+        "canifinetune estimate for this recipe (per GPU" + (f", {plan.num_gpus} GPUs" if plan.num_gpus > 1 else "") + ")",
+        f"model:            {est.model!r} ({est.model_source}); {est.params_total:,} parameters, "
+        f"{est.params_trainable:,} trainable",
+        f"method:           {plan.method}, {plan.dtype} ({plan.precision}), seq_len {plan.seq_len}, micro-batch "
+        f"{plan.batch_size} x {plan.gradient_accumulation_steps} accumulation, checkpointing "
+        f"{'on' if plan.gradient_checkpointing else 'off'}, optim {plan.optim}",
+        f"peak allocated:   {_gib(est.peak_allocated_bytes)} (torch.cuda.max_memory_allocated, {est.peak_phase} phase)",
+        f"peak reserved:    {_gib(est.peak_reserved_bytes)} (torch.cuda.max_memory_reserved)",
+        f"process total:    {_gib(est.total_bytes)} (reserved + CUDA context, as nvidia-smi shows it)",
+        f"with margin:      {_gib(est.budget_bytes)}",
+        f"GPU:              {est.gpu.name if est.gpu else 'none given'}"
+        + (f", {_gib(est.gpu_usable_bytes)} usable" if est.gpu_usable_bytes else ""),
+        f"verdict:          {est.verdict}: {est.verdict_reason}",
+        f"calibration:      {est.calibration_version}",
+        "",
+        "run (from this folder):  " + shlex.join(argv),
+        "check it first:          " + shlex.join(["canifinetune", "train", RECIPE_FILE, "--probe", "3"])
+        + "   (measures 3 steps on your GPU beside these numbers)",
+    ]
+    if plan.dataset is None:
+        lines.append("dataset:                none in the plan: add --dataset FILE.jsonl (or a dataset folder) to the train command")
+    for warning in est.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines) + "\n"
+
+
+def launch_script(argv: list[str]) -> str:
+    return (
+        "#!/bin/sh\n"
+        "# Trains this recipe from its own folder; extra arguments (e.g. --dataset FILE, --probe 3) pass through.\n"
+        "set -eu\n"
+        'cd "$(dirname "$0")"\n'
+        f'exec {shlex.join(argv)} "$@"\n'
+    )
+
+
+# ---------------------------------------------------------------------------------------------- public
+
+
+def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
+    """The recipe for ``plan``: recipe.yaml, the launch command, accelerate config, requirements and the estimate."""
+    if not isinstance(plan, TrainingPlan):
+        plan = TrainingPlan.model_validate(plan)
+    est = est if est is not None else estimate(plan)
+    recipe_file = RecipeFile(canifinetune_recipe=RECIPE_VERSION, plan=plan, estimate=EstimateSummary.from_estimate(est))
+    recipe_yaml = dump_recipe(recipe_file)
+    argv = launch_argv(plan)
+    acc = accelerate_config(plan)
+    acc_yaml = None
+    if acc is not None:
+        acc_yaml = (
+            f"# accelerate config for {plan.num_gpus} GPUs, sharding {plan.sharding} (made by canifinetune)\n"
+            + yaml.safe_dump(acc, sort_keys=False, default_flow_style=False)
+        )
+    reqs = "\n".join(requirements(plan)) + "\n"
+    summary = summary_text(plan, est, argv)
+    files = {RECIPE_FILE: recipe_yaml}
+    if acc_yaml is not None:
+        files[ACCELERATE_FILE] = acc_yaml
+    files[REQUIREMENTS_FILE] = reqs
+    files[ESTIMATE_FILE] = summary
+    files[ESTIMATE_JSON_FILE] = est.model_dump_json(indent=2) + "\n"
+    files[LAUNCH_FILE] = launch_script(argv)
+    return Recipe(
+        plan=plan,
+        recipe_yaml=recipe_yaml,
+        launch_command=shlex.join(argv),
+        launch_argv=argv,
+        accelerate_config_yaml=acc_yaml,
+        requirements_txt=reqs,
+        estimate_summary=summary,
+        files=files,
+        estimate=est,
+    )
+
+
+def write_recipe(recipe: Recipe, out_dir: str | Path) -> list[Path]:
+    """Write the recipe's files into ``out_dir`` (created if missing) and return their paths.
+
+    Only the fixed file names this module produces are written, and only directly inside ``out_dir``:
+    a name that is not one of them, or that would land anywhere else (``..``, a separator, a symlink
+    pointing out), is refused. Files are written as UTF-8 with LF line ends on every platform.
+    """
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecipeError(f"--out: cannot create {out}: {exc.strerror or exc}") from None
+    if not out.is_dir():
+        raise RecipeError(f"--out: {out} is not a folder")
+    root = out.resolve()
+    written: list[Path] = []
+    for name, text in recipe.files.items():
+        if name not in FILE_NAMES or name != os.path.basename(name) or name in ("", ".", ".."):
+            raise RecipeError(f"recipe: refusing to write {name!r}: not one of the recipe's files")
+        target = root / name
+        if target.is_symlink() or target.resolve().parent != root:
+            raise RecipeError(f"recipe: refusing to write {name!r}: it would land outside {root}")
+        with open(target, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        if name == LAUNCH_FILE:
+            try:
+                target.chmod(0o755)
+            except OSError:  # pragma: no cover - e.g. some Windows file systems
+                pass
+        written.append(target)
+    return written
+
+
+def recipe_json(recipe: Recipe) -> str:
+    """The recipe as JSON (for `canifinetune recipe --json`)."""
+    return json.dumps(recipe.model_dump(mode="json"), indent=2, ensure_ascii=False)

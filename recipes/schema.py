@@ -1,0 +1,164 @@
+"""The recipe file: a strict YAML schema that round-trips to the same :class:`TrainingPlan`.
+
+A recipe is ``{"canifinetune_recipe": 1, "plan": {...every TrainingPlan field...}, "estimate": {...}}``.
+It is written with ``yaml.safe_dump`` and read with a safe loader that also refuses duplicate keys; the plan is
+validated by ``TrainingPlan`` itself (unknown fields refused), the estimate section by a model that forbids
+unknown fields too. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error
+from canifinetune.estimator.plan import TrainingPlan
+
+RECIPE_VERSION = 1
+RECIPE_FILE = "recipe.yaml"
+MAX_RECIPE_BYTES = 1024 * 1024  # a recipe is a few KB
+
+
+class RecipeError(CanIFinetuneError):
+    """A recipe (or a run of one) that cannot go ahead, with what to change."""
+
+
+class EstimateSummary(BaseModel):
+    """The numbers of the estimate a recipe was made from (per GPU)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peak_allocated_bytes: int = Field(ge=0, description="torch.cuda.max_memory_allocated the estimate expects")
+    peak_reserved_bytes: int = Field(ge=0, description="torch.cuda.max_memory_reserved the estimate expects")
+    total_bytes: int = Field(ge=0, description="reserved plus CUDA context: the process as nvidia-smi sees it")
+    budget_bytes: int = Field(ge=0, description="total plus the safety margin")
+    peak_phase: str = Field(max_length=32)
+    verdict: str = Field(max_length=32)
+    gpu: str | None = Field(None, max_length=512)
+    gpu_usable_bytes: int | None = Field(None, ge=0)
+    params_total: int = Field(ge=0)
+    params_trainable: int = Field(ge=0)
+    calibration_version: str = Field(max_length=64)
+
+    @classmethod
+    def from_estimate(cls, est) -> "EstimateSummary":
+        return cls(
+            peak_allocated_bytes=est.peak_allocated_bytes,
+            peak_reserved_bytes=est.peak_reserved_bytes,
+            total_bytes=est.total_bytes,
+            budget_bytes=est.budget_bytes,
+            peak_phase=est.peak_phase,
+            verdict=est.verdict,
+            gpu=est.gpu.name if est.gpu else None,
+            gpu_usable_bytes=est.gpu_usable_bytes,
+            params_total=est.params_total,
+            params_trainable=est.params_trainable,
+            calibration_version=est.calibration_version,
+        )
+
+
+class RecipeFile(BaseModel):
+    """What recipe.yaml holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    canifinetune_recipe: Literal[1] = Field(description="recipe format version")
+    plan: TrainingPlan
+    estimate: EstimateSummary | None = None
+
+
+TOP_LEVEL_KEYS = tuple(RecipeFile.model_fields)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _mapping_no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    out: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise RecipeError(f"recipe: line {key_node.start_mark.line + 1}: a key must be a plain name") from None
+        if key in out:
+            raise RecipeError(
+                f"recipe: line {key_node.start_mark.line + 1}: key {key!r} appears twice; keep one of them"
+            )
+        out[key] = loader.construct_object(value_node, deep=deep)
+    return out
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates)
+
+
+def dump_recipe(recipe: RecipeFile) -> str:
+    """The YAML text of a recipe (yaml.safe_dump: never string formatting)."""
+    data = recipe.model_dump(mode="json")
+    header = (
+        "# canifinetune recipe: `canifinetune train recipe.yaml` trains exactly this plan.\n"
+        "# Edit values here, not in generated files; unknown keys are refused.\n"
+    )
+    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+
+
+def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
+    """Validate recipe YAML text strictly; every problem is a RecipeError that says what to change."""
+    if len(text) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe: {where} is larger than {MAX_RECIPE_BYTES // 1024} KiB; a recipe is a few KB")
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise RecipeError(f"recipe: {where}{line} is not valid YAML: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe: {where} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"recipe: {where} must be a mapping with keys {', '.join(TOP_LEVEL_KEYS)}; got {type(data).__name__}"
+        )
+    unknown = [str(k) for k in data if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise RecipeError(
+            f"recipe: unknown top-level key(s) {', '.join(repr(k) for k in unknown)} in {where}; "
+            f"a recipe has only {', '.join(TOP_LEVEL_KEYS)} (plan fields go under 'plan:')"
+        )
+    if "canifinetune_recipe" not in data:
+        raise RecipeError(f"recipe: {where} has no 'canifinetune_recipe: {RECIPE_VERSION}' line; is it a canifinetune recipe?")
+    if data["canifinetune_recipe"] != RECIPE_VERSION:
+        raise RecipeError(
+            f"canifinetune_recipe: this canifinetune reads recipe format {RECIPE_VERSION}; "
+            f"got {data['canifinetune_recipe']!r} (make the recipe again with `canifinetune recipe`)"
+        )
+    if not isinstance(data.get("plan"), dict):
+        raise RecipeError(f"plan: {where} needs a 'plan:' mapping with the TrainingPlan fields (at least model)")
+    try:
+        return RecipeFile.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(describe_validation_error(exc)) from None
+
+
+def load_recipe(path: str | Path) -> RecipeFile:
+    """Read recipe.yaml as UTF-8 (whatever the locale) and validate it."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise RecipeError(f"recipe: {path} is a folder; give the recipe file ({path / RECIPE_FILE})")
+    if size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe: {path} is {size} bytes; a recipe is a few KB")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"recipe: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
+    return parse_recipe(text, str(path))
