@@ -1,0 +1,455 @@
+"""The training runtime: `canifinetune train recipe.yaml` trains exactly the plan that was estimated.
+
+The model, quantization, LoRA adapters, gradient checkpointing and optimizer come from ``recipes/setup.py`` (the
+same code the fake-tensor measurement runs); TRL's ``SFTTrainer`` trains it with an ``SFTConfig`` mapped field by
+field from the plan. Validation happens before anything heavy loads; the dataset is tokenized and length-checked
+before the model loads. torch, transformers, peft, trl and bitsandbytes are imported only inside functions.
+
+Every file is read and written as UTF-8 whatever the locale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canifinetune.estimator.plan import TrainingPlan
+
+from .schema import RecipeError, RecipeFile, load_recipe
+
+MAX_JSONL_LINE = 64 * 1024 * 1024
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+class DatasetError(RecipeError):
+    """A dataset the runtime cannot train on as the recipe says."""
+
+    field = "dataset"
+
+
+class SampleTooLongError(DatasetError):
+    """A sample longer than seq_len while the recipe does not allow truncation."""
+
+
+# ---------------------------------------------------------------------------------------------- machine checks
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the runtime can see of this machine (a plain record so tests can describe other machines)."""
+
+    cuda: bool
+    device_count: int = 0
+    bf16: bool = False
+    gpu_name: str | None = None
+    world_size: int = 1
+    flash_attn: bool = False
+
+    @classmethod
+    def detect(cls, device: str | None = None) -> "Machine":
+        import importlib.util
+
+        import torch
+
+        cuda = torch.cuda.is_available() and device != "cpu"
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+            raise RecipeError(f"--device {device}: torch sees no CUDA GPU on this machine (torch {torch.__version__})")
+        return cls(
+            cuda=cuda,
+            device_count=torch.cuda.device_count() if cuda else 0,
+            bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+            gpu_name=torch.cuda.get_device_name(0) if cuda else None,
+            world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
+            flash_attn=importlib.util.find_spec("flash_attn") is not None,
+        )
+
+
+def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
+    """Refuse, before anything loads, what cannot run here; every message says what to change."""
+    problems: list[str] = []
+    if plan.num_gpus > 1:
+        if not machine.cuda:
+            problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs and this machine has no CUDA GPU; "
+                            "set num_gpus: 1 and sharding: none (and make the recipe again) to train here")
+        elif plan.num_gpus > machine.device_count:
+            problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs and this machine has "
+                            f"{machine.device_count}; set num_gpus to {machine.device_count} or fewer and make the recipe again")
+        elif machine.world_size != plan.num_gpus:
+            problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs but this process runs "
+                            f"{machine.world_size} of them; start it with the recipe's launch command "
+                            "(accelerate launch --config_file accelerate_config.yaml -m canifinetune.server.cli train recipe.yaml)")
+    if plan.dtype == "bf16" and machine.cuda and not machine.bf16:
+        problems.append(f"dtype: this GPU ({machine.gpu_name}) has no bf16; set dtype: fp16 in the recipe "
+                        "(and estimate again: fp16 needs the same memory)")
+    if plan.dtype == "fp16" and not machine.cuda:
+        problems.append("dtype: fp16 mixed precision needs a CUDA GPU; on a CPU use dtype: bf16 or fp32")
+    if plan.dtype == "fp16" and plan.method == "full" and plan.precision == "pure":
+        problems.append("precision: full fine-tuning with pure fp16 weights cannot train (the fp16 gradient scaler "
+                        "refuses fp16 gradients); set precision: mixed, or dtype: bf16")
+    if plan.attn_implementation == "flash_attention_2" and not (machine.cuda and machine.flash_attn):
+        problems.append("attn_implementation: flash_attention_2 needs a CUDA GPU and the flash-attn package; "
+                        "install flash-attn, or set attn_implementation: sdpa")
+    if not machine.cuda and plan.optim.startswith("paged_"):
+        problems.append(f"optim: {plan.optim} pages optimizer states through CUDA memory; on a CPU use adamw_torch")
+    if plan.sharding.startswith("fsdp") and plan.offload_optimizer and not plan.offload_params:
+        problems.append("offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
+                        "offload_params: true with sharding fsdp_full_shard, or use sharding zero2/zero3 to offload only "
+                        "the optimizer")
+    out = Path(plan.output_dir)
+    if out.is_absolute() or ".." in out.parts:
+        problems.append(f"output_dir: {plan.output_dir!r} must be a folder inside the recipe's folder "
+                        "(a relative path without '..')")
+    if problems:
+        raise RecipeError("; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+
+def _local_path(name: str, recipe_dir: Path | None) -> Path | None:
+    """An existing path for ``name``: as given (from the current folder), else relative to the recipe's folder."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    if recipe_dir is not None and not path.is_absolute() and (recipe_dir / path).exists():
+        return recipe_dir / path
+    return None
+
+
+def model_source(plan: TrainingPlan, recipe_dir: Path | None = None) -> tuple[dict, str]:
+    """(config dict, what from_pretrained loads: a local folder with weights or a Hub id) for the plan's model."""
+    from canifinetune.estimator.models import resolve_model
+
+    local = _local_path(plan.model, recipe_dir)
+    resolved = resolve_model(str(local) if local is not None else plan.model)
+    if resolved.source != "local":
+        return resolved.config, resolved.id
+    folder = Path(resolved.id)
+    if not folder.is_dir():
+        raise RecipeError(f"model: {plan.model!r} is a config file; training needs the model's folder with its weights")
+    if not any(any(folder.glob(p)) for p in WEIGHT_PATTERNS):
+        raise RecipeError(f"model: the folder {str(folder)!r} has config.json but no weights (*.safetensors or "
+                          "pytorch_model*.bin); point model at a folder saved with save_pretrained, or a Hub id")
+    return resolved.config, str(folder)
+
+
+def dataset_path(plan: TrainingPlan, dataset: str | None, recipe_dir: Path | None) -> Path:
+    name = dataset if dataset is not None else plan.dataset
+    if name is None:
+        raise DatasetError("dataset: the recipe names no dataset; pass --dataset FILE.jsonl (or a dataset folder), "
+                           "or set plan.dataset in the recipe")
+    path = _local_path(name, recipe_dir)
+    if path is None:
+        where = f" or in {str(recipe_dir)!r}" if recipe_dir is not None else ""
+        raise DatasetError(f"dataset: {name!r} does not exist (looked in the current folder{where}); "
+                           "give a JSONL file or a folder saved with datasets' save_to_disk")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- dataset
+
+
+@dataclass
+class Row:
+    where: str  # "line 3" / "row 3": how a person finds it
+    data: dict
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Training rows from a JSONL file (UTF-8, 1-based line numbers) or a folder saved by ``datasets``."""
+    rows: list[Row] = []
+    if path.is_dir():
+        from datasets import DatasetDict, load_from_disk
+
+        try:
+            ds = load_from_disk(str(path))
+        except Exception as exc:  # datasets raises several kinds
+            raise DatasetError(f"dataset: {str(path)!r} is not a folder saved by datasets' save_to_disk: {exc}") from None
+        if isinstance(ds, DatasetDict):
+            if "train" not in ds:
+                raise DatasetError(f"dataset: {str(path)!r} has splits {list(ds)} and no 'train' split")
+            ds = ds["train"]
+        for i, item in enumerate(ds, start=1):
+            rows.append(Row(f"row {i}", dict(item)))
+    else:
+        with open(path, "r", encoding="utf-8-sig", newline=None) as handle:
+            number = 0
+            while True:
+                try:
+                    line = handle.readline(MAX_JSONL_LINE + 1)
+                except UnicodeDecodeError as exc:
+                    raise DatasetError(f"dataset: {str(path)!r} is not UTF-8 text ({exc.reason}); save it as UTF-8") from None
+                if not line:
+                    break
+                number += 1
+                if len(line) > MAX_JSONL_LINE:
+                    raise DatasetError(f"dataset: line {number} of {str(path)!r} is longer than {MAX_JSONL_LINE} characters")
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except ValueError as exc:
+                    raise DatasetError(f"dataset: line {number} of {str(path)!r} is not JSON: {exc}") from None
+                if not isinstance(item, dict):
+                    raise DatasetError(f"dataset: line {number} of {str(path)!r} must be a JSON object with 'text' or 'messages'")
+                rows.append(Row(f"line {number}", item))
+    if not rows:
+        raise DatasetError(f"dataset: {str(path)!r} holds no rows")
+    return rows
+
+
+def tokenize_rows(rows: list[Row], tokenizer, path: Path) -> list[list[int]]:
+    """Token ids per row, as TRL's SFTTrainer would make them: text + EOS, or the chat template over messages."""
+    out: list[list[int]] = []
+    eos = tokenizer.eos_token
+    for row in rows:
+        data = row.data
+        if isinstance(data.get("messages"), list):
+            if not getattr(tokenizer, "chat_template", None):
+                raise DatasetError(f"dataset: {row.where} of {str(path)!r} has 'messages' but the model's tokenizer has no "
+                                   "chat template; use 'text' rows, or a model with a chat template")
+            tools = data.get("tools")
+            tools = json.loads(tools) if isinstance(tools, str) else tools
+            ids = tokenizer.apply_chat_template(data["messages"], tokenize=True, return_dict=True, tools=tools)["input_ids"]
+        elif isinstance(data.get("text"), str):
+            text = data["text"]
+            if eos and not text.endswith(eos):
+                text = text + eos
+            ids = tokenizer(text)["input_ids"]
+        else:
+            raise DatasetError(f"dataset: {row.where} of {str(path)!r} needs a 'text' string or a 'messages' list; "
+                               f"it has {sorted(map(str, data))[:8]}")
+        out.append(list(ids))
+    return out
+
+
+def check_lengths(rows: list[Row], ids: list[list[int]], seq_len: int, truncation: bool, path: Path) -> list[list[int]]:
+    """Refuse samples longer than seq_len (naming them), or cut them when the recipe says truncation: true."""
+    too_long = [(row, len(x)) for row, x in zip(rows, ids) if len(x) > seq_len]
+    if too_long and not truncation:
+        first, count = too_long[0]
+        more = f" ({len(too_long)} rows are too long; the first ones: " + ", ".join(
+            f"{r.where}: {n}" for r, n in too_long[:5]) + ")" if len(too_long) > 1 else ""
+        raise SampleTooLongError(
+            f"dataset: {first.where} of {str(path)!r} is {count} tokens, longer than seq_len {seq_len}{more}; "
+            "shorten or drop it, raise seq_len in the recipe (and estimate again), or set truncation: true to cut "
+            "samples at seq_len"
+        )
+    return [x[:seq_len] for x in ids]
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+
+
+def sft_config_kwargs(plan: TrainingPlan, *, output_dir: str, use_cpu: bool, max_steps: int | None = None) -> dict:
+    """SFTConfig arguments, field by field from the plan."""
+    ckpt = plan.gradient_checkpointing
+    ckpt_kwargs = {"use_reentrant": False} if ckpt else None
+    return {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": plan.batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "activation_checkpointing": ckpt,
+        "gradient_checkpointing": ckpt,
+        "activation_checkpointing_kwargs": ckpt_kwargs,
+        "gradient_checkpointing_kwargs": ckpt_kwargs,
+        "optim": plan.optim,
+        "bf16": plan.dtype == "bf16",
+        "fp16": plan.dtype == "fp16",
+        "max_length": plan.seq_len,
+        "truncation_mode": "keep_start",
+        "packing": False,
+        "padding_free": False,
+        "learning_rate": plan.learning_rate,
+        "max_steps": plan.max_steps if max_steps is None else max_steps,
+        "num_train_epochs": plan.num_train_epochs,
+        "report_to": "none",
+        "use_cpu": use_cpu,
+        "logging_steps": 1,
+        "save_strategy": "no" if max_steps is not None else "steps",
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+        "seed": 42,
+    }
+
+
+def _trainer_class(plan: TrainingPlan):
+    from trl import SFTTrainer
+
+    if plan.loss_implementation == "chunked":
+        return SFTTrainer  # TRL 1.16's default: the fused, tiled LM head
+
+    class StandardLossSFTTrainer(SFTTrainer):
+        """transformers' plain loss: model(**inputs) with labels builds the full logits (what 'standard' estimates)."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            from transformers import Trainer
+
+            return Trainer.compute_loss(self, model, {**inputs, "use_cache": False},
+                                        return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    return StandardLossSFTTrainer
+
+
+@dataclass
+class Prepared:
+    plan: TrainingPlan
+    trainer: Any
+    model: Any
+    tokenizer: Any
+    output_dir: Path
+    samples: int
+    truncated: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _device_for(machine: Machine) -> str:
+    if not machine.cuda:
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"
+
+
+def prepare(
+    plan: TrainingPlan,
+    *,
+    recipe_dir: Path | None = None,
+    dataset: str | None = None,
+    token_ids: list[list[int]] | None = None,
+    device: str | None = None,
+    max_steps: int | None = None,
+    output_dir: Path | None = None,
+) -> Prepared:
+    """Check the plan against this machine, read and length-check the data, build the model and the trainer.
+
+    ``token_ids`` replaces the dataset (the probe trains on synthetic full-length samples)."""
+    machine = Machine.detect(device)
+    check_plan_for_machine(plan, machine)
+    config, source = model_source(plan, recipe_dir)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    truncated = 0
+    if token_ids is None:
+        path = dataset_path(plan, dataset, recipe_dir)
+        rows = read_rows(path)
+        ids = tokenize_rows(rows, tokenizer, path)
+        truncated = sum(1 for x in ids if len(x) > plan.seq_len)
+        ids = check_lengths(rows, ids, plan.seq_len, plan.truncation, path)
+    else:
+        ids = [list(x) for x in token_ids]
+
+    from datasets import Dataset
+
+    train_dataset = Dataset.from_dict({"input_ids": ids})
+
+    from . import setup
+
+    model = setup.build_model(plan, config, pretrained_path=source)
+    dev = _device_for(machine)
+    if machine.cuda and plan.sharding in ("none", "ddp"):
+        model.to(dev)
+
+    from trl import SFTConfig
+
+    base = recipe_dir if recipe_dir is not None else Path.cwd()
+    out = output_dir if output_dir is not None else base / plan.output_dir
+    args = SFTConfig(**sft_config_kwargs(plan, output_dir=str(out), use_cpu=not machine.cuda, max_steps=max_steps))
+    trainer = _trainer_class(plan)(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+    # TRL tokenizes nothing here (the rows are token ids already); confirm what it will train is what was checked
+    longest = max(len(x) for x in trainer.train_dataset["input_ids"])
+    if longest > plan.seq_len:  # pragma: no cover - guarded above
+        raise SampleTooLongError(f"dataset: a prepared sample is {longest} tokens, longer than seq_len {plan.seq_len}")
+    notes = []
+    if truncated:
+        notes.append(f"{truncated} samples were cut at seq_len {plan.seq_len} (truncation: true)")
+    return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=tokenizer, output_dir=out,
+                    samples=len(ids), truncated=truncated, notes=notes)
+
+
+def runtime_settings(prepared: Prepared) -> dict:
+    """The settings the trainer actually resolved (model as built, the optimizer Trainer makes for ``optim``)."""
+    from . import setup
+
+    trainer = prepared.trainer
+    if trainer.optimizer is None:
+        trainer.create_optimizer()
+    settings = setup.resolved_settings(prepared.plan, trainer.model, trainer.optimizer)
+    args = trainer.args
+    settings["trainer"] = {
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "activation_checkpointing": bool(args.activation_checkpointing),
+        "activation_checkpointing_kwargs": args.activation_checkpointing_kwargs,
+        "max_length": args.max_length,
+        "bf16": bool(args.bf16),
+        "fp16": bool(args.fp16),
+        "optim": str(getattr(args.optim, "value", args.optim)),
+        "learning_rate": args.learning_rate,
+        "trainer_class": type(trainer).__name__,
+    }
+    return settings
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    losses: list[float]
+    output_dir: Path
+    samples: int
+    notes: list[str]
+
+
+def require_train_dependencies(plan: TrainingPlan) -> None:
+    """Refuse with the install command when the runtime's libraries are missing."""
+    import importlib.util
+
+    needed = ["torch", "transformers", "peft", "trl", "accelerate", "datasets"]
+    if plan.quantized_4bit or plan.load_in_8bit or plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+        needed.append("bitsandbytes")
+    if plan.sharding.startswith("zero"):
+        needed.append("deepspeed")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RecipeError(f"train: {', '.join(missing)} not installed; run pip install 'canifinetune[train]'"
+                          + (" deepspeed" if "deepspeed" in missing else "") + " (see requirements.txt in the recipe folder)")
+
+
+def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: int | None = None,
+          device: str | None = None, out=None):
+    """Train the recipe (or, with ``probe_steps``, measure that many steps: see recipes/probe.py)."""
+    out = out or sys.stdout
+    recipe_path = Path(recipe_path)
+    recipe: RecipeFile = load_recipe(recipe_path)
+    require_train_dependencies(recipe.plan)
+    recipe_dir = recipe_path.resolve().parent
+    if probe_steps is not None:
+        from .probe import format_probe, probe
+
+        result = probe(recipe.plan, probe_steps, recipe_dir=recipe_dir, estimate_summary=recipe.estimate, device=device)
+        print(format_probe(result), file=out)
+        return result
+    prepared = prepare(recipe.plan, recipe_dir=recipe_dir, dataset=dataset, device=device)
+    for note in prepared.notes:
+        print(f"canifinetune: {note}", file=out)
+    output = prepared.trainer.train()
+    losses = [float(h["loss"]) for h in prepared.trainer.state.log_history if "loss" in h]
+    prepared.trainer.save_model(str(prepared.output_dir))
+    print(f"canifinetune: trained {output.global_step} steps on {prepared.samples} samples; "
+          f"saved to {prepared.output_dir}", file=out)
+    return TrainResult(steps=int(output.global_step), losses=losses, output_dir=prepared.output_dir,
+                       samples=prepared.samples, notes=prepared.notes)
+
+
+def main(argv: list[str] | None = None) -> int:  # `python -m canifinetune.recipes.runtime recipe.yaml`
+    from canifinetune.server.cli import main as cli_main
+
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
