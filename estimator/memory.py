@@ -383,8 +383,9 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
 
     chunked (TRL 1.16 fused LM head, trl/trainer/utils.py add_fused_lm_head): the final hidden
     states of the N = B·(S-1) scored positions, copied contiguous (a·N·H), and seven fp32 per-token
-    statistics. standard (transformers ForCausalLMLoss): the bf16 logits a·T·V (kept by the model
-    output), their fp32 upcast 4·T·V and log_softmax's fp32 output 4·T·V (saved for backward).
+    statistics. standard (transformers ForCausalLMLoss): the logits a·T·V (kept by the model output)
+    and log_softmax's fp32 output 4·T·V (saved for backward); the fp32 upcast it was taken of is freed
+    once log_softmax has run (:func:`loss_forward_transient_bytes`).
     """
     spec = r.spec
     plan = r.plan
@@ -393,7 +394,7 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     if plan.loss_implementation == "chunked":
         return _round_block(a * n * spec.hidden_size) + 8 * _round_block(4 * n)
     t = r.tokens
-    return _round_block(a * t * spec.vocab_size) + 2 * _round_block(4 * t * spec.vocab_size)
+    return _round_block(a * t * spec.vocab_size) + _round_block(4 * t * spec.vocab_size)
 
 
 def loss_backward_bytes(r: ResolvedPlan) -> int:
@@ -401,8 +402,9 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
 
     chunked: one [min(N, TRL_TOKEN_CHUNK), TRL_VOCAB_CHUNK] tile in the compute dtype, the fp32
     gradient of the hidden states (4·N·H) and, when the head trains, an fp32 head gradient (4·V·H)
-    with its cast to the weight dtype. standard: the fp32 gradient of log_softmax and its input
-    (2 x 4·T·V) and its cast to the compute dtype (a·T·V).
+    with its cast to the weight dtype. standard: nll_loss's fp32 gradient and log_softmax's input
+    gradient (2 x 4·T·V), both alive at once; the cast back to the compute dtype comes after the
+    first is freed.
     """
     spec = r.spec
     plan = r.plan
@@ -416,17 +418,17 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
             total += _round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
         return total
     t = r.tokens
-    return 2 * _round_block(4 * t * spec.vocab_size) + _round_block(a * t * spec.vocab_size)
+    return 2 * _round_block(4 * t * spec.vocab_size)
 
 
 def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
     """Peak extra memory inside the loss forward: for the chunked head one logits tile (compute dtype);
-    for the standard loss, the fp32 upcast while log_softmax writes its output (counted in
-    :func:`loss_forward_bytes`)."""
+    for the standard loss the fp32 upcast of the logits (4·T·V) while log_softmax writes its output
+    (accelerate's fp32 copy of the returned logits is the same size and comes after it is freed)."""
     spec = r.spec
     plan = r.plan
     if plan.loss_implementation != "chunked":
-        return 0
+        return _round_block(4 * r.tokens * spec.vocab_size)
     n = plan.batch_size * max(plan.seq_len - 1, 1)
     tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
     return _round_block(r.act_bytes * tile)
@@ -456,6 +458,34 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
     attn = _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim) + _round_block(4 * t * spec.q_dim)
     attn += 2 * _round_block(a * t * h)
     return max(mlp, attn)
+
+
+def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
+    """What a LoRA adapter allocates and frees while its block runs forward (again during checkpoint
+    recomputation), for the widest adapted linear.
+
+    PEFT's Linear.forward casts the input to the adapter dtype (``x.to(fp32)``: 4·T·in for fp32
+    adapters) and applies dropout to it (native_dropout's fp32 output, another 4·T·in, when
+    lora_dropout > 0) before autocast casts it to the compute dtype for lora_A (that copy is saved and
+    counted in the activations). On a frozen base the block tensor feeding the linear (a·T·in, e.g. the
+    MLP product feeding down_proj) is alive then too, though nothing saves it.
+    """
+    if r.adapter_dtype is None:
+        return 0
+    widest = 0
+    for i, _ in r.spec.layer_groups:
+        for lin in r.adapted_linears(i):
+            widest = max(widest, lin.in_features)
+    if not widest:
+        return 0
+    t = r.tokens
+    total = _round_block(r.act_bytes * t * widest)
+    if r.adapter_dtype != r.compute_dtype:
+        per = DTYPE_BYTES[r.adapter_dtype]
+        total += _round_block(per * t * widest)
+        if r.plan.lora_dropout > 0:
+            total += _round_block(per * t * widest)
+    return total
 
 
 def dequantization_bytes(r: ResolvedPlan) -> int:

@@ -126,10 +126,11 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     )
 
     # --- forward: everything saved, plus the loss tile or a dequantized weight
-    fwd_transient = max(loss_fwd_tmp, dequant)
+    adapter_tmp = m.adapter_forward_transient_bytes(r)
+    fwd_transient = max(loss_fwd_tmp, dequant + adapter_tmp)
     if ckpt:
         # the block being run keeps its full activations until it returns
-        fwd_transient = max(fwd_transient, max(layer_full.values()) - boundary + dequant)
+        fwd_transient = max(fwd_transient, max(layer_full.values()) - boundary + dequant + adapter_tmp)
     forward = PhasePeak(
         "forward",
         static_bytes + saved_layers + shared + loss_fwd + fwd_transient,
@@ -137,7 +138,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         + (
             Item("activations", saved_layers + shared, act_note),
             Item("logits_and_loss", loss_fwd, _loss_note(r)),
-            Item("forward_temporaries", fwd_transient, "a logits tile, a dequantized 4-bit weight or the running block"),
+            Item("forward_temporaries", fwd_transient, "a logits tile, a dequantized 4-bit weight, LoRA's input casts or the running block"),
         ),
     )
 
@@ -155,7 +156,9 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     # and bottom-most position (the live set changes linearly in between).
     layer_grad = _layer_grad_bytes(r, shard)
     for index, _ in groups:
-        transient = m.layer_backward_transient_bytes(r, index) + dequant
+        # with checkpointing the block is first recomputed, so its adapters' forward temporaries recur
+        recompute = adapter_tmp if ckpt else 0
+        transient = max(m.layer_backward_transient_bytes(r, index), recompute) + dequant
         for below in (spec.num_layers - 1, 0):
             saved_below = _saved_below(r, below, saved_per_layer)
             current = layer_full[index]
@@ -164,8 +167,13 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
             if live > best:
                 best = live
                 best_parts = (saved_below + shared + current, 0, grads_above, transient)
-    # the embedding's dense gradient exists beside the accumulated one for a moment at the very end
-    embed_grad = int(spec.embedding_params * r.trainable_bytes_per_param * shard.grads) if r.full else 0
+    # Tied head: the embedding's backward makes a dense V x H gradient and AccumulateGrad adds it to the
+    # head's existing one out of place, so two extra V x H tensors exist for a moment at the very end
+    # (measured under fake tensors: exactly 2 x V x H x bytes beyond all gradients). Untied, the new
+    # gradient simply becomes .grad.
+    embed_grad = 0
+    if r.full and spec.tie_word_embeddings:
+        embed_grad = 2 * int(spec.embedding_params * r.trainable_bytes_per_param * shard.grads)
     end = static_bytes + grads + buckets + shared + embed_grad
     if end > best:
         best = end

@@ -1,0 +1,70 @@
+"""Speed of the core: one estimate (p50/p95 over many plans) and the import of canifinetune.estimator.
+
+    python benchmarks/bench_estimate.py
+
+Goals (issue 2): one estimate <= 1 ms p50 on a 2-core machine; `import canifinetune.estimator` <= 150 ms
+(measured in fresh interpreters, median of several, minus the interpreter's own start).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+PLANS = [
+    dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="qlora", gpu_vram_gb=16, seq_len=2048),
+    dict(model="meta-llama/Llama-3.1-8B", method="lora", gpu="RTX 4090", target_modules="all-linear"),
+    dict(model="meta-llama/Llama-3.1-70B", method="full", gpu="H100", num_gpus=8, sharding="zero3"),
+    dict(model="mistralai/Mixtral-8x7B-v0.1", method="qlora", gpu="A100 80GB", gradient_checkpointing=False),
+    dict(model="Qwen/Qwen3-30B-A3B", method="lora", gpu_vram_gb=80, target_modules=["q_proj", "v_proj"]),
+    dict(model="google/gemma-2-9b", method="lora", optim="adamw_bnb_8bit", loss_implementation="standard"),
+]
+
+
+def bench_estimate(repeats: int = 400) -> None:
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.plan import TrainingPlan
+
+    print("one estimate (plan validated, model resolved from the catalog, estimate):")
+    for kw in PLANS:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            estimate(TrainingPlan(**kw))
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        p50 = statistics.median(times) * 1e3
+        p95 = times[int(0.95 * len(times))] * 1e3
+        print(f"  {kw['model']:<32} {kw['method']:<6} p50 {p50:.3f} ms  p95 {p95:.3f} ms")
+    model = resolve_model(PLANS[1]["model"])
+    plan = TrainingPlan(**PLANS[1])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        estimate(plan, model=model)
+        times.append(time.perf_counter() - t0)
+    print(f"  estimate() alone, model pre-resolved: p50 {statistics.median(times) * 1e3:.3f} ms")
+
+
+def bench_import(runs: int = 7) -> None:
+    def run(code: str) -> float:
+        best = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            best.append(time.perf_counter() - t0)
+        return statistics.median(best)
+
+    bare = run("pass")
+    core = run("import canifinetune.estimator")
+    full = run("import canifinetune.estimator.estimate")
+    print(f"import canifinetune.estimator: {1e3 * (core - bare):.1f} ms "
+          f"(estimate module with pydantic and catalogs: {1e3 * (full - bare):.1f} ms; bare interpreter {1e3 * bare:.1f} ms)")
+
+
+if __name__ == "__main__":
+    bench_estimate()
+    bench_import()

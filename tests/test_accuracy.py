@@ -1,0 +1,60 @@
+"""The estimate against a real training step (issue 2, item 6).
+
+Each case in accuracy_cases.json runs the real transformers (+ PEFT, + bitsandbytes) model through
+two training steps under PyTorch fake tensors, in its own process, with attention and dropout routed
+as a GPU runs them and TRL's chunked loss (benchmarks/validation/fake_mode.py). The estimate's
+peak_allocated_bytes must never be below that measurement by more than 2% nor above it by more
+than 10%.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+pytest.importorskip("bitsandbytes")
+pytest.importorskip("trl")
+
+from benchmarks.validation.compare import compare  # noqa: E402
+
+CASES = json.loads((Path(__file__).parent / "accuracy_cases.json").read_text(encoding="utf-8"))
+LOWER, UPPER = -2.0, 10.0
+
+
+def _label(plan: dict) -> str:
+    return (f"{plan['model'].split('/')[-1]}-{plan['method']}-s{plan['seq_len']}-b{plan['batch_size']}-"
+            f"ckpt{int(plan.get('gradient_checkpointing', True))}-{plan.get('loss_implementation', 'chunked')}")
+
+
+@pytest.fixture(scope="module")
+def results():
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        rows = list(pool.map(compare, CASES))
+    return {_label(row["plan"]): row for row in rows}
+
+
+def test_cohort_covers_methods_families_and_checkpointing():
+    from canifinetune.estimator.models import resolve_model
+
+    assert len(CASES) >= 15
+    families = {resolve_model(c["model"]).spec.model_type for c in CASES}
+    assert len(families) >= 4
+    assert {c["method"] for c in CASES} == {"full", "lora", "qlora"}
+    assert {c.get("gradient_checkpointing", True) for c in CASES} == {True, False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=_label)
+def test_estimate_brackets_the_measured_peak(results, case):
+    row = results[_label(case)]
+    assert "error" not in row, f"the measurement failed: {row.get('error')}"
+    assert row["attention_kernels"].get("math", 0) == 0, "attention fell back to the math kernel"
+    err = row["error_pct"]
+    assert LOWER <= err <= UPPER, (
+        f"estimate {row['estimate_bytes'] / 2**30:.3f} GiB vs measured {row['measured_bytes'] / 2**30:.3f} GiB "
+        f"({err:+.2f}%), estimate phase {row['estimate_phase']}, measured phase {row['measured_phase']}"
+    )
