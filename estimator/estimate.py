@@ -48,6 +48,11 @@ class Estimate(BaseModel):
     method: str
     params_total: int
     params_trainable: int
+    params_exact: int | None = Field(None, description="parameters counted in the checkpoint's safetensors headers "
+                                     "(Hub models), when known; params_total is counted from config.json")
+    params_source: Literal["config", "safetensors"] = Field(
+        "config", description="config: params_total counted from config.json alone; safetensors: checked against "
+        "the checkpoint's safetensors headers (params_exact)")
     peak_phase: Literal["forward", "backward", "optimizer"]
     peak_allocated_bytes: int = Field(description="what torch.cuda.max_memory_allocated would report")
     peak_reserved_bytes: int = Field(description="what torch.cuda.max_memory_reserved would report")
@@ -105,7 +110,9 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     r = resolve(plan, resolved_model.spec)
     forward, backward, optimizer, sizes = step_peaks(r)
     peak = max((forward, backward, optimizer), key=lambda p: p.bytes)
-    allocated = peak.bytes
+    unmodelled, params_warning = _unmodelled_params(resolved_model)
+    unmodelled_bytes = unmodelled * r.weight_bytes_per_param  # loaded as frozen weights in the plan's dtype
+    allocated = peak.bytes + unmodelled_bytes
     overhead = m.allocator_overhead_bytes(allocated)
     reserved = allocated + overhead
     context = m.cuda_context_bytes()
@@ -121,6 +128,11 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
                                           "cuda_workspaces", "sharding_gather_buffers") else peak.phase
         breakdown.append(Component(name=item.name, bytes=item.bytes, gib=_gib(item.bytes), phase=phase,
                                    explanation=item.explanation))
+    if unmodelled_bytes:
+        breakdown.append(Component(
+            name="unmodelled_checkpoint_weights", bytes=unmodelled_bytes, gib=_gib(unmodelled_bytes), phase="static",
+            explanation=f"{unmodelled / 1e9:.2f}B parameters the safetensors headers hold beyond what config.json "
+                        f"describes, counted as frozen {r.weight_dtype} weights"))
     breakdown.append(Component(name="allocator_overhead", bytes=overhead, gib=_gib(overhead), phase="process",
                                explanation="caching-allocator rounding and fragmentation (reserved - allocated)"))
     breakdown.append(Component(name="cuda_context", bytes=context, gib=_gib(context), phase="process",
@@ -148,7 +160,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     if plan.num_gpus > 1:
         reason = f"per GPU ({plan.num_gpus} x {gpu.name if gpu else 'GPU'}): " + reason
 
-    warnings = list(resolved_model.spec.warnings) + list(r.warnings)
+    warnings = list(resolved_model.spec.warnings) + list(r.warnings) + ([params_warning] if params_warning else [])
     if plan.seq_len >= 32768:
         warnings.append(
             f"seq_len {plan.seq_len}: very long sequences are where kernels' own scratch grows; measure a "
@@ -163,6 +175,8 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         method=plan.method,
         params_total=resolved_model.spec.total_params,
         params_trainable=r.trainable_params,
+        params_exact=resolved_model.params_exact,
+        params_source="safetensors" if resolved_model.params_exact else "config",
         peak_phase=peak.phase,  # type: ignore[arg-type]
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
@@ -174,7 +188,8 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         verdict=verdict,
         verdict_reason=reason,
         per_gpu=plan.num_gpus > 1,
-        phases={"forward": forward.bytes, "backward": backward.bytes, "optimizer": optimizer.bytes},
+        phases={"forward": forward.bytes + unmodelled_bytes, "backward": backward.bytes + unmodelled_bytes,
+                "optimizer": optimizer.bytes + unmodelled_bytes},
         breakdown=breakdown,
         host_memory_bytes=sizes["host_optimizer_states"] + sizes["host_params"],
         assumptions=assumptions(r),
@@ -182,6 +197,21 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         calibration_version=CALIBRATION_VERSION,
         plan=plan,
     )
+
+
+def _unmodelled_params(model: ResolvedModel) -> tuple[int, str | None]:
+    """Parameters the checkpoint holds beyond the config's count (counted as frozen weights), and a warning
+    when the two counts differ by more than 1%."""
+    exact, counted = model.params_exact, model.spec.total_params
+    if not exact or abs(exact - counted) <= 0.01 * counted:
+        return 0, None
+    if exact > counted:
+        return exact - counted, (
+            f"the checkpoint's safetensors headers hold {exact / 1e9:.3f}B parameters but config.json describes "
+            f"{counted / 1e9:.3f}B (a vision tower, extra heads or an architecture canifinetune does not model?); "
+            "the difference is counted as frozen weights (unmodelled_checkpoint_weights)")
+    return 0, (f"the checkpoint's safetensors headers hold {exact / 1e9:.3f}B parameters, fewer than the "
+               f"{counted / 1e9:.3f}B config.json describes; the estimate keeps the larger (config) count")
 
 
 def assumptions(r) -> list[str]:

@@ -25,7 +25,7 @@ class ResolvedModel:
     """A model name resolved to its config and architecture."""
 
     id: str
-    source: str  # "catalog" or "local"
+    source: str  # "catalog" or "local"; server/hub.py adds "hub-cache" and "hub"
     config: dict
     spec: ModelSpec
     params_exact: int | None = None  # from safetensors metadata, when known

@@ -21,6 +21,9 @@ EXIT_DOES_NOT_FIT = 3
 EXIT_TIGHT = 4
 
 # Fields the CLI takes as subcommand options; everything in TrainingPlan is one.
+OFFLINE_HELP = ("never touch the network: the catalog, local folders and the local Hugging Face cache only "
+                "(sets HF_HUB_OFFLINE=1); without it, other Hub ids are read from the Hub (config.json and "
+                "safetensors headers, never weights)")
 _LIST_FIELDS = {"target_modules"}
 
 
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="estimate the peak GPU memory of a plan and judge it against a GPU")
     _add_plan_arguments(est)
     est.add_argument("--json", action="store_true", help="print the estimate as JSON (the MCP tool's structure)")
-    est.add_argument("--offline", action="store_true", help="never touch the network (the catalog and local folders only)")
+    est.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
 
     models = sub.add_parser("models", help="search the built-in model catalog")
     models.add_argument("query", nargs="?", default="", help="words to match, e.g. 'qwen 7b'")
@@ -121,12 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     sug.add_argument("--training-tokens", type=_number(int, "training_tokens"), default=None, dest="training_tokens",
                      help="tokens to train on: adds each plan's approximate training time")
     sug.add_argument("--json", action="store_true", help="print the result as JSON (the MCP tool's structure)")
-    sug.add_argument("--offline", action="store_true", help="never touch the network (the catalog and local folders only)")
+    sug.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio; --http for streamable HTTP)")
     serve.add_argument("--http", action="store_true", help="speak streamable HTTP instead of stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=_number(int, "port"), default=8765, help="HTTP port (default 8765)")
+    serve.add_argument("--offline", action="store_true",
+                       help="the tools never reach the Hugging Face Hub (catalog, local folders and the local cache only)")
     _add_recipe_commands(sub)
     return parser
 
@@ -137,7 +142,7 @@ def _add_recipe_commands(sub) -> None:
     _add_plan_arguments(rec)
     rec.add_argument("--out", required=True, metavar="DIR", help="folder to write the recipe's files into")
     rec.add_argument("--json", action="store_true", help="also print the recipe as JSON")
-    rec.add_argument("--offline", action="store_true", help="never touch the network (the catalog and local folders only)")
+    rec.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
     tr = sub.add_parser("train", help="train a recipe (needs `pip install 'canifinetune[train]'`); --probe N measures N steps")
     tr.add_argument("recipe", metavar="RECIPE.yaml", help="the recipe file `canifinetune recipe` wrote")
     tr.add_argument("--dataset", default=None, metavar="PATH", help="JSONL file or dataset folder (overrides the recipe's)")
@@ -154,7 +159,7 @@ def _cmd_estimate(args) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     plan = _plan_from_args(args)
-    result = estimate(plan)
+    result = estimate(plan, model=_resolve_model(plan, args))
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
@@ -207,11 +212,20 @@ def _cmd_serve(args) -> int:
 
     if not 0 < args.port < 65536:
         raise UsageError(f"--port: must be between 1 and 65535; got {args.port}")
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
     if args.http:
-        run_http(args.host, args.port)
+        run_http(args.host, args.port, offline=args.offline)
     else:
-        run_stdio()
+        run_stdio(offline=args.offline)
     return EXIT_OK
+
+
+def _resolve_model(plan, args):
+    """Catalog -> local folder -> Hugging Face cache -> Hub (server/hub.py); huggingface_hub loads only if needed."""
+    from .hub import resolve_any
+
+    return resolve_any(plan.model, offline=bool(getattr(args, "offline", False)))
 
 
 def _cmd_suggest(args) -> int:
@@ -220,7 +234,8 @@ def _cmd_suggest(args) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     plan = _plan_from_args(args)
-    result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens)
+    result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens,
+                     model=_resolve_model(plan, args))
     print(result.model_dump_json(indent=2) if args.json else render_text(result))
     return EXIT_OK if (result.fits_already or result.suggestions) else EXIT_DOES_NOT_FIT
 
@@ -234,7 +249,10 @@ def _cmd_recipe(args) -> int:
 
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
-    recipe = make_recipe(_plan_from_args(args))
+    from canifinetune.estimator.estimate import estimate
+
+    plan = _plan_from_args(args)
+    recipe = make_recipe(plan, estimate(plan, model=_resolve_model(plan, args)))
     paths = write_recipe(recipe, args.out)
     if args.json:
         print(recipe_json(recipe))

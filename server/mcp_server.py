@@ -51,13 +51,16 @@ fits, call make_recipe for a runnable recipe. Change one argument at a time; eve
 default. Resources: canifinetune://catalog/gpus, canifinetune://catalog/models,
 canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
 
-_ANNOTATIONS = ToolAnnotations(
-    read_only_hint=True,
-    destructive_hint=False,
-    idempotent_hint=True,
-    # The catalog and local folders only: nothing is fetched from the Hub, so the world is closed.
-    open_world_hint=False,
-)
+def _annotations(offline: bool) -> ToolAnnotations:
+    # Open-world only when a tool may read a config from the Hugging Face Hub; offline, the catalog,
+    # local folders and the local Hugging Face cache are a closed world.
+    return ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                           open_world_hint=not offline)
+
+
+# build_server(offline=...) sets both: the tools resolve models through server/hub.py with this setting.
+_HUB_OFFLINE = False
+_ANNOTATIONS = _annotations(_HUB_OFFLINE)
 
 
 # --------------------------------------------------------------------------------------------- outputs
@@ -200,10 +203,17 @@ def _guard(tool: str, fn, *args, **kwargs):
 # --------------------------------------------------------------------------------------------- tools
 
 
+def _resolve(name: str):
+    """Catalog -> local folder -> Hugging Face cache -> Hub (unless the server is offline)."""
+    from .hub import resolve_any
+
+    return resolve_any(name, offline=_HUB_OFFLINE)
+
+
 def _estimate(plan: TrainingPlan) -> Estimate:
     from canifinetune.estimator.estimate import estimate
 
-    return estimate(plan)
+    return estimate(plan, model=_resolve(plan.model))
 
 
 def estimate_memory_impl(arguments: dict[str, Any]) -> CallToolResult:
@@ -330,7 +340,9 @@ def _search(plan: TrainingPlan, keep: list[str] | None):
             f"({exc}); change one field at a time with estimate_memory instead: method 'qlora', a smaller "
             "batch_size, gradient_checkpointing true, optim 'paged_adamw_8bit'"
         ) from None
-    return suggest(plan) if keep is None else suggest(plan, keep=tuple(keep))
+    rm = _resolve(plan.model)  # the search resolves catalog and local models itself; Hub models are passed in
+    extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
+    return suggest(plan, **extra) if keep is None else suggest(plan, keep=tuple(keep), **extra)
 
 
 def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
@@ -434,7 +446,8 @@ def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
                 "make_recipe: recipes are not available yet in this canifinetune build "
                 f"(canifinetune.recipes.render: {exc}); estimate_memory and suggest_cheaper_config work"
             ) from None
-        raw = make_recipe(plan)
+        hub = est.model_source not in ("catalog", "local")  # a Hub model: the renderer reuses this estimate
+        raw = make_recipe(plan, est) if hub else make_recipe(plan)
         return Recipe(verdict=est.verdict, verdict_reason=est.verdict_reason, plan=plan,
                       files=_recipe_files(raw), recipe=_as_object(_jsonable(raw)))
 
@@ -464,8 +477,9 @@ Estimate the peak GPU memory of fine-tuning a Hugging Face causal LM and judge i
 Give model plus gpu (catalog name, e.g. 'RTX 4090', 'A100 80GB') or gpu_vram_gb (e.g. 24); every other
 argument has TRL SFTTrainer's default (method lora, seq_len 1024, batch_size 8, bf16, gradient
 checkpointing on). Returns verdict (fits / tight / does_not_fit / unknown), verdict_reason, the
-per-component breakdown in bytes, the peak phase, warnings and assumptions. Offline: the built-in
-catalog and local folders with config.json; nothing is downloaded."""
+per-component breakdown in bytes, the peak phase, warnings and assumptions. model: a catalog name, a
+local folder with config.json, or any Hub id (its config.json and safetensors headers are read, never
+the weights; not when the server runs offline)."""
 
 SUGGEST_DOC = """\
 Find configurations that fit the GPU when a plan does not: takes the same arguments as
@@ -543,9 +557,18 @@ def _model_spec_json(model_id: str) -> str:
 
     entry = find_model(model_id)
     if entry is None:
-        close = suggest_models(model_id, limit=5)
-        hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
-        raise ResourceNotFoundError(f"model '{model_id}' is not in the catalog{hint} (canifinetune://catalog/models lists it)")
+        try:  # a Hub id or a local folder, through the same resolver as the tools
+            rm = _resolve(model_id)
+        except CanIFinetuneError as exc:
+            close = suggest_models(model_id, limit=5)
+            hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
+            raise ResourceNotFoundError(f"model '{model_id}' is not in the catalog{hint} (canifinetune://catalog/models "
+                                        f"lists it): {exc}") from None
+        data = {k: _jsonable(getattr(rm.spec, k)) for k in rm.spec.__dataclass_fields__}
+        data.update(id=rm.id, params_total=rm.spec.total_params, params_exact=rm.params_exact,
+                    embedding_params=rm.spec.embedding_params, lm_head_params=rm.spec.lm_head_params,
+                    linear_modules=list(rm.spec.linear_names()), config=rm.config, config_source=rm.source)
+        return json.dumps(data, indent=1)
     config = entry.config_dict()
     spec = ModelSpec.from_config(config)
     data = {k: _jsonable(getattr(spec, k)) for k in spec.__dataclass_fields__}
@@ -604,8 +627,17 @@ def _complete_values(kind: str, prefix: str) -> Completion:
     return Completion(values=hits[:100], total=len(hits), has_more=len(hits) > 100)
 
 
-def build_server() -> CanIFinetuneServer:
-    """The MCP server with its tools, resources, prompt and completions."""
+def build_server(offline: bool | None = None) -> CanIFinetuneServer:
+    """The MCP server with its tools, resources, prompt and completions.
+
+    ``offline`` (default: HF_HUB_OFFLINE) keeps the tools off the Hugging Face Hub; only then are
+    they annotated closed-world. One setting per process: the last server built sets it.
+    """
+    global _HUB_OFFLINE, _ANNOTATIONS
+    from .hub import env_offline
+
+    _HUB_OFFLINE = bool(offline) or env_offline()
+    _ANNOTATIONS = _annotations(_HUB_OFFLINE)
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -702,15 +734,15 @@ def uvicorn_log_config() -> dict:
     }
 
 
-def run_stdio() -> None:
-    build_server().run()
+def run_stdio(offline: bool | None = None) -> None:
+    build_server(offline).run()
 
 
-def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT) -> None:
+def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offline: bool | None = None) -> None:
     import anyio
     import uvicorn
 
-    mcp = build_server()
+    mcp = build_server(offline)
     app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host)
     config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info")
     print(f"canifinetune MCP server on http://{host if ':' not in host else f'[{host}]'}:{port}/mcp", file=sys.stderr)
@@ -724,11 +756,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     parser.add_argument("--host", default=DEFAULT_HTTP_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT)
+    parser.add_argument("--offline", action="store_true", help="never reach the Hugging Face Hub")
     args = parser.parse_args(argv)
     if args.http:
-        run_http(args.host, args.port)
+        run_http(args.host, args.port, offline=args.offline)
     else:
-        run_stdio()
+        run_stdio(offline=args.offline)
     return 0
 
 
