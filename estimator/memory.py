@@ -202,9 +202,13 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
       ``_foreach_add``/div intermediate that reuses it; one model-sized buffer is counted.
     - adamw_torch_fused: the fused CUDA kernel updates in place: nothing.
     - bitsandbytes optimizers: in-place kernels: nothing.
-    - adafactor: transformers' Adafactor upcasts each gradient to fp32 and builds the fp32 update
-      (update = grad**2 + eps, the factored approximation, the update itself): about three fp32 copies
-      of the largest trainable tensor.
+    - adafactor: transformers' Adafactor (optimization.py, Adafactor.step) works on one parameter at a
+      time in fp32. For a bf16/fp16 parameter it keeps ``grad = p.grad.float()`` and
+      ``p_data_fp32 = p.float()`` for the whole update, and each of its three out-of-place steps
+      allocates a new fp32 tensor while the previous one is still referenced: ``grad**2`` then ``+ eps``;
+      ``update`` then ``_approx_sq_grad(...)`` (a full-size outer product) replacing it; ``update`` then
+      ``-update`` for ``p_data_fp32.add_(-update)``. So four fp32 copies of the largest trainable tensor
+      are alive at once. For an fp32 parameter ``.float()`` returns the tensor itself: two copies.
     - sgd: in place.
     Also the gradient-norm clipping Trainer runs before the step (max_grad_norm=1.0) allocates only
     per-tensor scalars.
@@ -214,7 +218,8 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
         return r.trainable_params * r.trainable_bytes_per_param
     if optim == "adafactor":
         largest = max(rows * cols for rows, cols, _ in _trainable_matrix_shapes(r))
-        return 3 * _round_block(largest * 4)
+        copies = 2 if r.trainable_bytes_per_param == DTYPE_BYTES["fp32"] else 4
+        return copies * _round_block(largest * 4)
     return 0
 
 
