@@ -27,7 +27,8 @@ ROOT = HERE.parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.validation.run_cohort import DEFAULT_COHORT, RESULTS, default_out, load_cohort  # noqa: E402
+from benchmarks.validation.run_cohort import (  # noqa: E402
+    DEFAULT_COHORT, RESULTS, _pct, default_out, estimate_record, load_cohort)
 
 GIB = 1 << 30
 PRIMARY = {"fake": "allocated", "cuda": "reserved"}
@@ -211,6 +212,29 @@ def analyse_mode(mode: str, cohort: dict, header: dict | None, rows: list[dict],
     }
 
 
+def with_current_estimates(mode: str, rows: list[dict]) -> list[dict]:
+    """The rows with each estimate recomputed by the estimator as it is now (the measurements are unchanged)."""
+    out = []
+    for r in rows:
+        r2 = dict(r)
+        if "estimate" in r:
+            r2["estimate"] = estimate_record(r["plan"])
+            if r.get("status") == "ok":
+                e, m = r2["estimate"], r["measured"]
+                errors = {"allocated": _pct(e["peak_allocated_bytes"], m["peak_allocated_bytes"])}
+                if mode == "cuda":
+                    errors["reserved"] = _pct(e["peak_reserved_bytes"], m["peak_reserved_bytes"])
+                    errors["total"] = _pct(e["total_bytes"], m["process_total_bytes"])
+                r2["error_pct"] = errors
+        out.append(r2)
+    return out
+
+
+def _brief(res: dict) -> dict:
+    return {"errors": res["errors"], "per_method": res["per_method"], "bounds": res["bounds"],
+            "verdict_totals": res["verdicts"]["totals"], "verdict_rates": res["verdicts"]["rates"]}
+
+
 def not_run(mode: str, path: Path) -> dict:
     return {"mode": mode, "run": False, "reason": f"no results file ({path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}): "
             f"{mode} mode was not run; its figures are undefined and not shown"}
@@ -234,7 +258,17 @@ def summarise(cohort_path: Path, fake: Path, cuda: Path) -> dict:
             continue
         if header is not None and header.get("cohort") != cohort["cohort"]:
             raise SystemExit(f"{path}: results of {header.get('cohort')}, not {cohort['cohort']}")
-        res = analyse_mode(mode, cohort, header, rows)
+        current = with_current_estimates(mode, rows)
+        res = analyse_mode(mode, cohort, header, current)
+        recorded = analyse_mode(mode, cohort, header, rows)
+        res["as_recorded"] = _brief(recorded)  # the estimator as it was when the cases ran: the prospective figures
+        res["estimate_changes"] = [
+            {"case": a["case"], "recorded_estimate_bytes": a["estimate"]["peak_allocated_bytes"],
+             "current_estimate_bytes": b["estimate"]["peak_allocated_bytes"],
+             "recorded_error_pct": a.get("error_pct"), "current_error_pct": b.get("error_pct"),
+             "recorded_calibration_version": a["estimate"].get("calibration_version")}
+            for a, b in zip(rows, current)
+            if "estimate" in a and a["estimate"]["peak_allocated_bytes"] != b["estimate"]["peak_allocated_bytes"]]
         res["results_file"] = str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path)
         res["results_sha256"] = _sha256(Path(path))
         out["modes"][mode] = res
@@ -301,6 +335,16 @@ def render(summary: dict, cohort: dict) -> str:
             f"no case below {b.get('min_error_pct')}% — **{'met' if b.get('min_met') else 'MISSED (' + ', '.join(b.get('cases_below_min', [])) + ')'}**; "
             f"zero false fits — **{'met' if v['totals'].get('false_feasible', 0) == 0 else 'MISSED'}**.",
         ]
+        rec = fake.get("as_recorded")
+        if rec and fake.get("estimate_changes"):
+            re_, rv = rec["errors"], rec["verdict_totals"]
+            lines += [
+                f"- **fake mode, prospective** (the estimator exactly as it was when the cases ran, before the "
+                f"correction described below): median |error| {_pctabs(re_['median_abs_error_pct'])}, MAPE "
+                f"{_pctabs(re_['mape'])}, range {_fmt(re_['min_error_pct'], '%')} to {_fmt(re_['max_error_pct'], '%')}; "
+                f"{re_['underestimates']} under- and {re_['overestimates']} overestimates; {rv.get('false_feasible', 0)} "
+                f"false \"fits\"; below −2%: {', '.join(rec['bounds'].get('cases_below_min', [])) or 'none'}.",
+            ]
     else:
         lines.append(f"- **fake mode**: not run ({fake['reason']}).")
     if cuda.get("run"):
@@ -324,6 +368,22 @@ def render(summary: dict, cohort: dict) -> str:
         if not mode_res.get("run"):
             continue
         mode = mode_res["mode"]
+        changes = mode_res.get("estimate_changes") or []
+        if changes:
+            lines += [f"## {mode} mode: estimator changes after the run", "",
+                      "The measurements were made once, with the estimator at the run's commit; the cases below have a "
+                      "different estimate now because the memory model was corrected afterwards, from the cause a case "
+                      "exposed (explained in the commit and in docs/memory_model.md), not by fitting a constant. The "
+                      "figures above the line are the prospective ones; every other table uses the current estimator.", "",
+                      "| case | estimate at run GiB | error at run | current estimate GiB | current error |",
+                      "|---|---|---|---|---|"]
+            key = PRIMARY[mode]
+            for c in changes:
+                a, b = c.get("recorded_error_pct") or {}, c.get("current_error_pct") or {}
+                lines.append(f"| {c['case']} | {_gib(c['recorded_estimate_bytes'])} | "
+                             f"{_fmt(a.get(key), '%') if a else '—'} | {_gib(c['current_estimate_bytes'])} | "
+                             f"{_fmt(b.get(key), '%') if b else '—'} |")
+            lines.append("")
         lines += [f"## {mode} mode: errors ({mode_res['metric']})", "",
                   "| | n | MAPE | median |error| | median signed | min | max | under | over |", "|---|---|---|---|---|---|---|---|---|"]
         rows = [("all", mode_res["errors"])] + list(mode_res["per_method"].items())
