@@ -54,6 +54,10 @@ def test_valid_plans_give_finite_positive_numbers(kw):
 @FAST
 @given(plans, st.sampled_from(["seq_len", "batch_size", "lora_r"]), st.integers(1, 4096))
 def test_growing_a_size_never_lowers_the_peak(kw, field, extra):
+    if field == "lora_r" and kw["optim"] in ("adamw_bnb_8bit", "paged_adamw_8bit"):
+        # bitsandbytes keeps fp32 states for tensors under 4096 elements (min_8bit_size) and 8-bit
+        # states above: growing a tiny rank across that threshold really shrinks the states.
+        kw = {**kw, "lora_r": max(kw["lora_r"], 8)}
     small = est(**kw)
     limit = {"seq_len": 1_048_576, "batch_size": 4096, "lora_r": 4096}[field]
     big = est(**{**kw, field: min(kw[field] + extra, limit)})
@@ -72,16 +76,23 @@ def test_more_targets_never_lower_the_peak(kw):
 @FAST
 @given(plans)
 def test_qlora_le_lora_le_full(kw):
-    # At ranks people use. With a rank in the hundreds on every linear, PEFT's fp32 adapters, their
-    # gradients and the per-adapter input copies can really outgrow full fine-tuning of a small model
-    # (r=254 on all of Qwen2.5-0.5B's linears is 128M fp32 parameters): the ordering is not a law there.
-    # Likewise with stateless SGD on a few hundred tokens, full fine-tuning costs only weights + grads
-    # while fp32 adapters add per-module input copies: there too LoRA can edge past full.
-    # And when activations dominate, LoRA with dropout keeps a masked copy of the input per adapted
-    # module where full fine-tuning keeps one shared input: so the ordering is checked where the
-    # weights and optimizer states dominate, at most 4096 tokens per micro-batch.
-    kw = {**kw, "lora_r": min(kw["lora_r"], 64), "seq_len": min(kw["seq_len"], 4096 // kw["batch_size"])}
-    if kw["optim"] == "sgd":
+    """QLoRA <= LoRA <= full at equal settings, in the regime where that is a law.
+
+    It is checked with gradient checkpointing on (TRL's default), ranks up to 64 and AdamW-family
+    optimizers. Outside that regime the ordering is not physics, and the estimate does not pretend:
+    - without checkpointing, LoRA with dropout keeps a masked copy of the input per adapted module
+      where full fine-tuning keeps one shared input; past a few thousand tokens on all linears that
+      outgrows full fine-tuning's gradients and optimizer states (measured under fake tensors too);
+    - with a rank in the hundreds, PEFT's fp32 adapters, their gradients and states can outgrow full
+      fine-tuning of a small model;
+    - stateless or factored optimizers (sgd, adafactor) leave full fine-tuning at weights + gradients;
+    - at hundreds of thousands of tokens per micro-batch even the one recomputed block's adapter copies
+      outgrow full fine-tuning's extra static memory (about 6 bytes per parameter), so the micro-batch
+      is kept at a realistic 16k tokens at most.
+    """
+    kw = {**kw, "lora_r": min(kw["lora_r"], 64), "gradient_checkpointing": True,
+          "seq_len": min(kw["seq_len"], 16384 // kw["batch_size"])}
+    if kw["optim"] in ("sgd", "adafactor"):
         kw["optim"] = "adamw_torch_fused"
     q = est(**{**kw, "method": "qlora"})
     lo = est(**{**kw, "method": "lora"})
@@ -92,13 +103,23 @@ def test_qlora_le_lora_le_full(kw):
 @FAST
 @given(plans)
 def test_checkpointing_never_raises_the_peak(kw):
+    # Checked from 512 tokens per micro-batch up. Below that it is not a law: a checkpointed block's
+    # recomputation repeats its forward temporaries (LoRA's input casts) during backward, beside every
+    # adapter gradient already made; with a handful of tokens the activations checkpointing saves are
+    # smaller than those temporaries (KB to a few MB either way).
+    kw = {**kw, "seq_len": max(kw["seq_len"], -(-512 // kw["batch_size"]))}
     on = est(**{**kw, "gradient_checkpointing": True})
     off = est(**{**kw, "gradient_checkpointing": False})
     assert on.peak_allocated_bytes <= off.peak_allocated_bytes
 
 
 invalid = st.one_of(
-    st.fixed_dictionaries({"seq_len": st.one_of(st.integers(max_value=0), st.floats(allow_nan=True), st.text(max_size=5))}),
+    st.fixed_dictionaries({"seq_len": st.one_of(
+        st.integers(max_value=0),
+        # an integral float such as 2048.0 is a valid seq_len (JSON clients send them); others are not
+        st.floats(allow_nan=True).filter(lambda x: not (math.isfinite(x) and x >= 1 and x.is_integer())),
+        st.text(max_size=5).filter(lambda t: not t.strip().isdigit() or int(t) < 1),
+    )}),
     st.fixed_dictionaries({"batch_size": st.integers(max_value=0)}),
     st.fixed_dictionaries({"lora_r": st.integers(min_value=5000)}),
     st.fixed_dictionaries({"gpu_vram_gb": st.sampled_from([0, -1, math.nan, math.inf, 1e9])}),
