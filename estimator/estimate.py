@@ -92,7 +92,7 @@ def resolve_gpu(plan: TrainingPlan) -> GPUTarget | None:
     if plan.gpu_vram_gb is not None:
         return GPUTarget(
             name=f"{plan.gpu_vram_gb:g} GB GPU",
-            usable_bytes=int(plan.gpu_vram_gb * GIB),
+            usable_bytes=max(1, int(plan.gpu_vram_gb * GIB)),  # 5e-324 GB is 0 bytes: keep used_fraction finite
             bf16=None,
             source="gpu_vram_gb, taken as GiB of device memory (what torch reports as total_memory)",
         )

@@ -13,6 +13,7 @@ optim=adamw_torch_fused). ``docs/memory_model.md`` lists them.
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,6 +48,17 @@ MAX_GPU_VRAM_GB = 4096.0
 MAX_STRING = 512
 
 SafeName = Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
+# Characters no model id, GPU name, dataset path or output folder needs, and that could start a new line
+# or hide text in a recipe, a log or a terminal: control characters, line/paragraph separators, bidi controls.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _unsafe_character(text: str) -> str | None:
+    """The first character of ``text`` that is no plain printable text, or None."""
+    for char in text:
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            return char
+    return None
 
 
 class TrainingPlan(BaseModel):
@@ -144,6 +156,14 @@ class TrainingPlan(BaseModel):
                 if not all(c.isalnum() or c in "_.-" for c in name):
                     raise ValueError(f"module names are letters, digits, '_', '.', '-'; got {name!r}")
             return sorted(set(value))
+        return value
+
+    @field_validator("model", "gpu", "dataset", "output_dir")
+    @classmethod
+    def _plain_text(cls, value: str | None) -> str | None:
+        bad = _unsafe_character(value) if value is not None else None
+        if bad is not None:
+            raise ValueError(f"must be plain text without control characters (newline, tab, NUL, ...); found {bad!r}")
         return value
 
     @model_validator(mode="after")

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 from canifinetune.estimator.estimate import Estimate, estimate
 from canifinetune.estimator.plan import TrainingPlan
 
-from .schema import RECIPE_FILE, RECIPE_VERSION, EstimateSummary, RecipeError, RecipeFile, dump_recipe
+from .schema import (RECIPE_FILE, RECIPE_VERSION, EstimateSummary, RecipeError, RecipeFile, dump_recipe,
+                     output_dir_problem)
 
 ACCELERATE_FILE = "accelerate_config.yaml"
 REQUIREMENTS_FILE = "requirements.txt"
@@ -184,6 +185,9 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     """The recipe for ``plan``: recipe.yaml, the launch command, accelerate config, requirements and the estimate."""
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan.model_validate(plan)
+    problem = output_dir_problem(plan.output_dir)  # the run writes there: it must stay inside the recipe's folder
+    if problem is not None:
+        raise RecipeError(problem)
     est = est if est is not None else estimate(plan)
     recipe_file = RecipeFile(canifinetune_recipe=RECIPE_VERSION, plan=plan, estimate=EstimateSummary.from_estimate(est))
     recipe_yaml = dump_recipe(recipe_file)

@@ -19,7 +19,7 @@ from typing import Any
 
 from canifinetune.estimator.plan import TrainingPlan
 
-from .schema import RecipeError, RecipeFile, load_recipe
+from .schema import RecipeError, RecipeFile, load_recipe, output_dir_problem
 
 MAX_JSONL_LINE = 64 * 1024 * 1024
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -99,10 +99,9 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
         problems.append("offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
                         "offload_params: true with sharding fsdp_full_shard, or use sharding zero2/zero3 to offload only "
                         "the optimizer")
-    out = Path(plan.output_dir)
-    if out.is_absolute() or ".." in out.parts:
-        problems.append(f"output_dir: {plan.output_dir!r} must be a folder inside the recipe's folder "
-                        "(a relative path without '..')")
+    problem = output_dir_problem(plan.output_dir)
+    if problem is not None:
+        problems.append(problem)
     if problems:
         raise RecipeError("; ".join(problems))
 

@@ -8,7 +8,7 @@ unknown fields too. Nothing here imports torch.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 import yaml
@@ -71,6 +71,16 @@ class RecipeFile(BaseModel):
 
 
 TOP_LEVEL_KEYS = tuple(RecipeFile.model_fields)
+
+
+def output_dir_problem(output_dir: str) -> str | None:
+    """Why ``output_dir`` could land outside the recipe's folder (absolute, a drive, '~', '..'), or None."""
+    posix, windows = PurePosixPath(output_dir), PureWindowsPath(output_dir)
+    if (posix.is_absolute() or windows.anchor or output_dir.startswith("~")
+            or ".." in posix.parts or ".." in windows.parts):
+        return (f"output_dir: {output_dir!r} must be a folder inside the recipe's folder "
+                "(a relative path without '..', '~' or a drive), e.g. 'outputs'")
+    return None
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -38,11 +38,11 @@ HOSTILE = [
     "$(touch pwned)",
     "`touch pwned`",
     "a;touch pwned",
-    "line1\nrm -rf ~ #",
     "a && touch pwned || b",
     "--config_file=/etc/passwd",
-    "key: value\nplan: {model: evil}",
 ]
+# Values with newlines or other control characters ("line1\nrm -rf ~ #", "key: value\nplan: {model: evil}") are
+# refused by TrainingPlan itself: tests/test_recipe_injection.py.
 
 
 def _plan(**kw) -> TrainingPlan:
