@@ -109,11 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
 
     models = sub.add_parser("models", help="search the built-in model catalog")
-    models.add_argument("query", nargs="?", default="", help="words to match, e.g. 'qwen 7b'")
+    models.add_argument("query", nargs="*", default=[], help="words to match, e.g. 'qwen 7b'")
     models.add_argument("--json", action="store_true")
 
     gpus = sub.add_parser("gpus", help="search the built-in GPU catalog")
-    gpus.add_argument("query", nargs="?", default="", help="words to match, e.g. '4090' or 'a100'")
+    gpus.add_argument("query", nargs="*", default=[], help="words to match, e.g. '4090' or 'a100'")
     gpus.add_argument("--json", action="store_true")
 
     sug = sub.add_parser("suggest", help="the cheapest changes that make a plan fit, ranked, each with its cost")
@@ -162,15 +162,29 @@ def _cmd_estimate(args) -> int:
     result = estimate(plan, model=_resolve_model(plan, args))
     if args.json:
         print(result.model_dump_json(indent=2))
-    else:
+    elif not _show_rich("estimate", result):
         print(format_estimate(result))
     return {"does_not_fit": EXIT_DOES_NOT_FIT, "tight": EXIT_TIGHT}.get(result.verdict, EXIT_OK)
+
+
+def _show_rich(kind: str, result, *extra) -> bool:
+    """Render with rich when stdout is a terminal (server/rich_view.py); False: print plain text instead."""
+    if not sys.stdout.isatty():  # pipes, files and tests: plain text, and rich is never imported
+        return False
+    from .rich_view import show_estimate, show_suggestions, terminal_console
+
+    console = terminal_console()
+    if console is None:
+        return False
+    (show_estimate if kind == "estimate" else show_suggestions)(console, result, *extra)
+    return True
 
 
 def _cmd_models(args) -> int:
     from canifinetune.estimator.catalog import search_models
     from canifinetune.estimator.spec import ModelSpec
 
+    args.query = " ".join(args.query)  # `canifinetune models qwen 7b`: the words, unquoted
     found = search_models(args.query)
     rows = []
     for entry in found:
@@ -189,6 +203,7 @@ def _cmd_models(args) -> int:
 def _cmd_gpus(args) -> int:
     from canifinetune.estimator.catalog import search_gpus
 
+    args.query = " ".join(args.query)
     found = search_gpus(args.query)
     rows = [
         {"name": g.name, "memory_gb": g.memory_gb, "usable_bytes": g.total_memory_bytes, "bf16": g.bf16,
@@ -236,7 +251,8 @@ def _cmd_suggest(args) -> int:
     plan = _plan_from_args(args)
     result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens,
                      model=_resolve_model(plan, args))
-    print(result.model_dump_json(indent=2) if args.json else render_text(result))
+    if args.json or not _show_rich("suggest", result, render_text(result)):
+        print(result.model_dump_json(indent=2) if args.json else render_text(result))
     return EXIT_OK if (result.fits_already or result.suggestions) else EXIT_DOES_NOT_FIT
 
 

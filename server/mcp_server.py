@@ -35,8 +35,6 @@ SERVER_NAME = "canifinetune"
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8765
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-# A tool call is a few hundred bytes; anything near this is abuse. The SDK answers 413 above it (default 4 MiB).
-MAX_REQUEST_BODY_BYTES = 1024 * 1024
 
 # What suggest_cheaper_config never changes unless told otherwise: the task and the hardware.
 DEFAULT_KEEP: tuple[str, ...] = ("model", "gpu", "gpu_vram_gb", "num_gpus")
@@ -584,10 +582,13 @@ def _model_spec_json(model_id: str) -> str:
 
 
 def memory_model_document() -> str:
-    """docs/memory_model.md when present (a source checkout), else the memory model's own docstrings."""
+    """docs/memory_model.md: from the checkout, else the wheel's copy (server/memory_model.md), else docstrings."""
     doc = Path(__file__).resolve().parent.parent / "docs" / "memory_model.md"
     if doc.is_file():
         return doc.read_text(encoding="utf-8")
+    packaged = Path(__file__).resolve().parent / "memory_model.md"  # package data; tests keep it equal to docs/
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
     from canifinetune.estimator import memory, phases
 
     parts = ["# The memory model\n", inspect.getdoc(memory) or "", "", inspect.getdoc(phases) or "", ""]
@@ -646,13 +647,21 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
         ver = version("canifinetune")
     except PackageNotFoundError:  # pragma: no cover
         ver = "0"
-    mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
-                             instructions=INSTRUCTIONS, version=ver, log_level="WARNING")
+    # MCP App: hosts that support Apps draw the budget bar (server/app.py) beside these two tools' results.
+    from mcp.server.apps import Apps
 
-    mcp.add_tool(_tool_function("estimate_memory", estimate_memory_impl, [], Estimate, ESTIMATE_DOC),
-                 title="Estimate fine-tuning GPU memory", annotations=_ANNOTATIONS)
-    mcp.add_tool(_tool_function("suggest_cheaper_config", suggest_impl, [KEEP_PARAMETER], Suggestions, SUGGEST_DOC),
-                 title="Suggest a configuration that fits", annotations=_ANNOTATIONS)
+    from .app import BUDGET_APP_URI, budget_app_html
+
+    apps = Apps()
+    apps.add_html_resource(BUDGET_APP_URI, budget_app_html(), name="budget-picture", title="GPU memory budget",
+                           description="The budget as a stacked bar against the GPU, and suggestions side by side.")
+    apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=_ANNOTATIONS)(
+        _tool_function("estimate_memory", estimate_memory_impl, [], Estimate, ESTIMATE_DOC))
+    apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=_ANNOTATIONS)(
+        _tool_function("suggest_cheaper_config", suggest_impl, [KEEP_PARAMETER], Suggestions, SUGGEST_DOC))
+    mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
+                             instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
+
     mcp.add_tool(_tool_function("make_recipe", recipe_impl, [], Recipe, RECIPE_DOC),
                  title="Make a runnable fine-tuning recipe", annotations=_ANNOTATIONS)
 
@@ -745,8 +754,7 @@ def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offli
     import uvicorn
 
     mcp = build_server(offline)
-    app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host,
-                                  max_request_body_size=MAX_REQUEST_BODY_BYTES)
+    app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host)
     config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info")
     print(f"canifinetune MCP server on http://{host if ':' not in host else f'[{host}]'}:{port}/mcp", file=sys.stderr)
     anyio.run(uvicorn.Server(config).serve)

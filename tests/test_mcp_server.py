@@ -312,7 +312,8 @@ async def test_resources_and_template_listed():
     async with Client(build_server()) as client:
         resources = {str(r.uri): r for r in (await client.list_resources()).resources}
         templates = (await client.list_resource_templates()).resource_templates
-    assert set(resources) == {"canifinetune://catalog/gpus", "canifinetune://catalog/models", "canifinetune://docs/memory-model"}
+    assert set(resources) == {"canifinetune://catalog/gpus", "canifinetune://catalog/models", "canifinetune://docs/memory-model",
+                              "ui://canifinetune/budget.html"}  # the MCP App (tests/test_mcp_app.py)
     assert [t.uri_template for t in templates] == ["canifinetune://spec/{+model_id}"]
     assert all(r.description and r.mime_type for r in resources.values())
 

@@ -1,0 +1,115 @@
+"""The CLI a newcomer meets: plain text in pipes, rich on a terminal, JSON equal to the MCP tool's, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from canifinetune.server.cli import EXIT_DOES_NOT_FIT, EXIT_OK, EXIT_TIGHT, EXIT_USAGE, main
+from canifinetune.server.mcp_server import estimate_memory_impl
+
+CLI = [sys.executable, "-m", "canifinetune.server.cli"]
+FITS = ["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "qlora", "--gpu-vram-gb", "16", "--seq-len", "2048"]
+
+
+def _on_a_terminal(args: list[str], columns: int = 160) -> tuple[int, str]:
+    """Run the CLI with stdout on a pseudo-terminal; return (exit code, what the terminal showed)."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(CLI + args, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(timeout=30), out.decode("utf-8", "replace")
+
+
+def test_piped_output_is_plain_text_without_rich():
+    code = "import sys, runpy; sys.argv = ['canifinetune', 'estimate', *sys.argv[1:]];\n" \
+           "from canifinetune.server.cli import main; rc = main(sys.argv[1:]);\n" \
+           "print('RICH-IMPORTED' if 'rich' in sys.modules else 'NO-RICH'); sys.exit(rc)"
+    proc = subprocess.run([sys.executable, "-c", code, *FITS, "--offline"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert proc.stdout.startswith("FITS on 16 GB GPU")
+    assert "\x1b[" not in proc.stdout  # no escape codes in a pipe
+    assert "  weights " in proc.stdout and "#" in proc.stdout
+    assert proc.stdout.rstrip().endswith("NO-RICH")
+
+
+def test_terminal_output_has_the_verdict_the_bar_and_the_table():
+    code, screen = _on_a_terminal(["estimate", *FITS, "--offline"])
+    assert code == EXIT_OK, screen
+    assert "\x1b[" in screen  # colour
+    assert "FITS" in screen and "█" in screen and "┃" in screen and "GPU usable 16.00 GiB" in screen
+    for name in ("weights", "activations", "cuda_context", "safety_margin", "budget"):
+        assert name in screen
+
+
+def test_terminal_suggest_shows_the_bar_and_the_ranking():
+    code, screen = _on_a_terminal(["suggest", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "RTX 4090",
+                                   "--seq-len", "2048", "--offline"])
+    assert code == EXIT_OK, screen
+    assert "GPU usable 23.88 GiB" in screen and "1. [" in screen
+
+
+def test_estimate_json_is_the_mcp_tools_structured_content(capsys):
+    args = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="qlora", gpu_vram_gb=16, seq_len=2048)
+    assert main(["estimate", *FITS, "--json", "--offline"]) == EXIT_OK
+    cli = json.loads(capsys.readouterr().out)
+    tool = estimate_memory_impl(args).structured_content
+    assert cli == tool
+
+
+@pytest.mark.parametrize("args, code", [
+    (FITS, EXIT_OK),
+    (["--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "full", "--gpu", "RTX 4090"], EXIT_DOES_NOT_FIT),
+    (["--model", "Qwen/Qwen2.5-7B-Instruct"], EXIT_OK),  # no GPU: no verdict, exit 0
+    (["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--gpu", "RTX 4090", "--batch-size", "-1"], EXIT_USAGE),
+    (["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "qlorax"], EXIT_USAGE),
+    (["--gpu", "RTX 4090"], EXIT_USAGE),
+])
+def test_exit_codes(args, code, capsys):
+    assert main(["estimate", *args, "--offline"]) == code
+    err = capsys.readouterr().err
+    if code == EXIT_USAGE:
+        assert err.startswith("canifinetune: error: ") and err.count("\n") == 1
+
+
+def test_tight_exit_code(capsys):
+    """Some batch size on a 16 GB card lands in the tight band; the CLI says 4 for it."""
+    for batch in range(1, 65):
+        rc = main(["estimate", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--gpu-vram-gb", "16", "--batch-size",
+                   str(batch), "--json", "--offline"])
+        verdict = json.loads(capsys.readouterr().out)["verdict"]
+        assert rc == {"fits": EXIT_OK, "tight": EXIT_TIGHT, "does_not_fit": EXIT_DOES_NOT_FIT}[verdict]
+        if verdict == "tight":
+            return
+    pytest.fail("no batch size between 1 and 64 is tight")
+
+
+def test_models_and_gpus_search_the_catalogs(capsys):
+    assert main(["models", "qwen", "7b"]) == EXIT_OK  # unquoted words, as the README shows
+    assert "Qwen/Qwen2.5-7B-Instruct" in capsys.readouterr().out
+    assert main(["models", "qwen 7b"]) == EXIT_OK
+    assert "Qwen/Qwen2.5-7B-Instruct" in capsys.readouterr().out
+    assert main(["gpus", "4090", "--json"]) == EXIT_OK
+    assert any(g["name"] == "RTX 4090" for g in json.loads(capsys.readouterr().out))
