@@ -35,6 +35,8 @@ SERVER_NAME = "canifinetune"
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8765
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+# A tool call is a few hundred bytes; anything near this is abuse. The SDK answers 413 above it (default 4 MiB).
+MAX_REQUEST_BODY_BYTES = 1024 * 1024
 
 # What suggest_cheaper_config never changes unless told otherwise: the task and the hardware.
 DEFAULT_KEEP: tuple[str, ...] = ("model", "gpu", "gpu_vram_gb", "num_gpus")
@@ -754,7 +756,8 @@ def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offli
     import uvicorn
 
     mcp = build_server(offline)
-    app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host)
+    app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host,
+                                  max_request_body_size=MAX_REQUEST_BODY_BYTES)
     config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info")
     print(f"canifinetune MCP server on http://{host if ':' not in host else f'[{host}]'}:{port}/mcp", file=sys.stderr)
     anyio.run(uvicorn.Server(config).serve)
