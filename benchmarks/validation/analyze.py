@@ -202,6 +202,7 @@ def analyse_mode(mode: str, cohort: dict, header: dict | None, rows: list[dict],
         "negative_results": negative,
         "evidence": {
             "git_commit": (header or {}).get("git_commit"),
+            "git_uncommitted": (header or {}).get("git_uncommitted"),
             "host": (header or {}).get("host"),
             "started_utc": (header or {}).get("started_utc"),
             "finished_utc": (header or {}).get("finished_utc"),
@@ -374,7 +375,8 @@ def render(summary: dict, cohort: dict) -> str:
                       "The measurements were made once, with the estimator at the run's commit; the cases below have a "
                       "different estimate now because the memory model was corrected afterwards, from the cause a case "
                       "exposed (explained in the commit and in docs/memory_model.md), not by fitting a constant. The "
-                      "figures above the line are the prospective ones; every other table uses the current estimator.", "",
+                      "headline's \"prospective\" line uses the estimates recorded at run time; every other figure on this "
+                      "page uses the current estimator (same measurements).", "",
                       "| case | estimate at run GiB | error at run | current estimate GiB | current error |",
                       "|---|---|---|---|---|"]
             key = PRIMARY[mode]
@@ -385,12 +387,16 @@ def render(summary: dict, cohort: dict) -> str:
                              f"{_fmt(b.get(key), '%') if b else '—'} |")
             lines.append("")
         lines += [f"## {mode} mode: errors ({mode_res['metric']})", "",
-                  "| | n | MAPE | median |error| | median signed | min | max | under | over |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| | n | MAPE | median abs error | median signed | min | max | under | over |", "|---|---|---|---|---|---|---|---|---|"]
         rows = [("all", mode_res["errors"])] + list(mode_res["per_method"].items())
         for name, s in rows:
             lines.append(f"| {name} | {s['n']} | {_pctabs(s['mape'])} | {_pctabs(s['median_abs_error_pct'])} | "
                          f"{_fmt(s['median_signed_error_pct'], '%')} | {_fmt(s['min_error_pct'], '%')} | "
                          f"{_fmt(s['max_error_pct'], '%')} | {s['underestimates']} | {s['overestimates']} |")
+        if mode == "fake":
+            lines += ["", "The estimate's allocated peak includes the cuBLAS workspace (`CUBLAS_WORKSPACE_BYTES`, 32 MiB), "
+                      "which a real `max_memory_allocated` counts and fake mode cannot see: on a 1 GiB case that alone is "
+                      "about +3%."]
         lines += ["", f"## {mode} mode: verdicts", ""]
         v = mode_res["verdicts"]
         if mode == "fake":
@@ -461,6 +467,10 @@ def render(summary: dict, cohort: dict) -> str:
         lines += ["", f"## {mode} mode: evidence of execution", "",
                   f"- results file `{mode_res.get('results_file')}` (sha256 `{(mode_res.get('results_sha256') or '')[:16]}…`), "
                   f"one JSON line per case plus a run header;",
+                  (f"- the run header lists files with uncommitted changes at its start: {ev.get('git_uncommitted')};"
+                   if ev.get("git_uncommitted") else
+                   "- (the run header does not record uncommitted changes: this run predates that field);"
+                   if ev.get("git_uncommitted") is None else "- no uncommitted changes to the harness or estimator at its start;"),
                   f"- run at git commit `{ev.get('git_commit')}`, {ev.get('started_utc')} → {ev.get('finished_utc')} UTC, host "
                   f"{(ev.get('host') or {}).get('platform')} ({(ev.get('host') or {}).get('cpus')} CPUs), Python "
                   f"{(ev.get('host') or {}).get('python')};",

@@ -221,6 +221,16 @@ def _git_commit() -> str | None:
         return None
 
 
+def _git_dirty() -> list[str] | None:
+    """Files of the harness and the estimator with uncommitted changes when the run started."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "estimator", "recipes", "benchmarks/validation"],
+                             cwd=str(ROOT), capture_output=True, text=True, timeout=10).stdout
+    except Exception:
+        return None
+    return [line[3:] for line in out.splitlines() if line.strip() and "results/" not in line]
+
+
 def host_record() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
 
@@ -268,7 +278,7 @@ def run(mode: str, cases: list[dict], cohort: dict, out: Path, jobs: int, timeou
     t_start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     header = {"cohort": cohort["cohort"], "cohort_version": cohort["version"], "mode": mode, "record": "run",
-              "git_commit": _git_commit(), "host": host_record(), "cases": [c["id"] for c in cases],
+              "git_commit": _git_commit(), "git_uncommitted": _git_dirty(), "host": host_record(), "cases": [c["id"] for c in cases],
               "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     lock = threading.Lock()
     rows: dict[str, dict] = {}
