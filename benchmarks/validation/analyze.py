@@ -316,7 +316,10 @@ def render(summary: dict, cohort: dict) -> str:
         "python benchmarks/validation/analyze.py                       # -> results/summary.json and this page",
         "```",
         "",
-        "Each case runs in its own process. Error = (estimate − measured) / measured: positive is an overestimate.",
+        "Each case runs in its own process. Error = (estimate − measured) / measured: positive is an overestimate. "
+        "How a step is measured without a GPU: [measuring.md](measuring.md). Separately, `tests/test_accuracy.py` "
+        "(17 cases in `tests/accuracy_cases.json`) and the CI subset in `tests/test_validation.py` keep every estimate "
+        "within −2% / +10% of its fake-mode measurement on each test run.",
         "",
         "## Headline",
         "",
@@ -504,6 +507,8 @@ def render(summary: dict, cohort: dict) -> str:
         "- One software stack (the versions above), bf16/fp16 on a simulated Ampere-or-newer GPU (flash attention where "
         "it applies). Other GPUs (no bf16, no flash), other library versions, padded batches, packing, multi-GPU "
         "sharding and 8-bit bases are outside this cohort.",
+        "- Models, GPUs and settings outside the cohort: see [how-it-works.md](how-it-works.md#where-an-estimate-does-not-apply) "
+        "for what is out of scope.",
         "- The cohort is 50 hand-chosen plans, not a random sample of what users run: the rates describe these cases.",
         "- Cases that did not run (negative results above) carry no error figure; they are not counted as successes.",
         "",
