@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import memory as m
+from . import sharding
 from .resolved import ResolvedPlan
 
 
@@ -76,32 +77,42 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     spec = r.spec
     plan = r.plan
     shard = sharding_factors(r)
-    weights = int(m.weight_bytes(r) * shard.params)
-    qconst = int(m.quantization_constant_bytes(r) * shard.params)
-    adapters = int(m.adapter_bytes(r) * (shard.params if r.full else 1.0))
+    sh = sharding.shares(r) if plan.sharding != "none" else None
     grads_all = m.gradient_bytes(r)
     states_all = m.optimizer_state_bytes(r)
-    grads = int(grads_all * shard.grads)
-    states = int(states_all * shard.states)
-    buckets = int(grads_all * shard.grad_buckets)
     workspace = m.workspace_bytes(r)
-    gather = 0
-    if shard.gather_layers:
-        per = r.weight_bytes_per_param
-        gather = shard.gather_layers * spec.largest_layer_params * per
-        if r.full:
-            gather += spec.largest_layer_params * r.trainable_bytes_per_param  # unsharded grads before reduce-scatter
+    if sh is None:
+        weights = int(m.weight_bytes(r) * shard.params)
+        qconst = int(m.quantization_constant_bytes(r) * shard.params)
+        adapters = int(m.adapter_bytes(r) * (shard.params if r.full else 1.0))
+        grads = int(grads_all * shard.grads)
+        states = int(states_all * shard.states)
+        buckets = int(grads_all * shard.grad_buckets)
+        grad_factor = shard.grads
+        gather = gather_bwd = 0
+        if shard.gather_layers:
+            per = r.weight_bytes_per_param
+            gather = shard.gather_layers * spec.largest_layer_params * per
+            if r.full:
+                gather += spec.largest_layer_params * r.trainable_bytes_per_param  # unsharded grads before reduce-scatter
+            gather_bwd = gather
+    else:
+        weights, qconst, adapters = sh.weights, sh.qconst, sh.adapters
+        grads, states, buckets = sh.grads, sh.states + sh.master, sh.buckets
+        grad_factor = sh.grad_factor
+        gather, gather_bwd = sh.gather_forward, sh.gather_backward
 
     static = [
-        Item("weights", weights, _weights_note(r, shard)),
+        Item("weights", weights, _weights_note(r, shard) if sh is None else _weights_note(r, shard) + f"; {sh.note}"),
         Item("quantization_constants", qconst, "4-bit absmax/code tensors (or 8-bit row scales) of the quantized linears"),
         Item("lora_adapters", adapters, _adapter_note(r)),
-        Item("optimizer_states", states, _optimizer_note(r, shard)),
+        Item("optimizer_states", states, _optimizer_note(r, shard) if sh is None else _sharded_optimizer_note(r, sh)),
         Item("cuda_workspaces", workspace, "cuBLAS workspace allocated through the caching allocator"),
     ]
-    if gather:
-        static.append(Item("sharding_gather_buffers", gather, "ZeRO-3/FSDP all-gathered blocks: the current one and one prefetched"))
     static_bytes = sum(i.bytes for i in static)
+    gather_note = ("all-gathered parameters: the layer running and the one prefetched (ZeRO-3/FSDP full shard), "
+                   "every layer until its backward (FSDP shard_grad_op), FSDP's unsharded tail unit "
+                   "(final norm + lm_head), and in backward the unsharded gradients before reduce-scatter")
 
     # Activations
     groups = spec.layer_groups
@@ -133,9 +144,10 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         fwd_transient = max(fwd_transient, max(layer_full.values()) - boundary + dequant + adapter_tmp)
     forward = PhasePeak(
         "forward",
-        static_bytes + saved_layers + shared + loss_fwd + fwd_transient,
+        static_bytes + gather + saved_layers + shared + loss_fwd + fwd_transient,
         tuple(static)
         + (
+            Item("sharding_gather_buffers", gather, gather_note),
             Item("activations", saved_layers + shared, act_note),
             Item("logits_and_loss", loss_fwd, _loss_note(r)),
             Item("forward_temporaries", fwd_transient, "a logits tile, a dequantized 4-bit weight, LoRA's input casts or the running block"),
@@ -145,16 +157,17 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     # --- backward: the loss backward on top of every saved activation, then block by block
     head_grad = 0
     if r.full:
-        head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * shard.grads)
+        head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
     # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
     start_head = head_grad if plan.loss_implementation == "standard" else 0
-    start = static_bytes + saved_layers + shared + loss_fwd + loss_bwd + start_head
+    static_bwd = static_bytes + gather_bwd
+    start = static_bwd + saved_layers + shared + loss_fwd + loss_bwd + start_head
     best = start
     best_parts = (saved_layers + shared, loss_fwd + loss_bwd, start_head, 0)
     # Block-by-block: at block i (from the top), blocks below keep their saved tensors, blocks above
     # have produced their gradients. Blocks of one kind are identical, so evaluate each kind's top-most
     # and bottom-most position (the live set changes linearly in between).
-    layer_grad = _layer_grad_bytes(r, shard)
+    layer_grad = _layer_grad_bytes(r, grad_factor)
     for index, _ in groups:
         # with checkpointing the block is first recomputed, so its adapters' forward temporaries recur
         recompute = adapter_tmp if ckpt else 0
@@ -163,7 +176,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
             saved_below = _saved_below(r, below, saved_per_layer)
             current = layer_full[index]
             grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
-            live = static_bytes + saved_below + shared + current + grads_above + transient + buckets
+            live = static_bwd + saved_below + shared + current + grads_above + transient + buckets
             if live > best:
                 best = live
                 best_parts = (saved_below + shared + current, 0, grads_above, transient)
@@ -172,9 +185,11 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     # (measured under fake tensors: exactly 2 x V x H x bytes beyond all gradients). Untied, the new
     # gradient simply becomes .grad.
     embed_grad = 0
-    if r.full and spec.tie_word_embeddings:
-        embed_grad = 2 * int(spec.embedding_params * r.trainable_bytes_per_param * shard.grads)
-    end = static_bytes + grads + buckets + shared + embed_grad
+    if sh is not None and plan.sharding.startswith("fsdp"):
+        embed_grad = sh.tail_grads  # the tail unit's unsharded gradients before its reduce-scatter
+    elif r.full and spec.tie_word_embeddings:
+        embed_grad = 2 * int(spec.embedding_params * r.trainable_bytes_per_param * grad_factor)
+    end = static_bwd + grads + buckets + shared + embed_grad
     if end > best:
         best = end
         best_parts = (shared, 0, grads + embed_grad, 0)
@@ -183,6 +198,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         best,
         tuple(static)
         + (
+            Item("sharding_gather_buffers", gather_bwd, gather_note),
             Item("activations", best_parts[0], act_note + "; those of blocks already back-propagated are freed"),
             Item("logits_and_loss", best_parts[1], _loss_note(r)),
             Item("gradients", best_parts[2] + buckets, _grad_note(r, shard)),
@@ -191,7 +207,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     )
 
     # --- optimizer step: all gradients plus the step's temporaries
-    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * shard.states)
+    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * (shard.states if sh is None else (1 / plan.num_gpus if sh.states else 0)))
     optimizer = PhasePeak(
         "optimizer",
         static_bytes + grads + buckets + opt_tmp,
@@ -205,22 +221,25 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         "weights": weights,
         "gradients": grads,
         "optimizer_states": states,
-        "host_optimizer_states": states_all if shard.host_states else 0,
-        "host_params": (m.weight_bytes(r) if shard.host_params else 0),
+        "host_optimizer_states": (states_all if shard.host_states else 0) if sh is None else sh.host,
+        "host_params": (m.weight_bytes(r) if shard.host_params else 0) if sh is None else 0,
     }
     return forward, backward, optimizer, sizes
 
 
-def _layer_grad_bytes(r: ResolvedPlan, shard: Sharding) -> dict[int, int]:
-    """Gradient bytes one block of each kind produces."""
+def _layer_grad_bytes(r: ResolvedPlan, factor: float) -> dict[int, int]:
+    """Gradient bytes one block of each kind leaves behind (``factor``: the per-GPU share, 1 on one GPU)."""
     per = r.trainable_bytes_per_param
     if r.full:
-        return {i: int(r.spec.layer_params(i) * per * shard.grads) for i, _ in r.spec.layer_groups}
+        return {i: int(r.spec.layer_params(i) * per * factor) for i, _ in r.spec.layer_groups}
     rank = r.plan.lora_r
-    return {
+    out = {
         i: sum(rank * (lin.in_features + lin.out_features) for lin in r.adapted_linears(i)) * per
         for i, _ in r.spec.layer_groups
     }
+    if r.plan.sharding != "none":
+        out = {i: int(v * factor) for i, v in out.items()}
+    return out
 
 
 def _saved_below(r: ResolvedPlan, index: int, saved_per_layer: dict[int, int]) -> int:
@@ -268,6 +287,17 @@ def _adapter_note(r: ResolvedPlan) -> str:
         f"LoRA r={r.plan.lora_r} on {', '.join(r.target_modules)}: {r.adapter_params / 1e6:.3g}M parameters "
         f"in {r.adapter_dtype}"
     )
+
+
+def _sharded_optimizer_note(r: ResolvedPlan, sh) -> str:
+    note = f"{r.plan.optim} states for {r.trainable_params / 1e6:.4g}M trainable parameters"
+    if sh.master:
+        note += ", plus DeepSpeed's fp32 master partition"
+    if sh.states == 0:
+        note += "; offloaded to the CPU"
+    elif r.plan.num_gpus > 1:
+        note += f"; fp32, sharded over {r.plan.num_gpus} GPUs"
+    return note
 
 
 def _optimizer_note(r: ResolvedPlan, shard: Sharding) -> str:

@@ -1,0 +1,183 @@
+"""Per-GPU shares of the static components under DDP, DeepSpeed ZeRO-1/2/3 and PyTorch FSDP2, with CPU offload.
+
+What each engine keeps on one GPU, as the recipe's accelerate config runs it (accelerate 1.15, torch 2.13,
+DeepSpeed 0.19, transformers 5 Trainer). ``docs/memory_model.md`` ("Several GPUs") gives the formulas and sources;
+``tests/test_sharding.py`` checks FSDP2 against torch's FSDPMemTracker and ZeRO-2/3 against DeepSpeed's estimators.
+
+Notation: P parameters, Pt trainable, n GPUs, a bytes of the compute dtype, L the largest decoder layer's params.
+
+* ddp: everything replicated; DDP's reducer buckets are a second copy of the gradients
+  (``gradient_as_bucket_view=False``, torch DistributedDataParallel's default, which Trainer keeps).
+* zero1/zero2/zero3 (DeepSpeed, bf16/fp16 enabled by accelerate's ``mixed_precision``): the module is cast to the
+  compute dtype (a bytes/param) and the ZeRO optimizer keeps an fp32 master partition (4·Pt/n), an fp32 gradient
+  partition (4·Pt/n) and fp32 optimizer states (8·Pt/n for AdamW): DeepSpeed's own estimators count
+  2P + 18P/n (ZeRO-2) and 4L + 18P/n (ZeRO-3). ZeRO-1 keeps the low-precision gradients whole (a·Pt).
+  The gradient-reduction bucket is ``reduce_bucket_size`` elements (DeepSpeed default 5e8, which accelerate's
+  generated config leaves as is): ZeRO-1 stages it in fp32, ZeRO-2/3 in the compute dtype; ZeRO-3 adds a
+  prefetch bucket (``stage3_prefetch_bucket_size``, 5e7 elements).
+* fsdp_full_shard / fsdp_shard_grad_op (FSDP2, ``fsdp_version: 2``): accelerate's ``fsdp2_prepare_model`` upcasts
+  trainable parameters to fp32 when mixed precision is on and shards everything over n (params, fp32 grads,
+  fp32 optimizer states); ``MixedPrecisionPolicy(param_dtype=a)`` all-gathers one decoder layer at a time in the
+  compute dtype. The tail unit (final norm + lm_head, and the embedding when tied) has
+  ``reshard_after_forward=False``; FULL_SHARD reshards every layer after its forward and re-gathers it for
+  backward (current + prefetched next), SHARD_GRAD_OP keeps every layer gathered from forward to its backward.
+* offload: DeepSpeed moves master weights, fp32 gradients and optimizer states (and with offload_params the
+  parameters) to host memory; FSDP2's CPUOffloadPolicy moves sharded parameters, gradients and the optimizer
+  step together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from . import memory as m
+from .constants import DTYPE_BYTES
+from .resolved import ResolvedPlan
+
+# DeepSpeed ZeRO config defaults (deepspeed/runtime/zero/config.py, 0.19): accelerate's generated config
+# (deepspeed_config without a file) does not set them, and Trainer fills only values given as "auto".
+DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
+DS_PREFETCH_BUCKET_ELEMENTS = 50_000_000
+
+
+@dataclass(frozen=True)
+class Shares:
+    """One GPU's bytes of each static component, and what host memory holds."""
+
+    weights: int  # parameters resident on the GPU (sharded, low precision or fp32 masters)
+    adapters: int
+    qconst: int
+    master: int  # DeepSpeed's fp32 master partition
+    states: int
+    grads: int  # gradients alive in the optimizer step (sharded/partitioned where the engine does)
+    grad_factor: float  # bytes per trainable-dtype gradient byte during backward, per layer (sharded, upcast)
+    buckets: int  # reduction buckets alive from backward through the step
+    gather_forward: int  # all-gathered parameters alive in forward (beyond the sharded ones)
+    gather_backward: int  # all-gathered parameters and unsharded gradients alive in backward
+    tail_grads: int  # the tail unit's unsharded gradients at the end of backward (FSDP)
+    host: int  # host RAM for offloaded parts, all ranks together
+    note: str
+
+
+def _fp32_trainable(r: ResolvedPlan) -> ResolvedPlan:
+    """The plan with its trainable parameters in fp32 (master weights): for optimizer states kept in fp32."""
+    if r.full:
+        return replace(r, weight_dtype="fp32")
+    return replace(r, adapter_dtype="fp32")
+
+
+def is_sharded(r: ResolvedPlan) -> bool:
+    return r.plan.sharding not in ("none",)
+
+
+def shares(r: ResolvedPlan) -> Shares:
+    plan = r.plan
+    n = plan.num_gpus
+    kind = plan.sharding
+    spec = r.spec
+    a = r.act_bytes
+    tb = r.trainable_bytes_per_param
+    pt = r.trainable_params
+    weights = m.weight_bytes(r)
+    adapters = m.adapter_bytes(r)
+    qconst = m.quantization_constant_bytes(r)
+    grads_all = m.gradient_bytes(r)
+    states_all = m.optimizer_state_bytes(r)
+    mixed = plan.dtype in ("bf16", "fp16")  # accelerate mixed_precision bf16/fp16
+    largest = spec.largest_layer_params
+
+    if kind == "ddp":
+        return Shares(weights, adapters, qconst, 0, states_all, grads_all, 1.0, grads_all, 0, 0, 0, 0,
+                      "DDP: replicated; reducer buckets copy the gradients")
+
+    if kind.startswith("zero"):
+        stage = int(kind[-1])
+        quantized = r.quantization != "none"
+        # DeepSpeed casts the module to the compute dtype (bf16/fp16 enabled), frozen and trainable alike
+        w16 = weights if (quantized or not mixed) else spec.total_params * a
+        if r.full:
+            w16 = w16 if quantized or not mixed else spec.total_params * a
+            a16 = 0
+        else:
+            a16 = r.adapter_params * (a if mixed else tb)
+        g16_per = a if mixed else tb  # low-precision gradient bytes per trainable param
+        master = (pt * 4) // n if mixed else 0
+        grads32 = (pt * 4) // n if mixed else 0
+        states = m.optimizer_state_bytes(_fp32_trainable(r)) // n
+        if stage == 1:
+            g16 = pt * g16_per
+        elif stage == 2:
+            g16 = (pt * g16_per) // n
+        else:
+            g16 = 0  # ZeRO-3 reduces straight into the fp32 partition (DeepSpeed's estimator: 18P/n)
+            if not mixed:
+                g16 = (pt * g16_per) // n
+        host = 0
+        if plan.offload_optimizer:
+            host += master * n + grads32 * n + states * n
+            master = grads32 = states = 0
+            if stage == 2:
+                g16 = 0
+        gather = 0
+        if stage == 3:
+            host_params = plan.offload_params
+            total16 = w16 + a16
+            if host_params:
+                host += total16
+                w16 = a16 = 0
+            else:
+                w16 //= n
+                a16 //= n
+            gather = 2 * largest * a  # the largest layer's gathered params and its gradients (DeepSpeed: 4L)
+        bucket_bytes = DS_REDUCE_BUCKET_ELEMENTS * (4 if stage == 1 else a)
+        if stage == 3:
+            bucket_bytes += DS_PREFETCH_BUCKET_ELEMENTS * a
+        if pt == 0:
+            bucket_bytes = 0
+        grad_factor = ((g16 + grads32) / grads_all) if grads_all else 0.0
+        return Shares(w16, a16, qconst // (n if stage == 3 else 1), master, states, g16 + grads32, grad_factor,
+                      bucket_bytes, gather, gather, 0, host,
+                      f"DeepSpeed ZeRO-{stage} over {n} GPUs")
+
+    # FSDP2 as accelerate prepares it
+    master_tb = 4 if mixed and r.quantization == "none" else tb
+    param_a = a if mixed else r.weight_bytes_per_param  # all-gathered (param_dtype) bytes per param
+    if r.full:
+        w_sh = (spec.total_params * master_tb) // n
+        a_sh = 0
+    else:
+        w_sh = weights // n
+        a_sh = (r.adapter_params * master_tb) // n
+    q_sh = qconst // n
+    grads = (pt * master_tb) // n
+    states = m.optimizer_state_bytes(_fp32_trainable(r) if master_tb == 4 else r) // n
+    grad_factor = (master_tb / tb / n) if tb else 0.0
+    layer_unsharded = largest * param_a
+    if not r.full:
+        layer_unsharded += (r.adapter_params // max(spec.num_layers, 1)) * param_a
+    head = spec.vocab_size * spec.hidden_size
+    tail = (head + spec.hidden_size) * param_a  # final norm + lm_head (the embedding itself when tied)
+    full_shard = kind == "fsdp_full_shard"
+    if r.full:
+        layer_grad_unsharded = largest * param_a  # the unit's unsharded grads, then the reduce-scatter input
+        tail_grads = head * param_a * (3 if spec.tie_word_embeddings else 1)
+    else:
+        layer_grad_unsharded = (r.adapter_params // max(spec.num_layers, 1)) * param_a
+        tail_grads = 0
+    # all-gather copy-out: the flat all-gather output and the unsharded parameters it is copied into exist together,
+    # for the tail unit (gathered with the first layer at the start of forward) as for each layer
+    copy_out = 2 * (tail + layer_unsharded)
+    if full_shard:
+        gather_forward = max(tail + 2 * layer_unsharded, copy_out)
+        gather_backward = tail + 2 * layer_unsharded + 2 * layer_grad_unsharded
+    else:
+        all_unsharded = (spec.total_params + (r.adapter_params if not r.full else 0)) * param_a
+        gather_forward = all_unsharded + layer_unsharded  # every unit gathered, one copy-out in flight
+        gather_backward = all_unsharded + 2 * layer_grad_unsharded
+    host = 0
+    if plan.offload_params or plan.offload_optimizer:
+        host = (w_sh + a_sh + grads + states) * n
+        w_sh = a_sh = grads = states = 0
+        grad_factor = 0.0
+    return Shares(w_sh, a_sh, q_sh, 0, states, grads, grad_factor, 0, gather_forward, gather_backward, tail_grads,
+                  host, f"FSDP2 {'FULL_SHARD' if full_shard else 'SHARD_GRAD_OP'} over {n} GPUs")
