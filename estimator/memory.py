@@ -227,6 +227,42 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
 # Activations: saved in forward, freed in backward
 
 
+def _consumer_saved_bytes(r: ResolvedPlan, linears: tuple[LinearSpec, ...]) -> int:
+    """What linears reading one shared input keep for backward: the input once if any base weight
+    trains or is 8-bit, plus each adapter's own saved tensors (dropout mask, its input copy in the
+    compute dtype, the rank-r intermediate)."""
+    plan = r.plan
+    t = r.tokens
+    a = r.act_bytes
+    saved = 0
+    width = linears[0].in_features
+    if r.full or r.quantization == "int8":
+        saved += _round_block(a * t * width)
+    for lin in linears:
+        if not r.adapted(lin):
+            continue
+        if plan.lora_dropout > 0:
+            saved += _round_block(t * lin.in_features)  # bool dropout mask
+            saved += _round_block(a * t * lin.in_features)  # dropped-out input, cast to compute dtype
+        elif r.adapter_dtype != r.compute_dtype:
+            saved += _round_block(a * t * lin.in_features)  # input cast to fp32 then autocast to a
+        saved += _round_block(a * t * plan.lora_r)  # lora_A output, kept by lora_B
+    return saved
+
+
+def down_proj_saved_bytes(r: ResolvedPlan, layer: int) -> int:
+    """What a dense block's down_proj keeps for backward (the MLP product when its weight trains or is
+    8-bit, its adapter's tensors when adapted); 0 for an MoE block's experts (never adapted)."""
+    spec = r.spec
+    if spec.is_moe_layer(layer):
+        if not r.full:
+            return 0
+        moe = spec.moe
+        assert moe is not None
+        return _round_block(r.act_bytes * r.tokens * moe.top_k * moe.expert_intermediate)
+    return _consumer_saved_bytes(r, (spec.dense_mlp_linears()[-1],))
+
+
 def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     """Tensors one decoder block saves for backward when it is not checkpointed.
 
@@ -272,22 +308,7 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
         return saved
 
     def consumers(linears: tuple[LinearSpec, ...]) -> int:
-        """What linears reading one shared input keep: the input once if any base weight trains or is
-        8-bit, plus each adapter's own saved tensors."""
-        saved = 0
-        width = linears[0].in_features
-        if full or r.quantization == "int8":
-            saved += _round_block(a * t * width)
-        for lin in linears:
-            if not r.adapted(lin):
-                continue
-            if plan.lora_dropout > 0:
-                saved += _round_block(t * lin.in_features)  # bool dropout mask
-                saved += _round_block(a * t * lin.in_features)  # dropped-out input, cast to compute dtype
-            elif r.adapter_dtype != r.compute_dtype:
-                saved += _round_block(a * t * lin.in_features)  # input cast to fp32 then autocast to a
-            saved += _round_block(a * t * plan.lora_r)  # lora_A output, kept by lora_B
-        return saved
+        return _consumer_saved_bytes(r, linears)
 
     attn = spec.attention_linears()
     # input RMSNorm
@@ -444,7 +465,8 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
 
     Through a gated MLP, autograd holds the incoming gradient of the product and produces those of act,
     up and gate before the ones it consumed are freed: about three a·T·I tensors, plus the gradient of
-    the block input from two or three consumers (2 x a·T·H). Through attention the flash backward adds
+    the block input from two or three consumers (2 x a·T·H). By then down_proj's backward has run and
+    released what it saved (:func:`down_proj_saved_bytes`), which is subtracted. Through attention the flash backward adds
     dq, dk, dv (a·T·(q_dim+2·kv_dim)) and an fp32 dq accumulator (4·T·q_dim). The larger of the MLP and
     attention figure counts. For a frozen quantized base, the 4-bit weight is dequantized to the compute
     dtype again for the input gradient (the largest quantized linear, :func:`dequantization_bytes`).
@@ -459,7 +481,7 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
         width_tokens = t * moe.top_k * moe.expert_intermediate
     else:
         width_tokens = t * spec.intermediate_size
-    mlp = 3 * _round_block(a * width_tokens) + 2 * _round_block(a * t * h)
+    mlp = 3 * _round_block(a * width_tokens) + 2 * _round_block(a * t * h) - down_proj_saved_bytes(r, layer)
     attn = _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim) + _round_block(4 * t * spec.q_dim)
     attn += 2 * _round_block(a * t * h)
     return max(mlp, attn)
