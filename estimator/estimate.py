@@ -221,7 +221,7 @@ def assumptions(r) -> list[str]:
         "steady state: the second and later steps, with optimizer states alive and gradients set to None by zero_grad",
         "TRL SFTTrainer semantics (transformers 5, PEFT 0.21, TRL 1.16): "
         + ("LoRA adapters in " + str(r.adapter_dtype) if r.adapter_dtype else "all weights train"),
-        f"attention runs the {r.attention_kernel} kernel (unpadded batches on an Ampere or newer GPU)",
+        f"attention: {r.attn_implementation}, which runs the {r.attention_kernel} kernel (unpadded batches on an Ampere or newer GPU)",
         f"weights stored in {r.weight_dtype}, compute in {r.compute_dtype}"
         + (" under autocast" if r.autocast else ""),
     ]

@@ -113,7 +113,13 @@ class TrainingPlan(BaseModel):
     batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Micro-batch per GPU (per_device_train_batch_size; default 8).")
     gradient_accumulation_steps: int = Field(1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step; no memory cost.")
     gradient_checkpointing: bool = Field(True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on).")
-    attn_implementation: AttnImplementation = Field("sdpa", description="Attention kernel: sdpa (flash/efficient kernels on GPU), flash_attention_2 or eager.")
+    attn_implementation: AttnImplementation | None = Field(
+        None,
+        description=(
+            "Attention: sdpa (PyTorch's flash/memory-efficient kernels on a GPU), flash_attention_2 or eager; "
+            "null means transformers' default: sdpa where the model supports it, else eager (Gemma2)."
+        ),
+    )
     loss_implementation: LossImplementation = Field(
         "chunked",
         description=(

@@ -14,6 +14,11 @@ from .plan import TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 
 
+# Families whose transformers 5.24 model class sets _supports_sdpa = False (modeling_gemma2.py: "sdpa does
+# not support softcapping"): loading them with attn_implementation="sdpa" raises.
+SDPA_UNSUPPORTED = frozenset({"gemma2"})
+
+
 @dataclass(frozen=True)
 class ResolvedPlan:
     """A plan resolved against a model: the facts every memory component needs."""
@@ -27,6 +32,7 @@ class ResolvedPlan:
     quantization: str  # "none", "nf4", "fp4" or "int8"
     adapter_dtype: str | None  # dtype of LoRA A/B weights (None without adapters)
     target_modules: tuple[str, ...]  # module names that get LoRA adapters
+    attn_implementation: str  # what transformers loads: the plan's, or its default for the model
     attention_kernel: str  # "flash", "efficient" or "math": what runs on the GPU
     warnings: tuple[str, ...]
 
@@ -115,11 +121,11 @@ def _resolve_targets(plan: TrainingPlan, spec: ModelSpec) -> tuple[tuple[str, ..
     return chosen, tuple(warnings)
 
 
-def _attention_kernel(plan: TrainingPlan, spec: ModelSpec, compute_dtype: str) -> str:
+def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: str) -> str:
     """The kernel PyTorch's SDPA dispatcher picks on an Ampere+ GPU for unpadded causal attention."""
-    if plan.attn_implementation == "eager":
+    if attn_implementation == "eager":
         return "math"
-    if plan.attn_implementation == "flash_attention_2":
+    if attn_implementation == "flash_attention_2":
         return "flash"
     if compute_dtype in ("bf16", "fp16") and spec.head_dim <= 256 and spec.head_dim % 8 == 0:
         return "flash"
@@ -146,12 +152,20 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         adapter_dtype = "bf16" if quantization != "none" else "fp32"
     else:
         targets, adapter_dtype = (), None
-    if plan.attn_implementation == "flash_attention_2" and compute_dtype == "fp32":
+    # transformers' default when none is asked for: sdpa if the model class supports it, else eager
+    attn = plan.attn_implementation or ("eager" if spec.model_type in SDPA_UNSUPPORTED else "sdpa")
+    if attn == "flash_attention_2" and compute_dtype == "fp32":
         raise PlanError(
             "attn_implementation: flash_attention_2 runs only in bf16 or fp16; set dtype to bf16/fp16 or use sdpa",
             field="attn_implementation",
         )
-    kernel = _attention_kernel(plan, spec, compute_dtype)
+    if attn == "sdpa" and spec.model_type in SDPA_UNSUPPORTED:
+        raise PlanError(
+            f"attn_implementation: transformers runs {spec.model_type} only with 'eager' or 'flash_attention_2' "
+            "(its attention logit softcapping is not available through sdpa); set attn_implementation to one of them",
+            field="attn_implementation",
+        )
+    kernel = _attention_kernel(attn, spec, compute_dtype)
     if spec.max_position_embeddings and plan.seq_len > spec.max_position_embeddings:
         warnings.append(
             f"seq_len {plan.seq_len} is beyond the model's max_position_embeddings "
@@ -168,6 +182,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         quantization=quantization,
         adapter_dtype=adapter_dtype,
         target_modules=targets,
+        attn_implementation=attn,
         attention_kernel=kernel,
         warnings=tuple(warnings),
     )

@@ -424,7 +424,7 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
         details.append(f"loss {original.loss_implementation} -> {plan.loss_implementation}: the same loss, "
                        "scored in tiles without the full fp32 logits")
     if plan.attn_implementation != original.attn_implementation:
-        details.append(f"attention {original.attn_implementation} -> {plan.attn_implementation}: the same attention, "
+        details.append(f"attention {original.attn_implementation or 'default'} -> {plan.attn_implementation}: the same attention, "
                        "a memory-efficient kernel")
     if plan.optim != original.optim:
         word = {"adamw_bnb_8bit": "8-bit AdamW states (bitsandbytes block-wise; matched 32-bit Adam in Dettmers "

@@ -26,7 +26,7 @@ plans = st.fixed_dictionaries(
         "optim": st.sampled_from(["adamw_torch_fused", "adamw_torch", "adamw_bnb_8bit", "paged_adamw_8bit",
                                   "paged_adamw_32bit", "adafactor", "sgd"]),
         "loss_implementation": st.sampled_from(["chunked", "standard"]),
-        "attn_implementation": st.sampled_from(["sdpa", "flash_attention_2", "eager"]),
+        "attn_implementation": st.sampled_from([None, "flash_attention_2", "eager"]),
         "lora_dropout": st.sampled_from([0.0, 0.05]),
         "bnb_4bit_use_double_quant": st.booleans(),
     }
@@ -138,6 +138,16 @@ def test_invalid_plans_name_their_field(bad):
     text = describe_validation_error(info.value)
     field = next(iter(bad))
     assert text.startswith(field + ":") or f"{field}:" in text
+
+
+def test_gemma2_with_sdpa_is_refused_and_its_default_is_eager():
+    with pytest.raises(CanIFinetuneError) as info:
+        est(model="google/gemma-2-2b", attn_implementation="sdpa")
+    assert str(info.value).startswith("attn_implementation:") and "eager" in str(info.value)
+    default = est(model="google/gemma-2-2b", seq_len=512, batch_size=1)
+    eager = est(model="google/gemma-2-2b", seq_len=512, batch_size=1, attn_implementation="eager")
+    assert default.peak_allocated_bytes == eager.peak_allocated_bytes
+    assert any("math kernel" in a for a in default.assumptions)
 
 
 def test_plan_errors_from_the_model_name_their_field():

@@ -235,7 +235,7 @@ def test_estimate_and_runtime_agree_on_every_knob(kw, tiny_model, tmp_path):
     assert got["trainer"]["activation_checkpointing"] is plan.gradient_checkpointing
     if plan.gradient_checkpointing:
         assert got["trainer"]["activation_checkpointing_kwargs"] == {"use_reentrant": False}
-    assert got["attn_implementation"] == plan.attn_implementation
+    assert got["attn_implementation"] == est.attn_implementation
     assert got["trainer"]["per_device_train_batch_size"] == plan.batch_size
     assert got["trainer"]["gradient_accumulation_steps"] == plan.gradient_accumulation_steps
     assert got["trainer"]["max_length"] == plan.seq_len
