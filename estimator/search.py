@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Iterable, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -72,10 +72,14 @@ COST_MODEL_TEXT = (
 )
 
 
+# A plan field's value, as JSON: every TrainingPlan field is one of these (target_modules: a list of names).
+PlanValue = bool | int | float | str | list[str] | None
+
+
 class Change(BaseModel):
-    field: str
-    old: Any
-    new: Any
+    field: str = Field(description="the plan field that changes")
+    old: PlanValue = Field(description="its value in the original plan")
+    new: PlanValue = Field(description="its value in the suggested plan")
 
 
 class Cost(BaseModel):
@@ -856,39 +860,3 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
             + (f", or {result.min_gpus} GPUs with {result.min_gpus_sharding}" if result.min_gpus else ""))
     result.plans_evaluated = len(ev.cache)
     return result
-
-
-def render_text(result: SuggestResult) -> str:
-    """A plain-text rendering of a SuggestResult (the CLI's default output)."""
-    gib = 2**30
-    o = result.original
-    lines = [f"{o.model} on {o.gpu.name if o.gpu else 'no GPU'}: {o.verdict.replace('_', ' ')} "
-             f"({o.budget_bytes / gib:.2f} GiB needed, {(o.gpu_usable_bytes or 0) / gib:.2f} GiB usable); "
-             f"~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)"]
-    if result.fits_already:
-        lines.append("It fits as it is: nothing to change.")
-        return "\n".join(lines)
-    if result.keep:
-        lines.append("pinned: " + ", ".join(result.keep))
-    for s in result.suggestions:
-        lines.append("")
-        lines.append(f"{s.rank}. [{s.cost.tier}] {s.cost.summary}; needs {s.estimate.budget_bytes / gib:.2f} GiB, "
-                     f"~{s.throughput.tokens_per_second:,.0f} tokens/s"
-                     + (f", ~{s.throughput.training_hours:.1f} h for {result.training_tokens:,} tokens"
-                        if s.throughput.training_hours is not None else ""))
-        for c in s.changes:
-            lines.append(f"     {c.field}: {c.old!r} -> {c.new!r}")
-        for d in s.cost.details:
-            lines.append(f"     - {d}")
-    if not result.suggestions:
-        lines.append("No allowed change makes it fit.")
-    lines.append("")
-    if result.min_reachable_bytes is not None and result.nothing_fits:
-        lines.append(f"least memory reachable on this GPU: {result.min_reachable_bytes / gib:.2f} GiB")
-    if result.smallest_gpu:
-        lines.append(f"smallest catalog GPU for the original plan: {result.smallest_gpu}")
-    if result.min_gpus:
-        lines.append(f"fewest GPUs for the original plan: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
-                     f"with {result.min_gpus_sharding}")
-    lines.append(f"({result.throughput_label})")
-    return "\n".join(lines)

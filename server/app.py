@@ -146,15 +146,25 @@ _HTML = r"""<!DOCTYPE html>
     return [head, sub, reason, stackedBar(comps, est.budget_bytes, usable, scale, false), axis, legend, table].concat(warn);
   }
 
+  // suggest_cheaper_config's structured content is the search's SuggestResult (estimator/search.py).
+  function changeText(c) { return c.field + ": " + JSON.stringify(c.old) + " → " + JSON.stringify(c.new); }
+
   function renderSuggestions(res) {
-    var usable = res.gpu_usable_bytes || 0;
-    var all = [res.original_budget_bytes].concat((res.suggestions || []).map(function (s) { return s.budget_bytes; }));
+    var orig = res.original || {};
+    var sugs = res.suggestions || [];
+    var usable = orig.gpu_usable_bytes || 0;
+    var gpu = orig.gpu ? orig.gpu.name : "GPU";
+    var all = [orig.budget_bytes || 0].concat(sugs.map(function (s) { return s.estimate.budget_bytes; }));
     var scale = Math.max.apply(null, all.concat([usable, 1])) * 1.04;
-    var out = [el("h1", {}, [el("span", { "class": "verdict v-" + (res.already_fits ? "fits" : (res.suggestions.length ? "fits" : "does_not_fit")),
-      text: res.already_fits ? "ALREADY FITS" : (res.suggestions.length ? res.suggestions.length + " THAT FIT" : "NOTHING FITS") }),
-      el("span", { text: "Suggestions" })]), el("div", { "class": "muted", text: res.message || "" })];
+    var head = res.fits_already ? "ALREADY FITS" : (sugs.length ? sugs.length + " THAT FIT" : "NOTHING FITS");
+    var answer = res.fits_already ? "it fits on the " + gpu + " as it is: nothing to change"
+      : sugs.length ? "apply the first: " + (sugs[0].changes || []).map(changeText).join(", ")
+      : "nothing fits on the " + gpu + " with the allowed changes";
+    var out = [el("h1", {}, [el("span", { "class": "verdict v-" + (res.fits_already || sugs.length ? "fits" : "does_not_fit"),
+      text: head }), el("span", { text: "Suggestions: " + (orig.model || "") + " on " + gpu })]),
+      el("div", { "class": "muted", text: answer })];
+    if ((res.keep || []).length) out.push(el("div", { "class": "muted", text: "pinned: " + res.keep.join(", ") }));
     function card(title, budget, verdict, changes, note, cls) {
-      var one = [{ name: title, bytes: budget }];
       var c = el("div", { "class": "card " + (cls || "") }, [el("h2", { text: title }),
         el("div", {}, [el("span", { "class": "verdict v-" + verdict, text: VERDICT[verdict] || verdict }),
           el("span", { text: gib(budget) + (usable ? " (" + pct(budget / usable) + ")" : "") })])]);
@@ -166,15 +176,20 @@ _HTML = r"""<!DOCTYPE html>
       if (note) c.appendChild(el("div", { "class": "note", text: note }));
       return c;
     }
-    var cards = [card("your plan", res.original_budget_bytes, res.original_verdict, null, null, "original")];
-    (res.suggestions || []).forEach(function (s, i) {
-      var changes = Object.keys(s.changes || {}).map(function (k) { return el("li", { text: k + " → " + JSON.stringify(s.changes[k]) }); });
-      cards.push(card("suggestion " + (i + 1), s.budget_bytes, s.verdict, changes, s.note));
+    var cards = [card("your plan", orig.budget_bytes || 0, orig.verdict, null, null, "original")];
+    sugs.forEach(function (s, i) {
+      var est = s.estimate || {};
+      var changes = (s.changes || []).map(function (c) { return el("li", { text: changeText(c) }); });
+      var cost = s.cost || {};
+      cards.push(card("suggestion " + (s.rank || i + 1) + (cost.tier ? " · " + cost.tier.replace(/_/g, " ") : ""),
+        est.budget_bytes, est.verdict, changes, cost.summary));
     });
     out.push(el("div", { "class": "cards" }, cards));
     if (usable) out.push(el("div", { "class": "muted", text: "red line: GPU usable memory " + gib(usable) }));
-    if (res.smallest_gpu) out.push(el("div", { text: "smallest GPU for the plan unchanged: " + res.smallest_gpu.gpu + " (" + gib(res.smallest_gpu.budget_bytes) + ")" }));
-    if (res.more_gpus) out.push(el("div", { text: "or " + res.more_gpus.num_gpus + " x " + res.more_gpus.gpu + " with sharding '" + res.more_gpus.sharding + "'" }));
+    if (res.nothing_fits && res.min_reachable_bytes) out.push(el("div", { text: "least memory reachable on the " + gpu + ": " + gib(res.min_reachable_bytes) }));
+    if (res.smallest_gpu) out.push(el("div", { text: "smallest catalog GPU for the plan unchanged: " + res.smallest_gpu +
+      (res.smallest_gpu_usable_bytes ? " (" + gib(res.smallest_gpu_usable_bytes) + " usable)" : "") }));
+    if (res.min_gpus) out.push(el("div", { text: "fewest GPUs for the plan unchanged: " + res.min_gpus + " x " + gpu + " with sharding '" + res.min_gpus_sharding + "'" }));
     return out;
   }
 

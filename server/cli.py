@@ -244,15 +244,19 @@ def _resolve_model(plan, args):
 
 
 def _cmd_suggest(args) -> int:
-    from canifinetune.estimator.search import render_text, suggest
+    from canifinetune.estimator.search import suggest
+
+    from .text import format_suggestions
 
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     plan = _plan_from_args(args)
     result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens,
                      model=_resolve_model(plan, args))
-    if args.json or not _show_rich("suggest", result, render_text(result)):
-        print(result.model_dump_json(indent=2) if args.json else render_text(result))
+    if args.json:  # the suggest_cheaper_config tool's structured content
+        print(result.model_dump_json(indent=2))
+    elif not _show_rich("suggest", result, format_suggestions(result)):
+        print(format_suggestions(result))
     return EXIT_OK if (result.fits_already or result.suggestions) else EXIT_DOES_NOT_FIT
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, Optional
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, Completion, TextContent, ToolAnnotations
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error
 from canifinetune.estimator.estimate import Estimate, Verdict
@@ -38,20 +38,15 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 # A tool call is a few hundred bytes; anything near this is abuse. The SDK answers 413 above it (default 4 MiB).
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
 
-# What suggest_cheaper_config never changes unless told otherwise: the task and the hardware.
-DEFAULT_KEEP: tuple[str, ...] = ("model", "gpu", "gpu_vram_gb", "num_gpus")
-# Fields that describe the run, not its memory: a suggestion never needs to touch them.
-_RUN_FIELDS = ("dataset", "learning_rate", "max_steps", "num_train_epochs", "output_dir", "lora_alpha")
-
 INSTRUCTIONS = """\
 canifinetune estimates the peak GPU memory of fine-tuning a Hugging Face causal LM (full, LoRA or
 QLoRA) from its config.json alone, offline, and says whether it fits a GPU.
 Loop: call estimate_memory with a model and a gpu (catalog name) or gpu_vram_gb; read the verdict
 (fits / tight / does_not_fit / unknown) and the breakdown. If it does not fit, call
-suggest_cheaper_config with the same arguments and apply the first suggestion's changes. When it
-fits, call make_recipe for a runnable recipe. Change one argument at a time; every argument has a
-default. Resources: canifinetune://catalog/gpus, canifinetune://catalog/models,
-canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
+suggest_cheaper_config with the same arguments and apply the first suggestion's changes (a list of
+{field, old, new}; its plan holds them all). When it fits, call make_recipe for a runnable recipe.
+Change one argument at a time; every argument has a default. Resources: canifinetune://catalog/gpus,
+canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
 
 def _annotations(offline: bool) -> ToolAnnotations:
     # Open-world only when a tool may read a config from the Hugging Face Hub; offline, the catalog,
@@ -66,45 +61,6 @@ _ANNOTATIONS = _annotations(_HUB_OFFLINE)
 
 
 # --------------------------------------------------------------------------------------------- outputs
-
-
-class Suggestion(BaseModel):
-    """One configuration that fits, as changes to the plan that was passed in."""
-
-    changes: dict[str, Any] = Field(description="plan fields to set, with their new values; apply them all")
-    summary: str = Field(description="the changes in words, e.g. 'method lora -> qlora, batch_size 8 -> 2'")
-    verdict: Verdict
-    budget_bytes: int = Field(description="the estimate with margin after the changes")
-    used_fraction: float | None
-    plan: TrainingPlan = Field(description="the whole plan after the changes")
-    note: str | None = Field(None, description="what the change costs (speed, quality), when the search says")
-
-
-class GPUOption(BaseModel):
-    """Hardware on which the original plan, unchanged, fits."""
-
-    gpu: str
-    num_gpus: int = 1
-    sharding: str = "none"
-    budget_bytes: int
-
-
-class Suggestions(BaseModel):
-    """suggest_cheaper_config's answer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    original_verdict: Verdict
-    original_budget_bytes: int
-    gpu_usable_bytes: int | None
-    already_fits: bool = Field(description="the plan as given already fits; suggestions are then not needed")
-    suggestions: list[Suggestion] = Field(description="fitting configurations, best first; every one was estimated")
-    nothing_fits: bool = Field(description="no configuration within the kept fields fits this GPU")
-    smallest_gpu: GPUOption | None = Field(description="the smallest catalog GPU on which the original plan fits")
-    more_gpus: GPUOption | None = Field(description="the fewest GPUs of this kind on which the original plan fits")
-    keep: list[str] = Field(description="the fields that were held fixed")
-    message: str = Field(description="the answer in one sentence")
-    notes: list[str] = Field(default_factory=list, description="the search's own remarks, if any")
 
 
 class Recipe(BaseModel):
@@ -142,12 +98,11 @@ KEEP_PARAMETER = inspect.Parameter(
         Optional[list[PlanField]],
         Field(
             description=(
-                "Plan fields the search must not change. Default (null): "
-                + ", ".join(DEFAULT_KEEP)
-                + " (the task and the hardware). Pass [] to let it change anything, or add e.g. 'seq_len' "
-                "or 'method' to hold them too."
+                "Plan fields the search must not change. Default (null, same as []): nothing pinned; the "
+                "search never changes the model or the GPU, and ranks more GPUs last. Add e.g. 'seq_len', "
+                "'method' or 'num_gpus' to hold them."
             ),
-            examples=[["model", "gpu", "seq_len"]],
+            examples=[["seq_len", "num_gpus"]],
         ),
     ],
     default=None,
@@ -266,143 +221,17 @@ def _get(obj: Any, *names: str) -> Any:
     return None
 
 
-def _candidate_plans(raw: Any, original: TrainingPlan) -> list[tuple[TrainingPlan, str | None]]:
-    """The plans a search result proposes, whatever its exact shape (a list, or an object holding one)."""
-    items = raw if isinstance(raw, (list, tuple)) else _get(raw, "suggestions", "candidates", "configs", "options")
-    out: list[tuple[TrainingPlan, str | None]] = []
-    for item in items or ():
-        note = _get(item, "note", "tradeoff", "tradeoffs", "cost", "why", "reason")
-        if note is not None and not isinstance(note, str):
-            summary = _get(note, "summary")  # the search's Cost object says what the change costs in words
-            note = summary if isinstance(summary, str) else json.dumps(_jsonable(note))
-        plan = item if isinstance(item, TrainingPlan) else _get(item, "plan")
-        try:
-            if isinstance(plan, TrainingPlan):
-                out.append((plan, note))
-            elif isinstance(plan, dict):
-                out.append((TrainingPlan(**plan), note))
-            elif isinstance(_get(item, "changes"), dict):
-                out.append((original.replace(**_get(item, "changes")), note))
-            elif isinstance(item, dict):
-                out.append((original.replace(**{k: v for k, v in item.items() if k in TrainingPlan.model_fields}), note))
-        except (ValidationError, CanIFinetuneError, TypeError):
-            continue  # a proposal that is not a valid plan is no suggestion
-    return out
-
-
-def _changes(original: TrainingPlan, new: TrainingPlan) -> dict[str, Any]:
-    a, b = original.model_dump(mode="json"), new.model_dump(mode="json")
-    return {k: b[k] for k in PLAN_FIELDS if a[k] != b[k]}
-
-
-def _summary(original: TrainingPlan, changes: dict[str, Any]) -> str:
-    before = original.model_dump(mode="json")
-    return ", ".join(f"{k} {json.dumps(before[k])} -> {json.dumps(v)}" for k, v in changes.items())
-
-
-def _smallest_gpu(plan: TrainingPlan) -> GPUOption | None:
-    from canifinetune.estimator.catalog import load_gpus
-
-    for g in sorted(load_gpus(), key=lambda g: (g.total_memory_bytes, g.name)):
-        if not g.bf16 and plan.dtype == "bf16":
-            continue
-        try:
-            est = _estimate(plan.replace(gpu=g.name, gpu_vram_gb=None))
-        except (CanIFinetuneError, ValidationError):
-            continue
-        if est.verdict == "fits":
-            return GPUOption(gpu=g.name, num_gpus=plan.num_gpus, sharding=plan.sharding, budget_bytes=est.budget_bytes)
-    return None
-
-
-def _more_gpus(plan: TrainingPlan, gpu_name: str) -> GPUOption | None:
-    if plan.gpu is None and plan.gpu_vram_gb is None:
-        return None
-    shardings = [plan.sharding] if plan.sharding not in ("none", "ddp") else []
-    shardings += [s for s in ("zero2", "zero3") if s not in shardings]
-    for n in (2, 4, 8, 16, 32, 64, 128):
-        if n <= plan.num_gpus:
-            continue
-        for sharding in shardings:
-            try:
-                est = _estimate(plan.replace(num_gpus=n, sharding=sharding))
-            except (CanIFinetuneError, ValidationError):
-                continue
-            if est.verdict == "fits":
-                return GPUOption(gpu=gpu_name, num_gpus=n, sharding=sharding, budget_bytes=est.budget_bytes)
-    return None
-
-
-def _search(plan: TrainingPlan, keep: list[str] | None):
-    try:
-        from canifinetune.estimator.search import suggest
-    except ImportError as exc:
-        raise ToolError(
-            "suggest_cheaper_config: the configuration search is not available in this canifinetune build "
-            f"({exc}); change one field at a time with estimate_memory instead: method 'qlora', a smaller "
-            "batch_size, gradient_checkpointing true, optim 'paged_adamw_8bit'"
-        ) from None
-    rm = _resolve(plan.model)  # the search resolves catalog and local models itself; Hub models are passed in
-    extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
-    return suggest(plan, **extra) if keep is None else suggest(plan, keep=tuple(keep), **extra)
-
-
 def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
+    """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text."""
+    from canifinetune.estimator.search import SuggestResult, suggest
+
     from .text import format_suggestions
 
-    def run() -> Suggestions:
-        keep = arguments.get("keep")
+    def run() -> SuggestResult:
         plan = _plan_from(arguments)
-        original = _estimate(plan)
-        kept = list(DEFAULT_KEEP if keep is None else keep)
-        suggestions: list[Suggestion] = []
-        notes: list[str] = []
-        if original.verdict == "unknown":
-            raise ToolError("suggest_cheaper_config: gpu: no GPU given; pass gpu (a catalog name such as "
-                            "'RTX 4090') or gpu_vram_gb (e.g. 24) so there is something to fit")
-        if original.verdict != "fits":
-            raw = _search(plan, kept)
-            notes = [str(n) for n in (_get(raw, "notes") or []) if isinstance(n, str)]
-            seen: set[str] = set()
-            for candidate, note in _candidate_plans(raw, plan):
-                changes = _changes(plan, candidate)
-                if not changes or any(k in kept for k in changes):
-                    continue  # no change, or a change to a field held fixed
-                key = json.dumps(changes, sort_keys=True)
-                if key in seen:
-                    continue
-                seen.add(key)
-                est = _estimate(candidate)
-                if est.verdict != "fits":
-                    continue  # suggest only what is verified to fit
-                suggestions.append(Suggestion(changes=changes, summary=_summary(plan, changes), verdict=est.verdict,
-                                              budget_bytes=est.budget_bytes, used_fraction=est.used_fraction,
-                                              plan=candidate, note=note))
-        gpu_name = original.gpu.name if original.gpu else "GPU"
-        nothing = original.verdict != "fits" and not suggestions and original.gpu is not None
-        smallest = more = None
-        if nothing:
-            smallest = _smallest_gpu(plan)
-            more = _more_gpus(plan, gpu_name)
-        if original.verdict == "fits":
-            message = f"the plan already fits on the {gpu_name}; no change is needed"
-        elif suggestions:
-            message = (f"{len(suggestions)} configuration(s) fit on the {gpu_name}; apply the first: "
-                       f"{suggestions[0].summary}")
-        else:
-            where = []
-            if smallest:
-                where.append(f"the smallest catalog GPU on which the plan fits unchanged is the {smallest.gpu}")
-            if more:
-                where.append(f"it fits on {more.num_gpus} x {gpu_name} with sharding '{more.sharding}'")
-            message = (f"nothing fits on the {gpu_name} while keeping {', '.join(kept) or 'nothing'} fixed; "
-                       + ("; ".join(where) if where else "no catalog GPU or GPU count up to 128 fits the plan either"))
-        return Suggestions(
-            original_verdict=original.verdict, original_budget_bytes=original.budget_bytes,
-            gpu_usable_bytes=original.gpu_usable_bytes, already_fits=original.verdict == "fits",
-            suggestions=suggestions, nothing_fits=nothing, smallest_gpu=smallest, more_gpus=more,
-            keep=kept, message=message, notes=notes,
-        )
+        rm = _resolve(plan.model)  # the search resolves catalog and local models itself; Hub models are passed in
+        extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
+        return suggest(plan, keep=arguments.get("keep") or (), **extra)
 
     result = _guard("suggest_cheaper_config", run)
     return CallToolResult(
@@ -484,10 +313,13 @@ local folder with config.json, or any Hub id (its config.json and safetensors he
 the weights; not when the server runs offline)."""
 
 SUGGEST_DOC = """\
-Find configurations that fit the GPU when a plan does not: takes the same arguments as
-estimate_memory (plus keep: fields to hold fixed) and returns suggestions, best first, each with the
-changes to apply and its verified estimate. If nothing fits on that GPU it says so and names the
-smallest catalog GPU, and the number of these GPUs, on which the plan fits unchanged."""
+Find the cheapest configurations that fit the GPU when a plan does not: same arguments as
+estimate_memory (plus keep: fields to hold fixed; default none). Returns the search's result:
+suggestions, best first (same training mathematics, then changes to what is learned, then more GPUs),
+each with changes (a list of {field, old, new}: apply them all), cost (tier, summary, slowdown), its
+estimate (verdict fits) and the whole plan. nothing_fits says no change on this GPU fits; then
+smallest_gpu names the smallest catalog GPU, and min_gpus (with min_gpus_sharding) the fewest of these
+GPUs, on which the plan fits unchanged. Needs gpu or gpu_vram_gb."""
 
 RECIPE_DOC = """\
 Make a runnable fine-tuning recipe (TRL SFTTrainer) for a plan: same arguments as estimate_memory.
@@ -653,6 +485,7 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     from mcp.server.apps import Apps
 
     from .app import BUDGET_APP_URI, budget_app_html
+    from canifinetune.estimator.search import SuggestResult
 
     apps = Apps()
     apps.add_html_resource(BUDGET_APP_URI, budget_app_html(), name="budget-picture", title="GPU memory budget",
@@ -660,7 +493,7 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=_ANNOTATIONS)(
         _tool_function("estimate_memory", estimate_memory_impl, [], Estimate, ESTIMATE_DOC))
     apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=_ANNOTATIONS)(
-        _tool_function("suggest_cheaper_config", suggest_impl, [KEEP_PARAMETER], Suggestions, SUGGEST_DOC))
+        _tool_function("suggest_cheaper_config", suggest_impl, [KEEP_PARAMETER], SuggestResult, SUGGEST_DOC))
     mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
                              instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
 

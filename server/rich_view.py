@@ -98,6 +98,6 @@ def show_estimate(console, est) -> None:
 
 
 def show_suggestions(console, result, plain_text: str) -> None:
-    """suggest: the original plan's bar, then the search's own text (its ranking and costs)."""
+    """suggest: the original plan's bar, then server/text.py's format_suggestions (the MCP tool's text)."""
     console.print(budget_bar(result.original))
     console.print(plain_text, highlight=False, markup=False)

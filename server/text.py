@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from canifinetune.estimator.constants import GIB
 from canifinetune.estimator.estimate import Estimate
 
@@ -68,32 +70,70 @@ def default_next_move(est: Estimate) -> str:
     return "make a recipe (`canifinetune recipe ...`) and check with a short probe run"
 
 
-def format_suggestions(result) -> str:
-    """suggest_cheaper_config's text: the answer first, then one line per suggestion, then the next move.
+def changes_summary(changes) -> str:
+    """A suggestion's changes in words: 'method "lora" -> "qlora", batch_size 8 -> 2'."""
+    return ", ".join(f"{c.field} {json.dumps(c.old)} -> {json.dumps(c.new)}" for c in changes)
 
-    ``result`` is the tool's structured answer (``canifinetune.server.mcp_server.Suggestions``).
+
+def _on(est: Estimate) -> str:
+    gpu = est.gpu.name if est.gpu else "GPU"
+    return f"{est.plan.num_gpus} x {gpu}" if est.plan.num_gpus > 1 else f"the {gpu}"
+
+
+def format_suggestions(result) -> str:
+    """The suggest answer in words, for ``canifinetune suggest`` and the suggest_cheaper_config tool alike.
+
+    ``result`` is the search's :class:`~canifinetune.estimator.search.SuggestResult` (the tool's structured
+    content and ``canifinetune suggest --json``). The verdict first, then the answer (the first suggestion
+    to apply, or that nothing fits), one entry per suggestion with its cost, the hardware on which the
+    original plan fits, and the next move.
     """
-    lines = [result.message]
-    usable = result.gpu_usable_bytes
-    for i, s in enumerate(result.suggestions, 1):
-        share = f" ({s.used_fraction:.0%} of {gib(usable)})" if s.used_fraction is not None and usable else ""
-        lines.append(f"  {i}. {s.summary}: {VERDICT_WORDS[s.verdict]}, {gib(s.budget_bytes)} with margin{share}"
-                     + (f" [{s.note}]" if s.note else ""))
-    if result.nothing_fits:
-        if result.smallest_gpu:
-            g = result.smallest_gpu
-            lines.append(f"  smallest GPU for the plan unchanged: {g.gpu} ({gib(g.budget_bytes)} with margin)")
-        if result.more_gpus:
-            g = result.more_gpus
-            lines.append(f"  or {g.num_gpus} x {g.gpu} with sharding '{g.sharding}' ({gib(g.budget_bytes)} per GPU)")
-    if result.suggestions:
-        move = "apply the first suggestion's changes and confirm with estimate_memory, then make_recipe"
-    elif result.already_fits:
-        move = "make_recipe with the same arguments"
-    elif result.nothing_fits:
-        move = "pick a larger GPU (or more GPUs) as named above, or free a kept field (keep=[...]) and ask again"
+    o = result.original
+    usable = o.gpu_usable_bytes
+    first = result.suggestions[0] if result.suggestions else None
+    lines = [verdict_line(o)]
+    if result.fits_already:
+        lines.append(f"it fits on {_on(o)} as it is: nothing to change")
+    elif first is not None:
+        lines.append(f"{len(result.suggestions)} configuration(s) fit"
+                     + (f" (nothing fits on {_on(o)} itself: all need more GPUs)" if result.nothing_fits else "")
+                     + f"; apply the first: {changes_summary(first.changes)}")
     else:
-        move = "pass gpu or gpu_vram_gb"
+        lines.append(f"nothing fits on {_on(o)} with the allowed changes")
+    if result.keep:
+        lines.append("pinned (never changed): " + ", ".join(result.keep))
+    lines.append(f"{o.model} as planned: ~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)")
+    for s in result.suggestions:
+        e, t = s.estimate, s.throughput
+        share = f" ({e.used_fraction:.0%} of {gib(usable)})" if e.used_fraction is not None and usable else ""
+        hours = (f", ~{t.training_hours:.1f} h for {result.training_tokens:,} tokens"
+                 if t.training_hours is not None and result.training_tokens else "")
+        lines += ["", f"  {s.rank}. [{s.cost.tier}] {changes_summary(s.changes)}: {VERDICT_WORDS[e.verdict]}, "
+                      f"{gib(e.budget_bytes)} with margin{share}, ~{t.tokens_per_second:,.0f} tokens/s{hours}",
+                  f"     cost: {s.cost.summary}"]
+        lines += [f"     - {d}" for d in s.cost.details]
+    if not result.fits_already:
+        lines.append("")
+        if result.nothing_fits and result.min_reachable_bytes is not None:
+            lines.append(f"least memory reachable on {_on(o)}: {gib(result.min_reachable_bytes)} with margin"
+                         + (f" of {gib(usable)}" if usable else ""))
+        if result.smallest_gpu:
+            lines.append(f"smallest catalog GPU for the plan unchanged: {result.smallest_gpu}"
+                         + (f" ({gib(result.smallest_gpu_usable_bytes)} usable)" if result.smallest_gpu_usable_bytes else ""))
+        if result.min_gpus:
+            lines.append(f"fewest GPUs for the plan unchanged: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
+                         f"with sharding '{result.min_gpus_sharding}'")
+        if result.suggestions:
+            lines.append(f"({result.throughput_label})")
+    if first is not None:
+        move = ("apply the first suggestion's changes (or take its plan), confirm with estimate_memory "
+                "(`canifinetune estimate`), then make_recipe (`canifinetune recipe`)")
+    elif result.fits_already:
+        move = "make_recipe (`canifinetune recipe`) with the same arguments"
+    else:
+        named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus)) if there]
+        move = (f"pick {' or '.join(named)} named above, or unpin a field (keep) and ask again" if named
+                else "unpin a field (keep) and ask again: no catalog GPU holds the plan unchanged")
     return "\n".join(lines + ["", f"next: {move}"])
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from canifinetune.server.cli import EXIT_DOES_NOT_FIT, EXIT_OK, EXIT_TIGHT, EXIT_USAGE, main
-from canifinetune.server.mcp_server import estimate_memory_impl
+from canifinetune.server.mcp_server import estimate_memory_impl, suggest_impl
 
 CLI = [sys.executable, "-m", "canifinetune.server.cli"]
 FITS = ["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "qlora", "--gpu-vram-gb", "16", "--seq-len", "2048"]
@@ -69,6 +69,7 @@ def test_terminal_suggest_shows_the_bar_and_the_ranking():
                                    "--seq-len", "2048", "--offline"])
     assert code == EXIT_OK, screen
     assert "GPU usable 23.88 GiB" in screen and "1. [" in screen
+    assert "apply the first: batch_size 8 -> 4" in screen and "next:" in screen
 
 
 def test_estimate_json_is_the_mcp_tools_structured_content(capsys):
@@ -77,6 +78,35 @@ def test_estimate_json_is_the_mcp_tools_structured_content(capsys):
     cli = json.loads(capsys.readouterr().out)
     tool = estimate_memory_impl(args).structured_content
     assert cli == tool
+
+
+@pytest.mark.parametrize("cli_args, tool_args", [
+    (["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "RTX 4090", "--seq-len", "2048"],
+     dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048)),
+    (["--model", "Qwen/Qwen2.5-7B", "--method", "full", "--gpu", "RTX 4090", "--keep", "method", "--keep", "sharding"],
+     dict(model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090", keep=["method", "sharding"])),  # nothing fits
+    (FITS, dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="qlora", gpu_vram_gb=16, seq_len=2048)),  # fits already
+])
+def test_suggest_json_is_the_mcp_tools_structured_content(cli_args, tool_args, capsys):
+    """`canifinetune suggest --json` prints exactly what suggest_cheaper_config returns as structured content
+    (the search's SuggestResult; nothing in it is non-deterministic, so the whole object is compared)."""
+    main(["suggest", *cli_args, "--json", "--offline"])
+    cli = json.loads(capsys.readouterr().out)
+    tool = json.loads(json.dumps(suggest_impl(tool_args).structured_content))
+    assert cli == tool
+    for item in cli["suggestions"]:
+        assert {"changes", "cost", "estimate", "plan"} <= set(item) and item["estimate"]["verdict"] == "fits"
+        assert item["changes"] and all(set(c) == {"field", "old", "new"} for c in item["changes"])
+
+
+def test_suggest_text_is_the_mcp_tools_text(capsys):
+    """The plain output and the tool's text are one renderer (server/text.py format_suggestions)."""
+    assert main(["suggest", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "RTX 4090", "--seq-len", "2048",
+                 "--offline"]) == EXIT_OK
+    cli = capsys.readouterr().out
+    tool = suggest_impl(dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048)).content[0].text
+    assert cli == tool + "\n"
+    assert cli.startswith("DOES NOT FIT on RTX 4090") and "apply the first:" in cli.splitlines()[1]
 
 
 @pytest.mark.parametrize("args, code", [

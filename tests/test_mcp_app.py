@@ -161,10 +161,25 @@ def test_suggestions_side_by_side_render(tmp_path):
     page.write_text(preview_html(sug), encoding="utf-8")
     dom, colors = _render(tmp_path, page)
     assert 'data-rendered="suggestions"' in dom and "your plan" in dom and "DOES NOT FIT" in dom
-    for i, s in enumerate(sug["suggestions"], 1):
-        assert f"suggestion {i}" in dom
-        assert all(k in dom for k in s["changes"])
+    for i, s in enumerate(sug["suggestions"], 1):  # the SuggestResult: each card its changes, estimate and cost
+        assert f"suggestion {i}" in dom and s["cost"]["summary"] in dom
+        assert all(c["field"] in dom for c in s["changes"])
+    assert "apply the first: " in dom and "smallest catalog GPU for the plan unchanged: " + sug["smallest_gpu"] in dom
+    assert "fewest GPUs for the plan unchanged: %d x RTX 4090" % sug["min_gpus"] in dom
     assert colors > 8, f"the screenshot looks blank ({colors} colours)"
+
+
+@needs_chromium
+def test_nothing_fits_names_the_hardware(tmp_path):
+    args = {"model": "Qwen/Qwen2.5-7B", "method": "full", "gpu": "RTX 4090", "keep": ["method", "sharding"]}
+    sug = suggest_impl(args).structured_content
+    assert sug["nothing_fits"] and not sug["suggestions"] and sug["smallest_gpu"]
+    page = tmp_path / "nothing.html"
+    page.write_text(preview_html(sug), encoding="utf-8")
+    dom, _ = _render(tmp_path, page)
+    assert 'data-rendered="suggestions"' in dom and "NOTHING FITS" in dom and "pinned: method, sharding" in dom
+    assert "nothing fits on the RTX 4090 with the allowed changes" in dom
+    assert f"smallest catalog GPU for the plan unchanged: {sug['smallest_gpu']}" in dom
 
 
 HOST_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>body{margin:0}iframe{border:0;width:100%%;height:680px}</style></head>

@@ -15,11 +15,11 @@ from canifinetune.estimator.estimate import Estimate
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.server import mcp_server
 from canifinetune.server.hub import env_offline
-from canifinetune.server.mcp_server import DEFAULT_KEEP, Recipe, Suggestions, build_server
+from canifinetune.estimator.search import SuggestResult, suggest
+from canifinetune.server.mcp_server import Recipe, build_server, suggest_impl
 
 pytestmark = pytest.mark.anyio
 
-SEARCH = "canifinetune.estimator.search"
 RENDER = "canifinetune.recipes.render"
 
 
@@ -30,7 +30,6 @@ def _have(module: str) -> bool:
         return False
 
 
-needs_search = pytest.mark.skipif(not _have(SEARCH), reason=f"{SEARCH} (the configuration search) is not written yet")
 needs_recipes = pytest.mark.skipif(not _have(RENDER), reason=f"{RENDER} (issue 4, recipes) is not written yet")
 
 
@@ -63,7 +62,7 @@ async def test_tools_listed_with_annotations_and_output_schemas():
         assert tool.output_schema and tool.output_schema.get("type") == "object"
         assert tool.description and tool.title
     assert set(tools["estimate_memory"].output_schema["properties"]) == set(Estimate.model_fields)
-    assert set(tools["suggest_cheaper_config"].output_schema["properties"]) == set(Suggestions.model_fields)
+    assert set(tools["suggest_cheaper_config"].output_schema["properties"]) == set(SuggestResult.model_fields)
     assert set(tools["make_recipe"].output_schema["properties"]) == set(Recipe.model_fields)
 
 
@@ -213,66 +212,108 @@ async def test_an_invalid_structured_result_is_reported(monkeypatch):
 # ------------------------------------------------------------------------------------------- suggest (adapter)
 
 
-def _fake_search(monkeypatch, suggest):
-    module = types.ModuleType(SEARCH)
-    module.suggest = suggest
-    monkeypatch.setitem(sys.modules, SEARCH, module)
-    return module
+def _same(tool_content: dict, result: SuggestResult) -> bool:
+    return tool_content == json.loads(result.model_dump_json())
 
 
-async def test_suggest_without_the_search_module_says_so(monkeypatch):
-    monkeypatch.setitem(sys.modules, SEARCH, None)
-    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
-    assert result.is_error
-    assert "not available" in text_of(result) and "qlora" in text_of(result)
+async def test_suggest_returns_the_search_result_unchanged():
+    """A thin adapter: the structured content is estimator.search.suggest's SuggestResult, nothing added."""
+    args = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048)
+    result = await call("suggest_cheaper_config", **args)
+    assert not result.is_error, text_of(result)
+    assert _same(result.structured_content, suggest(TrainingPlan(**args)))
+    out = SuggestResult.model_validate(result.structured_content)
+    assert out.original.verdict == "does_not_fit" and out.suggestions and out.keep == []
+    first = out.suggestions[0]
+    assert first.estimate.verdict == "fits" and first.changes and first.cost.summary
+    lines = text_of(result).splitlines()
+    assert lines[0].startswith("DOES NOT FIT on RTX 4090")  # the verdict, then the first move
+    assert lines[1].startswith(f"{len(out.suggestions)} configuration(s) fit; apply the first: ")
+    assert all(f"{c.field} {json.dumps(c.old)} -> {json.dumps(c.new)}" in lines[1] for c in first.changes)
+    assert "1. [same_math]" in text_of(result) and first.cost.summary in text_of(result)
+    assert lines[-1].startswith("next:") and "apply the first suggestion" in lines[-1]
 
 
-async def test_suggest_keeps_only_verified_fitting_changes(monkeypatch):
+async def test_suggest_passes_keep_and_a_hub_model_to_the_search(monkeypatch):
+    from canifinetune.estimator import search
+
     seen = {}
+    real = search.suggest
 
-    def suggest(plan, keep=()):
-        seen["keep"] = keep
-        return {"suggestions": [
-            {"changes": {"batch_size": 4}},  # still does not fit: dropped
-            {"changes": {"gpu": "H200"}},  # changes a kept field: dropped
-            {"plan": plan.replace(method="qlora", batch_size=1).model_dump(), "note": "slower"},
-            plan.replace(method="lora", batch_size=2),
-        ]}
+    def spy(plan, keep=(), **kwargs):
+        seen.update(keep=tuple(keep), **kwargs)
+        return real(plan, keep=keep, **kwargs)
 
-    _fake_search(monkeypatch, suggest)
+    monkeypatch.setattr(search, "suggest", spy)
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048,
+                        keep=["batch_size", "seq_len"])
+    assert not result.is_error, text_of(result)
+    assert seen == {"keep": ("batch_size", "seq_len")}  # a catalog model: the search resolves it itself
+    out = SuggestResult.model_validate(result.structured_content)
+    assert out.keep == ["batch_size", "seq_len"] and "pinned (never changed): batch_size, seq_len" in text_of(result)
+    assert out.suggestions and not any(c.field in out.keep for s in out.suggestions for c in s.changes)
+
+
+async def test_suggest_default_keep_is_the_searchs_own():
+    """Nothing pinned by default: more GPUs may be suggested, ranked after every same-GPU change."""
     result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
-    assert not result.is_error, text_of(result)
-    out = Suggestions.model_validate(result.structured_content)
-    assert tuple(seen["keep"]) == DEFAULT_KEEP
-    assert out.original_verdict == "does_not_fit" and not out.nothing_fits
-    assert [s.changes for s in out.suggestions] == [{"method": "qlora", "batch_size": 1}, {"method": "lora", "batch_size": 2}]
-    assert out.suggestions[0].note == "slower" and all(s.verdict == "fits" for s in out.suggestions)
+    out = SuggestResult.model_validate(result.structured_content)
+    assert out.keep == [] and _same(result.structured_content,
+                                    suggest(TrainingPlan(model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")))
+    tiers = [s.cost.tier_rank for s in out.suggestions]
+    assert tiers == sorted(tiers) and tiers[0] < 2
+
+
+async def test_suggest_unknown_keep_field_is_an_error_naming_keep():
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", gpu="RTX 4090", keep=["seqlen"])
+    assert result.is_error and "keep" in text_of(result), text_of(result)
+    # past the input schema, the search's own check (validate_keep) is a ToolError naming keep too
+    with pytest.raises(mcp_server.ToolError) as info:
+        suggest_impl({"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "keep": ["seqlen"]})
+    assert str(info.value).startswith("suggest_cheaper_config: keep: 'seqlen' is not a plan field")
+
+
+async def test_suggest_without_a_gpu_asks_for_one():
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full")
     text = text_of(result)
-    assert text.splitlines()[0].startswith("2 configuration(s) fit on the RTX 4090")
-    assert 'method "full" -> "qlora"' in text and text.splitlines()[-1].startswith("next:")
+    assert result.is_error and text.startswith("suggest_cheaper_config: gpu:"), text
+    assert "gpu_vram_gb" in text and "internal error" not in text
 
 
-async def test_suggest_nothing_fits_names_a_gpu_and_a_gpu_count(monkeypatch):
-    _fake_search(monkeypatch, lambda plan, keep=(): [])
-    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090",
-                        keep=["model", "gpu", "method"])
+async def test_suggest_nothing_fits_names_a_gpu_and_a_gpu_count():
+    args = dict(model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
+    result = await call("suggest_cheaper_config", **args, keep=["method", "offload_optimizer", "offload_params"])
     assert not result.is_error, text_of(result)
-    out = Suggestions.model_validate(result.structured_content)
-    assert out.nothing_fits and not out.suggestions and out.keep == ["model", "gpu", "method"]
-    assert out.smallest_gpu is not None and out.more_gpus is not None
-    assert "nothing fits on the RTX 4090" in out.message and out.smallest_gpu.gpu in out.message
-    r = await call("estimate_memory", model="Qwen/Qwen2.5-7B", method="full", gpu=out.smallest_gpu.gpu)
+    out = SuggestResult.model_validate(result.structured_content)
+    text = text_of(result)
+    assert out.nothing_fits and all(s.cost.tier == "more_hardware" for s in out.suggestions)
+    assert "nothing fits on the RTX 4090" in text.splitlines()[1]
+    assert out.smallest_gpu and out.min_gpus and out.min_gpus_sharding
+    assert f"smallest catalog GPU for the plan unchanged: {out.smallest_gpu}" in text
+    assert f"fewest GPUs for the plan unchanged: {out.min_gpus} x RTX 4090 with sharding '{out.min_gpus_sharding}'" in text
+    r = await call("estimate_memory", **{**args, "gpu": out.smallest_gpu})
     assert r.structured_content["verdict"] == "fits"
-    r = await call("estimate_memory", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090",
-                   num_gpus=out.more_gpus.num_gpus, sharding=out.more_gpus.sharding)
+    r = await call("estimate_memory", **args, num_gpus=out.min_gpus, sharding=out.min_gpus_sharding)
     assert r.structured_content["verdict"] == "fits"
 
 
-async def test_suggest_when_it_already_fits(monkeypatch):
-    _fake_search(monkeypatch, lambda plan, keep=(): pytest.fail("no search for a plan that fits"))
+async def test_suggest_when_nothing_fits_at_all():
+    result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090",
+                        keep=["method", "sharding"])
+    out = SuggestResult.model_validate(result.structured_content)
+    text = text_of(result)
+    assert out.nothing_fits and not out.suggestions and out.smallest_gpu
+    assert text.splitlines()[1] == "nothing fits on the RTX 4090 with the allowed changes"
+    assert out.smallest_gpu in text and "unpin a field" in text.splitlines()[-1]
+
+
+async def test_suggest_when_it_already_fits():
     result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-0.5B", gpu="H100 SXM")
     assert not result.is_error
-    assert result.structured_content["already_fits"] is True and "already fits" in text_of(result)
+    out = SuggestResult.model_validate(result.structured_content)
+    assert out.fits_already and not out.suggestions
+    assert "as it is: nothing to change" in text_of(result).splitlines()[1]
+    assert "make_recipe" in text_of(result).splitlines()[-1]
 
 
 # ------------------------------------------------------------------------------------------- make_recipe
@@ -430,7 +471,6 @@ def test_loop_plans_span_models_methods_and_gpus():
         assert estimate(TrainingPlan(**p)).verdict == "does_not_fit", p
 
 
-@needs_search
 @pytest.mark.parametrize("args", LOOP_PLANS, ids=[f"{p['model'].split('/')[-1]}-{p.get('gpu', p.get('gpu_vram_gb'))}" for p in LOOP_PLANS])
 async def test_assistant_loop(args):
     """Plays an assistant: estimate, one suggest_cheaper_config call, apply the first suggestion, confirm."""
@@ -439,20 +479,28 @@ async def test_assistant_loop(args):
         assert first.structured_content["verdict"] == "does_not_fit"
         answer = await client.call_tool("suggest_cheaper_config", args)
         assert not answer.is_error, text_of(answer)
-        out = Suggestions.model_validate(answer.structured_content)
+        out = SuggestResult.model_validate(answer.structured_content)
+        text = text_of(answer)
         if out.suggestions:
-            applied = {**args, **out.suggestions[0].changes}
+            top = out.suggestions[0]
+            assert "apply the first: " in text.splitlines()[1]
+            applied = {**args, **{c.field: c.new for c in top.changes}}  # what an assistant does with the changes
+            assert TrainingPlan(**applied) == top.plan  # the changes are the whole difference to its plan
             confirm = await client.call_tool("estimate_memory", applied)
             assert not confirm.is_error, text_of(confirm)
             assert confirm.structured_content["verdict"] == "fits", text_of(confirm)
-            return
-        assert not _frugal_fits(args), f"a fitting configuration exists but none was suggested: {text_of(answer)}"
-        assert out.nothing_fits and "nothing fits" in text_of(answer)
-        assert out.smallest_gpu or out.more_gpus, text_of(answer)
+            assert confirm.structured_content == top.estimate.model_dump(mode="json")
+            if not out.nothing_fits:
+                return
+        else:
+            assert not _frugal_fits(args), f"a fitting configuration exists but none was suggested: {text}"
+        assert out.nothing_fits and "nothing fits" in text.splitlines()[1]
+        assert out.smallest_gpu or out.min_gpus, text
         if out.smallest_gpu:
-            assert out.smallest_gpu.gpu in text_of(answer)
-            on = {**args, "gpu": out.smallest_gpu.gpu, "gpu_vram_gb": None}
+            assert f"smallest catalog GPU for the plan unchanged: {out.smallest_gpu}" in text
+            on = {**args, "gpu": out.smallest_gpu, "gpu_vram_gb": None}
             assert (await client.call_tool("estimate_memory", on)).structured_content["verdict"] == "fits"
-        if out.more_gpus:
-            on = {**args, "num_gpus": out.more_gpus.num_gpus, "sharding": out.more_gpus.sharding}
+        if out.min_gpus:
+            assert f"fewest GPUs for the plan unchanged: {out.min_gpus} x" in text
+            on = {**args, "num_gpus": out.min_gpus, "sharding": out.min_gpus_sharding}
             assert (await client.call_tool("estimate_memory", on)).structured_content["verdict"] == "fits"
