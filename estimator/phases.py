@@ -101,6 +101,8 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         grads, states, buckets = sh.grads, sh.states + sh.master, sh.buckets
         grad_factor = sh.grad_factor
         gather, gather_bwd = sh.gather_forward, sh.gather_backward
+    # FSDP2: the gathered bytes vary within a phase (None elsewhere: one figure per phase)
+    fsdp = sh is not None and sh.gather_forward_start is not None
 
     static = [
         Item("weights", weights, _weights_note(r, shard) if sh is None else _weights_note(r, shard) + f"; {sh.note}"),
@@ -142,14 +144,24 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     if ckpt:
         # the block being run keeps its full activations until it returns
         fwd_transient = max(fwd_transient, max(layer_full.values()) - boundary + dequant + adapter_tmp)
+    fwd_gather, fwd_acts, fwd_loss = gather, saved_layers + shared, loss_fwd
+    if fsdp:
+        # FSDP2's all-gather copy-outs: at the start (the tail unit and block 0, nothing saved yet but the shared
+        # activations) and at the last block's (the blocks below it saved); the end-of-forward set is the default
+        last_saved = boundary if ckpt else max(layer_full.values())
+        fwd_best = static_bytes + gather + saved_layers + shared + loss_fwd + fwd_transient
+        for g, acts in ((sh.gather_forward_start, shared), (sh.gather_forward_copy, max(saved_layers - last_saved, 0) + shared)):
+            if static_bytes + g + acts > fwd_best:
+                fwd_best = static_bytes + g + acts
+                fwd_gather, fwd_acts, fwd_loss, fwd_transient = g, acts, 0, 0
     forward = PhasePeak(
         "forward",
-        static_bytes + gather + saved_layers + shared + loss_fwd + fwd_transient,
+        static_bytes + fwd_gather + fwd_acts + fwd_loss + fwd_transient,
         tuple(static)
         + (
-            Item("sharding_gather_buffers", gather, gather_note),
-            Item("activations", saved_layers + shared, act_note),
-            Item("logits_and_loss", loss_fwd, _loss_note(r)),
+            Item("sharding_gather_buffers", fwd_gather, gather_note),
+            Item("activations", fwd_acts, act_note),
+            Item("logits_and_loss", fwd_loss, _loss_note(r)),
             Item("forward_temporaries", fwd_transient, "a logits tile, a dequantized 4-bit weight, LoRA's input casts or the running block"),
         ),
     )
@@ -160,8 +172,9 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
     # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
     start_head = head_grad if plan.loss_implementation == "standard" else 0
-    static_bwd = static_bytes + gather_bwd
-    start = static_bwd + saved_layers + shared + loss_fwd + loss_bwd + start_head
+    start_gather = sh.gather_backward_start if fsdp else gather_bwd
+    best_gather = start_gather
+    start = static_bytes + start_gather + saved_layers + shared + loss_fwd + loss_bwd + start_head
     best = start
     best_parts = (saved_layers + shared, loss_fwd + loss_bwd, start_head, 0)
     # Block-by-block: at block i (from the top), blocks below keep their saved tensors, blocks above
@@ -176,9 +189,12 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
             saved_below = _saved_below(r, below, saved_per_layer)
             current = layer_full[index]
             grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
-            live = static_bwd + saved_below + shared + current + grads_above + transient + buckets
+            # FSDP2 SHARD_GRAD_OP: the blocks above have resharded after their backward
+            block_gather = gather_bwd - (sh.gather_release_per_layer * (spec.num_layers - 1 - below) if fsdp else 0)
+            live = static_bytes + block_gather + saved_below + shared + current + grads_above + transient + buckets
             if live > best:
                 best = live
+                best_gather = block_gather
                 best_parts = (saved_below + shared + current, 0, grads_above, transient)
     # Tied head: the embedding's backward makes a dense V x H gradient and AccumulateGrad adds it to the
     # head's existing one out of place, so two extra V x H tensors exist for a moment at the very end
@@ -189,16 +205,18 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         embed_grad = sh.tail_grads  # the tail unit's unsharded gradients before its reduce-scatter
     elif r.full and spec.tie_word_embeddings:
         embed_grad = 2 * int(spec.embedding_params * r.trainable_bytes_per_param * grad_factor)
-    end = static_bwd + grads + buckets + shared + embed_grad
+    end_gather = sh.gather_backward_end if fsdp else gather_bwd
+    end = static_bytes + end_gather + grads + buckets + shared + embed_grad
     if end > best:
         best = end
+        best_gather = end_gather
         best_parts = (shared, 0, grads + embed_grad, 0)
     backward = PhasePeak(
         "backward",
         best,
         tuple(static)
         + (
-            Item("sharding_gather_buffers", gather_bwd, gather_note),
+            Item("sharding_gather_buffers", best_gather, gather_note),
             Item("activations", best_parts[0], act_note + "; those of blocks already back-propagated are freed"),
             Item("logits_and_loss", best_parts[1], _loss_note(r)),
             Item("gradients", best_parts[2] + buckets, _grad_note(r, shard)),

@@ -199,6 +199,14 @@ class TrainingPlan(BaseModel):
             raise ValueError(
                 f"offload_optimizer: optimizer offload needs ZeRO or FSDP sharding; got '{self.sharding}'"
             )
+        if self.offload_optimizer and not self.offload_params and self.sharding.startswith("fsdp"):
+            # FSDP has one offload (accelerate's fsdp_offload_params, torch's CPUOffloadPolicy): parameters, gradients
+            # and the optimizer step move to the CPU together; there is no optimizer-only offload to render
+            raise ValueError(
+                "offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
+                "offload_params: true as well (sharding fsdp_full_shard), or use sharding zero2/zero3 to offload only "
+                "the optimizer"
+            )
         if self.precision == "mixed" and self.dtype == "fp32":
             raise ValueError("precision: 'mixed' means fp32 master weights with bf16/fp16 compute; with dtype fp32 use 'pure'")
         if self.gpu is not None and self.gpu_vram_gb is not None:

@@ -57,6 +57,13 @@ class Shares:
     tail_grads: int  # the tail unit's unsharded gradients at the end of backward (FSDP)
     host: int  # host RAM for offloaded parts, all ranks together
     note: str
+    # FSDP2 only (None elsewhere: gather_forward/gather_backward then hold for the whole phase). FSDP2's gathered
+    # bytes change within a phase; see the FSDP2 branch of :func:`shares` for when each of these is alive.
+    gather_forward_start: int | None = None  # the first units' all-gather copy-out, before any block has run
+    gather_forward_copy: int | None = None  # the last block's copy-out (the blocks below it have run)
+    gather_backward_start: int | None = None  # the loss's backward, before any block's backward
+    gather_backward_end: int | None = None  # the embedding's backward, after every block's
+    gather_release_per_layer: int = 0  # gathered bytes each block frees after its backward (SHARD_GRAD_OP)
 
 
 def _fp32_trainable(r: ResolvedPlan) -> ResolvedPlan:
@@ -164,20 +171,47 @@ def shares(r: ResolvedPlan) -> Shares:
     else:
         layer_grad_unsharded = (r.adapter_params // max(spec.num_layers, 1)) * param_a
         tail_grads = 0
-    # all-gather copy-out: the flat all-gather output and the unsharded parameters it is copied into exist together,
-    # for the tail unit (gathered with the first layer at the start of forward) as for each layer
-    copy_out = 2 * (tail + layer_unsharded)
+    # When torch 2.13's FSDPParamGroup holds what (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+    # * unshard() allocates the unit's flat all-gather output (a · unit params); wait_for_unshard() copies it out
+    #   into the unsharded parameters (a second a · unit). In forward (implicit prefetch) the all-gather output is
+    #   kept in ``comm_ctx.all_gather_state`` until the NEXT unit's wait_for_unshard, which drops it only after
+    #   that unit's copy-out (the walrus local ``prev_all_gather_state`` holds it until the method returns); the
+    #   root's post-forward frees the last one. So the running block has its all-gather output beside its
+    #   unsharded parameters, and during a copy-out the previous unit's output is alive too.
+    # * FULL_SHARD reshards a block in its post-forward (the unsharded copy goes, its all-gather output stays until
+    #   the next copy-out); SHARD_GRAD_OP keeps every block unsharded until its post-backward (reshard_after_backward).
+    #   The tail unit (reshard_after_forward=False) stays unsharded from its first use to its post-backward.
+    # * In backward the all-gather output is freed right after the copy-out, and the next block is prefetched
+    #   (its all-gather output allocated); post-backward turns the unit's unsharded gradients into a
+    #   reduce-scatter input (a · unit grads) kept until the next unit's post-backward (one buffer in flight).
+    untied_extra = 0 if spec.tie_word_embeddings else tail  # untied: the tail's own copy-out comes after the blocks
     if full_shard:
-        gather_forward = max(tail + 2 * layer_unsharded, copy_out)
+        # end of forward: the tail, the last block's all-gather output (tied); untied, the tail's copy-out as well
+        gather_forward = tail + layer_unsharded + untied_extra
+        gather_copy = tail + 3 * layer_unsharded  # block k's copy-out: its output and params, block k-1's output
         gather_backward = tail + 2 * layer_unsharded + 2 * layer_grad_unsharded
+        gather_bwd_start = tail + layer_unsharded  # the last block prefetched by the tail's pre-backward
+        release = 0
     else:
         all_unsharded = (spec.total_params + (r.adapter_params if not r.full else 0)) * param_a
-        gather_forward = all_unsharded + layer_unsharded  # every unit gathered, one copy-out in flight
-        gather_backward = all_unsharded + 2 * layer_grad_unsharded
+        gather_forward = all_unsharded + layer_unsharded + untied_extra  # every unit gathered, one output kept
+        gather_copy = all_unsharded + 2 * layer_unsharded
+        gather_backward = all_unsharded + 2 * layer_grad_unsharded  # the top block's backward
+        gather_bwd_start = all_unsharded
+        release = layer_unsharded  # each block reshards after its backward
+    # start of forward: the tail (tied: it holds the embedding; untied: the embedding unit) copied out, then block
+    # 0's copy-out with the tail's all-gather output still alive: 2 x (tail + block)
+    gather_start = 2 * (tail + layer_unsharded)
+    # end of backward: the tail unsharded, the first block's reduce-scatter input (then the tail's own gradients)
+    gather_bwd_end = tail + layer_grad_unsharded
+    gather_backward_start = gather_bwd_start
     host = 0
     if plan.offload_params or plan.offload_optimizer:
         host = (w_sh + a_sh + grads + states) * n
         w_sh = a_sh = grads = states = 0
         grad_factor = 0.0
     return Shares(w_sh, a_sh, q_sh, 0, states, grads, grad_factor, 0, gather_forward, gather_backward, tail_grads,
-                  host, f"FSDP2 {'FULL_SHARD' if full_shard else 'SHARD_GRAD_OP'} over {n} GPUs")
+                  host, f"FSDP2 {'FULL_SHARD' if full_shard else 'SHARD_GRAD_OP'} over {n} GPUs",
+                  gather_forward_start=gather_start, gather_forward_copy=gather_copy,
+                  gather_backward_start=gather_backward_start, gather_backward_end=gather_bwd_end,
+                  gather_release_per_layer=release)

@@ -48,6 +48,7 @@ class Machine:
     gpu_name: str | None = None
     world_size: int = 1
     flash_attn: bool = False
+    cpu_run: bool = False  # the run asked for the CPU (--device cpu): several processes then train with gloo
 
     @classmethod
     def detect(cls, device: str | None = None) -> "Machine":
@@ -65,6 +66,7 @@ class Machine:
             gpu_name=torch.cuda.get_device_name(0) if cuda else None,
             world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
             flash_attn=importlib.util.find_spec("flash_attn") is not None,
+            cpu_run=device == "cpu",
         )
 
 
@@ -72,7 +74,15 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
     """Refuse, before anything loads, what cannot run here; every message says what to change."""
     problems: list[str] = []
     if plan.num_gpus > 1:
-        if not machine.cuda:
+        if not machine.cuda and machine.cpu_run:
+            # an explicit CPU run (tests, a dry run of a multi-GPU recipe): one process per planned GPU, gloo. Note
+            # accelerate 1.15 runs every strategy as plain data parallelism (MULTI_CPU) there: FSDP and DeepSpeed
+            # need an accelerator; the memory figures are the estimate's, not this run's
+            if machine.world_size != plan.num_gpus:
+                problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs; on the CPU (--device cpu) start "
+                                f"{plan.num_gpus} processes with the recipe's launch command (this process runs "
+                                f"{machine.world_size})")
+        elif not machine.cuda:
             problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs and this machine has no CUDA GPU; "
                             "set num_gpus: 1 and sharding: none (and make the recipe again) to train here")
         elif plan.num_gpus > machine.device_count:
@@ -364,6 +374,9 @@ def prepare(
     if longest > plan.seq_len:  # pragma: no cover - guarded above
         raise SampleTooLongError(f"dataset: a prepared sample is {longest} tokens, longer than seq_len {plan.seq_len}")
     notes = []
+    if machine.cpu_run and plan.num_gpus > 1 and plan.sharding != "ddp":
+        notes.append(f"sharding {plan.sharding}: on the CPU accelerate trains it as data parallelism over "
+                     f"{plan.num_gpus} processes (gloo); FSDP and DeepSpeed need GPUs")
     if truncated:
         notes.append(f"{truncated} samples were cut at seq_len {plan.seq_len} (truncation: true)")
     return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=tokenizer, output_dir=out,

@@ -61,6 +61,7 @@ def test_invalid_values_name_their_field(kwargs, field, fragment):
         ({"num_gpus": 2}, "sharding"),
         ({"num_gpus": 2, "sharding": "ddp", "offload_params": True}, "offload_params"),
         ({"offload_optimizer": True}, "offload_optimizer"),
+        ({"num_gpus": 2, "sharding": "fsdp_full_shard", "offload_optimizer": True}, "offload_optimizer"),
         ({"precision": "mixed", "dtype": "fp32"}, "precision"),
         ({"gpu": "RTX 4090", "gpu_vram_gb": 24}, "gpu"),
     ],

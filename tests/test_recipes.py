@@ -219,8 +219,6 @@ GPU = Machine(cuda=True, device_count=1, bf16=True, gpu_name="NVIDIA A100", worl
     ({"dtype": "fp16"}, Machine(cuda=False), ["fp16", "CPU"]),
     ({"attn_implementation": "flash_attention_2"}, GPU, ["flash-attn", "sdpa"]),
     ({"optim": "paged_adamw_8bit"}, Machine(cuda=False), ["paged_adamw_8bit"]),
-    ({"num_gpus": 2, "sharding": "fsdp_shard_grad_op", "offload_optimizer": True},
-     Machine(cuda=True, device_count=2, bf16=True, world_size=2), ["offload_optimizer", "zero2"]),
     ({"output_dir": "../../elsewhere"}, GPU, ["output_dir", "inside"]),
     ({"output_dir": "/tmp/abs"}, GPU, ["output_dir"]),
 ])
@@ -229,6 +227,18 @@ def test_impossible_combinations_are_refused(kw, machine, words):
         check_plan_for_machine(_plan(**kw), machine)
     for word in words:
         assert word in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("sharding", ["fsdp_full_shard", "fsdp_shard_grad_op"])
+def test_fsdp_optimizer_only_offload_is_refused_by_the_plan(sharding):
+    """FSDP has no optimizer-only offload (accelerate's fsdp_offload_params / torch's CPUOffloadPolicy moves
+    parameters, gradients and the step together): the plan refuses it, so no recipe or estimate is made for it."""
+    with pytest.raises(ValueError) as info:
+        _plan(num_gpus=2, sharding=sharding, offload_optimizer=True)
+    assert "offload_optimizer" in str(info.value) and "offload_params" in str(info.value) and "zero" in str(info.value)
+    both = make_recipe(_plan(num_gpus=2, sharding="fsdp_full_shard", offload_optimizer=True, offload_params=True))
+    assert yaml.safe_load(both.accelerate_config_yaml)["fsdp_config"]["fsdp_offload_params"] is True
+    assert both.estimate.host_memory_bytes > 0
 
 
 def test_possible_plans_pass_the_machine_checks():
