@@ -2,7 +2,7 @@
 
     python benchmarks/bench_estimate.py
 
-Goals (issue 2): one estimate <= 1 ms p50 on a 2-core machine; `import canifinetune.estimator` <= 150 ms
+Goals (issue 2): one estimate <= 1 ms p50 on a 2-core machine; importing the estimator <= 150 ms
 (measured in fresh interpreters, median of several, minus the interpreter's own start).
 """
 
@@ -59,10 +59,11 @@ def bench_import(runs: int = 7) -> None:
         return statistics.median(best)
 
     bare = run("pass")
-    core = run("import canifinetune.estimator")
     full = run("import canifinetune.estimator.estimate")
-    print(f"import canifinetune.estimator: {1e3 * (core - bare):.1f} ms "
-          f"(estimate module with pydantic and catalogs: {1e3 * (full - bare):.1f} ms; bare interpreter {1e3 * bare:.1f} ms)")
+    # The package's __init__ is empty; what a caller needs (plan, catalogs, memory model, pydantic) comes with
+    # the estimate module, so that is the figure held against the 150 ms goal.
+    print(f"import canifinetune.estimator.estimate (plan, catalogs, memory model, pydantic): "
+          f"{1e3 * (full - bare):.1f} ms over a bare interpreter ({1e3 * bare:.1f} ms); goal <= 150 ms")
 
 
 if __name__ == "__main__":
