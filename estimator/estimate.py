@@ -191,7 +191,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         phases={"forward": forward.bytes + unmodelled_bytes, "backward": backward.bytes + unmodelled_bytes,
                 "optimizer": optimizer.bytes + unmodelled_bytes},
         breakdown=breakdown,
-        host_memory_bytes=sizes["host_optimizer_states"] + sizes["host_params"],
+        host_memory_bytes=sizes["host_memory"],
         assumptions=assumptions(r),
         warnings=warnings,
         calibration_version=CALIBRATION_VERSION,

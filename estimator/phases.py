@@ -30,72 +30,22 @@ class PhasePeak:
     items: tuple[Item, ...]
 
 
-@dataclass(frozen=True)
-class Sharding:
-    """How one GPU's share of each static component is divided (see :func:`sharding_factors`)."""
-
-    params: float = 1.0
-    grads: float = 1.0
-    states: float = 1.0
-    grad_buckets: float = 0.0  # extra gradient-sized buffers (DDP's bucket copy)
-    gather_layers: int = 0  # unsharded blocks alive at once (ZeRO-3/FSDP all-gather + prefetch)
-    host_params: bool = False
-    host_states: bool = False
-
-
-def sharding_factors(r: ResolvedPlan) -> Sharding:
-    """Per-GPU share of parameters, gradients and optimizer states under each strategy.
-
-    ddp: everything replicated, and DDP's gradient buckets are a second copy of the gradients
-    (torch DistributedDataParallel, gradient_as_bucket_view=False by default). ZeRO-1 shards states;
-    ZeRO-2 and FSDP SHARD_GRAD_OP also gradients; ZeRO-3 and FSDP FULL_SHARD also parameters, and
-    all-gather one block at a time with one more prefetched (Rajbhandari et al. 2020, ZeRO; PyTorch
-    FSDP docs). Offload moves states (and with offload_params, parameters) to host memory.
-    """
-    plan = r.plan
-    n = plan.num_gpus
-    kind = plan.sharding
-    if kind in ("none",):
-        s = Sharding()
-    elif kind == "ddp":
-        s = Sharding(grad_buckets=1.0)
-    elif kind == "zero1":
-        s = Sharding(states=1 / n)
-    elif kind in ("zero2", "fsdp_shard_grad_op"):
-        s = Sharding(states=1 / n, grads=1 / n)
-    else:  # zero3, fsdp_full_shard
-        s = Sharding(states=1 / n, grads=1 / n, params=1 / n, gather_layers=2)
-    if plan.offload_optimizer:
-        s = Sharding(s.params, s.grads, 0.0, s.grad_buckets, s.gather_layers, s.host_params, True)
-    if plan.offload_params:
-        s = Sharding(0.0, s.grads, s.states, s.grad_buckets, s.gather_layers, True, s.host_states)
-    return s
-
-
 def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[str, int]]:
     """The live set at the forward, backward and optimizer-step peaks, and the static sizes."""
     spec = r.spec
     plan = r.plan
-    shard = sharding_factors(r)
+    # One GPU: every component whole. Several: estimator/sharding.py says what each GPU holds.
     sh = sharding.shares(r) if plan.sharding != "none" else None
-    grads_all = m.gradient_bytes(r)
-    states_all = m.optimizer_state_bytes(r)
     workspace = m.workspace_bytes(r)
     if sh is None:
-        weights = int(m.weight_bytes(r) * shard.params)
-        qconst = int(m.quantization_constant_bytes(r) * shard.params)
-        adapters = int(m.adapter_bytes(r) * (shard.params if r.full else 1.0))
-        grads = int(grads_all * shard.grads)
-        states = int(states_all * shard.states)
-        buckets = int(grads_all * shard.grad_buckets)
-        grad_factor = shard.grads
+        weights = m.weight_bytes(r)
+        qconst = m.quantization_constant_bytes(r)
+        adapters = m.adapter_bytes(r)
+        grads = m.gradient_bytes(r)
+        states = m.optimizer_state_bytes(r)
+        buckets = 0
+        grad_factor = 1.0
         gather = gather_bwd = 0
-        if shard.gather_layers:
-            per = r.weight_bytes_per_param
-            gather = shard.gather_layers * spec.largest_layer_params * per
-            if r.full:
-                gather += spec.largest_layer_params * r.trainable_bytes_per_param  # unsharded grads before reduce-scatter
-            gather_bwd = gather
     else:
         weights, qconst, adapters = sh.weights, sh.qconst, sh.adapters
         grads, states, buckets = sh.grads, sh.states + sh.master, sh.buckets
@@ -105,10 +55,10 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     fsdp = sh is not None and sh.gather_forward_start is not None
 
     static = [
-        Item("weights", weights, _weights_note(r, shard) if sh is None else _weights_note(r, shard) + f"; {sh.note}"),
+        Item("weights", weights, _weights_note(r) if sh is None else _weights_note(r) + f"; {sh.note}"),
         Item("quantization_constants", qconst, "4-bit absmax/code tensors (or 8-bit row scales) of the quantized linears"),
         Item("lora_adapters", adapters, _adapter_note(r)),
-        Item("optimizer_states", states, _optimizer_note(r, shard) if sh is None else _sharded_optimizer_note(r, sh)),
+        Item("optimizer_states", states, _optimizer_note(r) if sh is None else _sharded_optimizer_note(r, sh)),
         Item("cuda_workspaces", workspace, "cuBLAS workspace allocated through the caching allocator"),
     ]
     static_bytes = sum(i.bytes for i in static)
@@ -219,19 +169,19 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
             Item("sharding_gather_buffers", best_gather, gather_note),
             Item("activations", best_parts[0], act_note + "; those of blocks already back-propagated are freed"),
             Item("logits_and_loss", best_parts[1], _loss_note(r)),
-            Item("gradients", best_parts[2] + buckets, _grad_note(r, shard)),
+            Item("gradients", best_parts[2] + buckets, _grad_note(r, sh)),
             Item("backward_temporaries", best_parts[3], "gradients in flight inside one block (MLP or attention), a dequantized 4-bit weight"),
         ),
     )
 
     # --- optimizer step: all gradients plus the step's temporaries
-    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * (shard.states if sh is None else (1 / plan.num_gpus if sh.states else 0)))
+    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * (1.0 if sh is None else (1 / plan.num_gpus if sh.states else 0)))
     optimizer = PhasePeak(
         "optimizer",
         static_bytes + grads + buckets + opt_tmp,
         tuple(static)
         + (
-            Item("gradients", grads + buckets, _grad_note(r, shard)),
+            Item("gradients", grads + buckets, _grad_note(r, sh)),
             Item("optimizer_temporaries", opt_tmp, _optimizer_tmp_note(r)),
         ),
     )
@@ -239,8 +189,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         "weights": weights,
         "gradients": grads,
         "optimizer_states": states,
-        "host_optimizer_states": (states_all if shard.host_states else 0) if sh is None else sh.host,
-        "host_params": (m.weight_bytes(r) if shard.host_params else 0) if sh is None else 0,
+        "host_memory": 0 if sh is None else sh.host,
     }
     return forward, backward, optimizer, sizes
 
@@ -284,7 +233,7 @@ def _grads_above(r: ResolvedPlan, index: int, layer_grad: dict[int, int]) -> int
     return total
 
 
-def _weights_note(r: ResolvedPlan, shard: Sharding) -> str:
+def _weights_note(r: ResolvedPlan) -> str:
     spec = r.spec
     base = f"{spec.total_params / 1e9:.3g}B parameters"
     if r.quantization in ("nf4", "fp4"):
@@ -293,8 +242,6 @@ def _weights_note(r: ResolvedPlan, shard: Sharding) -> str:
         base += f"; block linears in int8, the rest in {r.weight_dtype}"
     else:
         base += f" x {r.weight_bytes_per_param} bytes ({r.weight_dtype})"
-    if shard.params < 1:
-        base += f"; sharded over {r.plan.num_gpus} GPUs" if shard.params else "; offloaded to the CPU"
     return base
 
 
@@ -318,21 +265,16 @@ def _sharded_optimizer_note(r: ResolvedPlan, sh) -> str:
     return note
 
 
-def _optimizer_note(r: ResolvedPlan, shard: Sharding) -> str:
-    note = f"{r.plan.optim} states for {r.trainable_params / 1e6:.4g}M trainable parameters"
-    if shard.states == 0:
-        note += ", offloaded to the CPU"
-    elif shard.states < 1:
-        note += f", sharded over {r.plan.num_gpus} GPUs"
-    return note
+def _optimizer_note(r: ResolvedPlan) -> str:
+    return f"{r.plan.optim} states for {r.trainable_params / 1e6:.4g}M trainable parameters"
 
 
-def _grad_note(r: ResolvedPlan, shard: Sharding) -> str:
+def _grad_note(r: ResolvedPlan, sh) -> str:
     note = f"gradients of the trainable parameters in {r.adapter_dtype or r.weight_dtype}"
-    if shard.grads < 1:
+    if sh is not None and sh.grad_factor < 1:
         note += f", sharded over {r.plan.num_gpus} GPUs"
-    if shard.grad_buckets:
-        note += "; DDP keeps a second copy in its all-reduce buckets"
+    if sh is not None and sh.buckets:
+        note += "; plus the gradient buckets of the all-reduce / reduce-scatter"
     return note
 
 
