@@ -279,8 +279,9 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
       the input in the compute dtype (a·T·in; none when it can reuse the block's tensor: no dropout
       and no dtype cast), and the rank-r intermediate a·T·r.
     - attention with flash or memory-efficient kernels keeps q, k, v and the output (a·T·(2·q_dim +
-      2·kv_dim)) and an fp32 log-sum-exp per head and token; the math path also keeps the
-      softmax probabilities a·B·heads·S² (and the mask-free causal scores).
+      2·kv_dim)) and an fp32 log-sum-exp per head and token; the math path (eager) also keeps the fp32
+      softmax output and its cast, (4 + a)·B·heads·S², plus the tanh output a·B·heads·S² when the model
+      softcaps attention scores (Gemma2), and k/v expanded to every head.
     - RoPE keeps only cos/sin (shared by all layers, counted once in :func:`shared_activation_bytes`);
       q/k norms (Qwen3, Gemma3, OLMo2) keep their fp32 inputs.
     - the gated MLP keeps gate (saved by SiLU), act and up (saved by the product), and the product
@@ -322,8 +323,13 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     total += _round_block(a * t * spec.q_dim) * 2 + _round_block(a * t * spec.kv_dim) * 2
     total += _round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
     if r.attention_kernel == "math":
+        # transformers' eager_attention_forward: softmax in fp32 keeps its output (4 bytes a score), the
+        # cast back to the compute dtype is kept by the matmul with V (a), and Gemma2's tanh softcap keeps
+        # its output too (a); measured on cohort case c40 (Gemma2, eager): exactly these three per layer.
         scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
-        total += _round_block(a * scores) * 2  # softmax output and the scores it was taken of
+        total += _round_block(4 * scores) + _round_block(a * scores)
+        if spec.attn_logit_softcapping:
+            total += _round_block(a * scores)
         if spec.num_kv_heads != spec.num_heads:
             total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
     # o_proj: its input is the attention output already counted; only adapters add

@@ -110,6 +110,7 @@ class ModelSpec:
     moe_layers: tuple[bool, ...] = ()  # per layer: True where the MLP is sparse
     embed_scale: bool = False  # gemma multiplies the embeddings by sqrt(hidden) (one extra tensor)
     final_logit_softcapping: float | None = None  # gemma2: tanh softcap on the logits
+    attn_logit_softcapping: bool = False  # gemma2: tanh softcap on the attention scores (eager only)
     known_family: bool = True
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -337,6 +338,7 @@ def _spec_from_config(config: dict) -> ModelSpec:
     norms = 2
     embed_scale = False
     softcap = None
+    attn_softcap = False
 
     if model_type == "qwen2":
         attention_bias, attention_out_bias = True, False  # q/k/v carry biases, o_proj does not
@@ -354,6 +356,7 @@ def _spec_from_config(config: dict) -> ModelSpec:
         qk_norm = "head" if model_type == "gemma3_text" else "none"
         if model_type == "gemma2":
             softcap = _get(config, "final_logit_softcapping")
+            attn_softcap = _get(config, "attn_logit_softcapping") is not None
     elif model_type == "phi3":
         fused = True
     elif model_type == "olmo2":
@@ -409,6 +412,7 @@ def _spec_from_config(config: dict) -> ModelSpec:
         moe=moe,
         moe_layers=moe_layers,
         embed_scale=embed_scale,
+        attn_logit_softcapping=attn_softcap,
         final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) else None,
         known_family=known,
         warnings=tuple(warnings),
