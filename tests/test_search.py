@@ -12,7 +12,8 @@ from canifinetune.estimator.errors import CanIFinetuneError, PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.models import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.estimator.search import TIER_NAMES, cost_of, sort_key, suggest
+from canifinetune.estimator.costs import TIER_NAMES, cost_of, sort_key
+from canifinetune.estimator.search import suggest
 from canifinetune.estimator.throughput import flops_per_token, throughput
 
 # A spread of plans that do not fit: different families, methods and GPUs from 10 to 141 GB.

@@ -1,0 +1,152 @@
+"""The knobs suggest_cheaper_config turns, each with its levels from mild to strong.
+
+Each knob belongs to a cost tier (:mod:`canifinetune.estimator.costs`) and lists the field changes of
+its levels; the search (:mod:`canifinetune.estimator.search`) tries the mildest level that fits first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import ResolvedModel
+from .plan import MAX_NUM_GPUS, TrainingPlan
+from .spec import PEFT_DEFAULT_TARGETS
+
+
+SEQ_LEN_FLOOR = 256
+SEQ_LEN_GRID = 128
+LORA_R_FLOOR = 4
+GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+MULTI_GPU_SHARDINGS = ("ddp", "zero2", "zero3", "fsdp_full_shard")
+
+
+@dataclass
+class Knob:
+    name: str
+    tier: int
+    levels: list[dict]  # mild -> strong; each a dict of field changes
+    monotone: bool = False  # memory falls monotonically along levels: bisect
+
+
+def divisors_below(n: int) -> list[int]:
+    return [d for d in range(n - 1, 0, -1) if n % d == 0]
+
+
+def current_targets(plan: TrainingPlan, rm: ResolvedModel) -> tuple[str, ...] | None:
+    names = rm.spec.linear_names()
+    if plan.target_modules is None:
+        default = PEFT_DEFAULT_TARGETS.get(rm.spec.model_type)
+        return tuple(n for n in default if n in names) if default else None
+    if plan.target_modules == "all-linear":
+        return names
+    return tuple(n for n in plan.target_modules if n in names)
+
+
+def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[Knob]:
+    """Every knob the search may turn for ``plan``, in cost order, with pinned fields left out."""
+    p = plan
+    knobs: list[Knob] = []
+    # ---- tier 0: same mathematics
+    if not p.gradient_checkpointing:
+        knobs.append(Knob("gradient_checkpointing", 0, [{"gradient_checkpointing": True}]))
+    if p.loss_implementation == "standard":
+        knobs.append(Knob("loss_implementation", 0, [{"loss_implementation": "chunked"}]))
+    attn = []
+    if p.attn_implementation == "eager":
+        attn.append({"attn_implementation": "sdpa"})
+    if p.attn_implementation != "flash_attention_2" and p.dtype != "fp32":
+        attn.append({"attn_implementation": "flash_attention_2"})
+    if attn:
+        knobs.append(Knob("attn_implementation", 0, attn))
+    if p.batch_size > 1:
+        levels = [{"batch_size": d, "gradient_accumulation_steps": p.gradient_accumulation_steps * (p.batch_size // d)}
+                  for d in divisors_below(p.batch_size)
+                  if p.gradient_accumulation_steps * (p.batch_size // d) <= 65536]
+        knobs.append(Knob("batch_size", 0, levels, monotone=True))
+    if p.optim in ("adamw_torch_fused", "adamw_torch"):
+        knobs.append(Knob("optim", 0, [{"optim": "adamw_bnb_8bit"}, {"optim": "paged_adamw_8bit"}]))
+    elif p.optim == "paged_adamw_32bit":
+        knobs.append(Knob("optim", 0, [{"optim": "paged_adamw_8bit"}]))
+    off: list[dict] = []
+    if p.sharding in ("none", "ddp"):
+        if not p.offload_optimizer:
+            off.append({"sharding": "zero2", "offload_optimizer": True})
+        off.append({"sharding": "zero3", "offload_optimizer": True, "offload_params": True})
+    elif p.sharding in ("zero3", "fsdp_full_shard"):
+        if not p.offload_optimizer:
+            off.append({"offload_optimizer": True})
+        if not p.offload_params:
+            off.append({"offload_optimizer": True, "offload_params": True})
+    else:  # zero1, zero2, fsdp_shard_grad_op
+        if not p.offload_optimizer:
+            off.append({"offload_optimizer": True})
+        off.append({"sharding": "zero3", "offload_optimizer": True, "offload_params": True})
+    if off:
+        knobs.append(Knob("cpu_offload", 0, off))
+    # ---- tier 1: changes what is learned
+    if p.seq_len > SEQ_LEN_FLOOR:
+        top = (p.seq_len - 1) // SEQ_LEN_GRID * SEQ_LEN_GRID
+        values = list(range(top, SEQ_LEN_FLOOR - 1, -SEQ_LEN_GRID)) or [SEQ_LEN_FLOOR]
+        knobs.append(Knob("seq_len", 1, [{"seq_len": v} for v in values], monotone=True))
+    if p.uses_adapters and p.lora_r > LORA_R_FLOOR:
+        values, r = [], p.lora_r
+        while r // 2 >= LORA_R_FLOOR:
+            r //= 2
+            values.append(r)
+        if (values[-1] if values else p.lora_r) > LORA_R_FLOOR:
+            values.append(LORA_R_FLOOR)
+        knobs.append(Knob("lora_r", 1, [{"lora_r": v} for v in values], monotone=True))
+    if p.uses_adapters:
+        current = current_targets(p, rm)
+        if current:
+            attn_names = tuple(lin.name for lin in rm.spec.attention_linears())
+            default = PEFT_DEFAULT_TARGETS.get(rm.spec.model_type)
+            smallest = tuple(n for n in (default or attn_names[:1]) if n in rm.spec.linear_names())
+            levels = []
+            for cand in (attn_names, smallest):
+                cset = set(cand)
+                if cand and cset < set(current) and not any(set(lv["target_modules"]) == cset for lv in levels):
+                    levels.append({"target_modules": sorted(cset)})
+            if levels:
+                knobs.append(Knob("target_modules", 1, levels))
+    method_levels: list[dict] = []
+    needs_targets = (p.target_modules is None and PEFT_DEFAULT_TARGETS.get(rm.spec.model_type) is None)
+    extra_targets = {"target_modules": "all-linear"} if needs_targets else {}
+    to_qlora = {"method": "qlora"}
+    if p.load_in_8bit:
+        to_qlora["load_in_8bit"] = False
+    if p.load_in_4bit is False:
+        to_qlora["load_in_4bit"] = None
+    if p.method == "full":
+        method_levels = [{"method": "lora", **extra_targets}, {**to_qlora, **extra_targets}]
+    elif p.method == "lora":
+        method_levels = [to_qlora]
+    if method_levels:
+        knobs.append(Knob("method", 1, method_levels))
+    # ---- tier 2: more hardware
+    hw: list[dict] = []
+    shardings = (p.sharding,) if ("sharding" in keep or p.sharding not in ("none", "ddp")) else MULTI_GPU_SHARDINGS
+    for n in GPU_COUNTS:
+        if n <= p.num_gpus or n > MAX_NUM_GPUS:
+            continue
+        for s in shardings:
+            lv: dict = {"num_gpus": n}
+            if s != p.sharding:
+                lv["sharding"] = s
+            total = p.gradient_accumulation_steps * p.num_gpus
+            if total % n == 0 and total // n != p.gradient_accumulation_steps:
+                hw.append({**lv, "gradient_accumulation_steps": total // n})  # keeps the effective batch
+            hw.append(lv)
+    if hw:
+        knobs.append(Knob("num_gpus", 2, hw))
+    # pins: a level that touches a pinned field is not allowed
+    out = []
+    for k in knobs:
+        k.levels = [lv for lv in k.levels if not (set(lv) & keep) and any(getattr(p, f) != v for f, v in lv.items())]
+        if k.levels:
+            out.append(k)
+    return out
+
+
+# ------------------------------------------------------------------ evaluation
+
