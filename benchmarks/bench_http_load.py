@@ -92,6 +92,20 @@ def current_rss_bytes(pid: int) -> int | None:
     return None
 
 
+def wait_listening(proc: subprocess.Popen, port: int, log, timeout: float = 30.0) -> None:
+    """Return once ``proc`` accepts connections on 127.0.0.1:``port``; raise with its log if it exits or never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the server exited with {proc.returncode}: {log.read()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server did not start listening")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0):
     log = tempfile.NamedTemporaryFile("w+", prefix="canifinetune-load-", suffix=".err", delete=False)
@@ -100,16 +114,7 @@ def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # catalog models only: the benchmark never leaves this machine
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"the server exited with {proc.returncode}: {log.read()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start listening")
-            time.sleep(0.05)
+        wait_listening(proc, port, log, timeout)
         yield proc, log.name
     finally:
         proc.terminate()

@@ -7,8 +7,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from benchmarks.bench_http_load import wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / ".ci" / "node"
@@ -36,16 +37,7 @@ def http_server(port: int | None = None, extra: list[str] | None = None, timeout
     proc = subprocess.Popen(SERVE + ["--http", "--port", str(port)] + (extra or []), stdout=stdout, stderr=stderr,
                             cwd=ROOT)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                stderr.seek(0)
-                raise RuntimeError(f"the server exited with {proc.returncode}: {stderr.read()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start listening")
-            time.sleep(0.05)
+        wait_listening(proc, port, stderr, timeout)
         proc.stdout_file, proc.stderr_file = stdout, stderr  # type: ignore[attr-defined]
         yield f"http://127.0.0.1:{port}/mcp", proc
     finally:

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.validation.run_cohort import (  # noqa: E402
-    DEFAULT_COHORT, RESULTS, _pct, default_out, estimate_record, load_cohort)
+    DEFAULT_COHORT, RESULTS, case_errors, default_out, estimate_record, load_cohort)
 
 GIB = 1 << 30
 PRIMARY = {"fake": "allocated", "cuda": "reserved"}
@@ -221,12 +221,7 @@ def with_current_estimates(mode: str, rows: list[dict]) -> list[dict]:
         if "estimate" in r:
             r2["estimate"] = estimate_record(r["plan"])
             if r.get("status") == "ok":
-                e, m = r2["estimate"], r["measured"]
-                errors = {"allocated": _pct(e["peak_allocated_bytes"], m["peak_allocated_bytes"])}
-                if mode == "cuda":
-                    errors["reserved"] = _pct(e["peak_reserved_bytes"], m["peak_reserved_bytes"])
-                    errors["total"] = _pct(e["total_bytes"], m["process_total_bytes"])
-                r2["error_pct"] = errors
+                r2["error_pct"] = case_errors(mode, r2["estimate"], r["measured"])
         out.append(r2)
     return out
 

@@ -117,6 +117,15 @@ def _pct(estimated: int, measured: int) -> float:
     return round(100.0 * (estimated - measured) / measured, 3)
 
 
+def case_errors(mode: str, estimate: dict, measured: dict) -> dict:
+    """Percent errors of one case: allocated peak in both modes; reserved peak and process total in cuda mode."""
+    errors = {"allocated": _pct(estimate["peak_allocated_bytes"], measured["peak_allocated_bytes"])}
+    if mode == "cuda":
+        errors["reserved"] = _pct(estimate["peak_reserved_bytes"], measured["peak_reserved_bytes"])
+        errors["total"] = _pct(estimate["total_bytes"], measured["process_total_bytes"])
+    return errors
+
+
 # ---------------------------------------------------------------------------------------------- fake mode
 
 
@@ -258,12 +267,7 @@ def run_case(case: dict, mode: str, cohort: dict, timeout: float) -> dict:
             outcome = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback_tail": traceback.format_exc()[-3000:]}
         row.update(outcome)
     if row.get("status") == "ok" and "estimate" in row:
-        e, m = row["estimate"], row["measured"]
-        errors = {"allocated": _pct(e["peak_allocated_bytes"], m["peak_allocated_bytes"])}
-        if mode == "cuda":
-            errors["reserved"] = _pct(e["peak_reserved_bytes"], m["peak_reserved_bytes"])
-            errors["total"] = _pct(e["total_bytes"], m["process_total_bytes"])
-        row["error_pct"] = errors
+        row["error_pct"] = case_errors(mode, row["estimate"], row["measured"])
     row["wall_seconds"] = round(time.perf_counter() - t0, 2)
     return row
 
