@@ -176,8 +176,8 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
     if plan.gradient_checkpointing != original.gradient_checkpointing:
         details.append("gradient checkpointing: recompute each block in backward instead of keeping its "
                        "activations" if plan.gradient_checkpointing else "gradient checkpointing off")
-    if plan.loss_implementation != original.loss_implementation:
-        details.append(f"loss {original.loss_implementation} -> {plan.loss_implementation}: the same loss, "
+    if plan.effective_loss_implementation != original.effective_loss_implementation:
+        details.append(f"loss {original.effective_loss_implementation} -> {plan.effective_loss_implementation}: the same loss, "
                        "scored in tiles without the full fp32 logits")
     if plan.attn_implementation != original.attn_implementation:
         details.append(f"attention {original.attn_implementation or 'default'} -> {plan.attn_implementation}: the same attention, "

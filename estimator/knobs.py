@@ -49,7 +49,7 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     # ---- tier 0: same mathematics
     if not p.gradient_checkpointing:
         knobs.append(Knob("gradient_checkpointing", 0, [{"gradient_checkpointing": True}]))
-    if p.loss_implementation == "standard":
+    if p.effective_loss_implementation == "standard":
         knobs.append(Knob("loss_implementation", 0, [{"loss_implementation": "chunked"}]))
     attn = []
     if p.attn_implementation == "eager":

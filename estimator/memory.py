@@ -423,7 +423,7 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     plan = r.plan
     n = plan.batch_size * max(plan.seq_len - 1, 1)
     a = r.act_bytes
-    if plan.loss_implementation == "chunked":
+    if r.loss_implementation == "chunked":
         return _round_block(a * n * spec.hidden_size) + 8 * _round_block(4 * n)
     t = r.tokens
     return _round_block(a * t * spec.vocab_size) + _round_block(4 * t * spec.vocab_size)
@@ -441,7 +441,7 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
     spec = r.spec
     plan = r.plan
     a = r.act_bytes
-    if plan.loss_implementation == "chunked":
+    if r.loss_implementation == "chunked":
         n = plan.batch_size * max(plan.seq_len - 1, 1)
         tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
         total = _round_block(a * tile) + _round_block(4 * n * spec.hidden_size) + _round_block(a * n * spec.hidden_size)
@@ -459,7 +459,7 @@ def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
     (accelerate's fp32 copy of the returned logits is the same size and comes after it is freed)."""
     spec = r.spec
     plan = r.plan
-    if plan.loss_implementation != "chunked":
+    if r.loss_implementation != "chunked":
         return _round_block(4 * r.tokens * spec.vocab_size)
     n = plan.batch_size * max(plan.seq_len - 1, 1)
     tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))

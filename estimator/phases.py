@@ -121,7 +121,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     if r.full:
         head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
     # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
-    start_head = head_grad if plan.loss_implementation == "standard" else 0
+    start_head = head_grad if r.loss_implementation == "standard" else 0
     start_gather = sh.gather_backward_start if fsdp else gather_bwd
     best_gather = start_gather
     start = static_bytes + start_gather + saved_layers + shared + loss_fwd + loss_bwd + start_head
@@ -279,7 +279,7 @@ def _grad_note(r: ResolvedPlan, sh) -> str:
 
 
 def _loss_note(r: ResolvedPlan) -> str:
-    if r.plan.loss_implementation == "chunked":
+    if r.loss_implementation == "chunked":
         return "TRL's chunked LM head: final hidden states, per-token statistics, a logits tile in backward"
     return f"full logits (T x {r.spec.vocab_size} vocab) in {r.compute_dtype}, their fp32 upcast and log-softmax"
 

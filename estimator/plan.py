@@ -18,6 +18,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .stacks import STACKS, Stack
+
 Method = Literal["full", "lora", "qlora"]
 DType = Literal["bf16", "fp16", "fp32"]
 Precision = Literal["pure", "mixed"]
@@ -33,11 +35,14 @@ Optim = Literal[
 AttnImplementation = Literal["sdpa", "flash_attention_2", "eager"]
 QuantType = Literal["nf4", "fp4"]
 LossImplementation = Literal["chunked", "standard"]
+Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth"]
+AdapterDType = Literal["fp32", "bf16", "fp16"]
 Sharding = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"]
 
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 OPTIMIZERS: tuple[str, ...] = Optim.__args__  # type: ignore[attr-defined]
 SHARDINGS: tuple[str, ...] = Sharding.__args__  # type: ignore[attr-defined]
+FRAMEWORKS: tuple[str, ...] = Framework.__args__  # type: ignore[attr-defined]
 
 # Upper bounds that keep every number finite and every search bounded; no real run is near them.
 MAX_SEQ_LEN = 1_048_576
@@ -46,6 +51,7 @@ MAX_LORA_R = 4096
 MAX_NUM_GPUS = 1024
 MAX_GPU_VRAM_GB = 4096.0
 MAX_STRING = 512
+MAX_MODULES = 64  # target_modules / modules_to_save entries; a decoder block has about ten linear names
 
 SafeName = Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
 # Characters no model id, GPU name, dataset path or output folder needs, and that could start a new line
@@ -120,13 +126,64 @@ class TrainingPlan(BaseModel):
             "null means transformers' default: sdpa where the model supports it, else eager (Gemma2)."
         ),
     )
-    loss_implementation: LossImplementation = Field(
-        "chunked",
+    loss_implementation: LossImplementation | None = Field(
+        None,
         description=(
             "chunked: TRL's fused LM head, which scores the vocabulary in tiles and never builds the full "
             "logits (SFTTrainer's default since TRL 1.x); standard: transformers' cross-entropy over the full "
-            "batch x seq x vocab logits, upcast to fp32."
+            "batch x seq x vocab logits, upcast to fp32; null: the framework's choice (chunked for trl, "
+            "standard for the others)."
         ),
+    )
+    # --- the training stack (which trainer runs the plan) ---
+    framework: Framework = Field(
+        "trl",
+        description=(
+            "The trainer the user runs: trl (TRL 1.16 SFTTrainer, the recipe's), transformers (transformers "
+            "Trainer + PEFT as the PEFT/bitsandbytes docs teach: full logits, prepare_model_for_kbit_training "
+            "for 4/8-bit bases), axolotl, llama_factory or unsloth. It sets the defaults of loss_implementation, "
+            "prepare_model_for_kbit_training and adapter_dtype. Ask the user when they have their own script."
+        ),
+    )
+    prepare_model_for_kbit_training: bool | None = Field(
+        None,
+        description=(
+            "Whether peft.prepare_model_for_kbit_training runs on the 4/8-bit base (it upcasts embeddings, norms "
+            "and lm_head to fp32, so the residual stream runs in fp32); null: the framework's choice."
+        ),
+    )
+    adapter_dtype: AdapterDType | None = Field(
+        None,
+        description=(
+            "dtype of the LoRA adapters and their optimizer states; null: the framework's choice (PEFT keeps "
+            "fp32; TRL casts to bf16 on a quantized base)."
+        ),
+    )
+    modules_to_save: list[SafeName] | None = Field(
+        None,
+        max_length=MAX_MODULES,
+        description=(
+            "PEFT modules_to_save: modules trained in full beside the adapters (e.g. ['embed_tokens', "
+            "'lm_head']), each a trainable copy with its gradients and optimizer states."
+        ),
+    )
+    use_dora: bool = Field(False, description="PEFT use_dora: weight-decomposed LoRA (a magnitude vector and the weight norm per adapted linear).")
+    activation_offloading: bool = Field(
+        False, description="TRL activation_offloading: saved activations move to the CPU during forward (not modelled yet: refused)."
+    )
+    packing: bool = Field(
+        False,
+        description=(
+            "TRL packing: samples are concatenated into seq_len-token rows; memory as for full rows of seq_len "
+            "tokens (the estimate already assumes every row is seq_len long)."
+        ),
+    )
+    padding_free: bool = Field(
+        False,
+        description="TRL padding_free: one row of batch_size x seq_len tokens without padding; the same tokens, the same memory as full rows.",
+    )
+    use_liger_kernel: bool = Field(
+        False, description="Liger kernels (fused RMSNorm, SwiGLU, RoPE, fused linear cross-entropy): not modelled yet: refused."
     )
     # --- hardware and distribution ---
     num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")
@@ -152,12 +209,14 @@ class TrainingPlan(BaseModel):
             raise ValueError(f"must be a finite number; got {value}")
         return value
 
-    @field_validator("target_modules")
+    @field_validator("target_modules", "modules_to_save")
     @classmethod
     def _targets(cls, value):
         if isinstance(value, list):
             if not value:
                 raise ValueError("must name at least one module, or be 'all-linear' or null")
+            if len(value) > MAX_MODULES:
+                raise ValueError(f"at most {MAX_MODULES} module names; got {len(value)}")
             for name in value:
                 if not all(c.isalnum() or c in "_.-" for c in name):
                     raise ValueError(f"module names are letters, digits, '_', '.', '-'; got {name!r}")
@@ -175,6 +234,7 @@ class TrainingPlan(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "TrainingPlan":
         four_bit = self.quantized_4bit
+        self._check_stack_fields()
         if self.method == "full" and (four_bit or self.load_in_8bit):
             raise ValueError(
                 "method: full fine-tuning cannot train a quantized base; use method 'qlora' (4-bit) or 'lora', "
@@ -213,10 +273,51 @@ class TrainingPlan(BaseModel):
             raise ValueError("gpu: give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
         return self
 
+    def _check_stack_fields(self) -> None:
+        """The PEFT/TRL knobs: refused where they mean nothing, or where their memory is not modelled."""
+        if self.activation_offloading:
+            raise ValueError(
+                "activation_offloading: TRL's activation offloading (saved activations moved to the CPU) is not "
+                "modelled yet; estimate without it (an upper bound for the GPU) and leave it off in the plan"
+            )
+        if self.use_liger_kernel:
+            raise ValueError(
+                "use_liger_kernel: Liger's fused kernels are not modelled yet; estimate without them (for the loss, "
+                "loss_implementation 'chunked' is close to Liger's fused linear cross-entropy)"
+            )
+        if not self.uses_adapters:
+            for name in ("modules_to_save", "use_dora", "adapter_dtype", "prepare_model_for_kbit_training"):
+                if getattr(self, name) not in (None, False):
+                    raise ValueError(f"{name}: a PEFT setting, for method 'lora' or 'qlora'; got method '{self.method}'")
+        if self.prepare_model_for_kbit_training and not (self.quantized_4bit or self.load_in_8bit):
+            raise ValueError(
+                "prepare_model_for_kbit_training: it prepares a 4-bit or 8-bit base; use method 'qlora' or "
+                "load_in_8bit, or leave it null"
+            )
+
     @property
     def quantized_4bit(self) -> bool:
         """Whether the frozen base is stored in 4 bit (explicitly, or because the method is qlora)."""
         return bool(self.load_in_4bit) or (self.load_in_4bit is None and self.method == "qlora")
+
+    @property
+    def stack(self) -> Stack:
+        """The framework's defaults (estimator/stacks.py)."""
+        return STACKS[self.framework]
+
+    @property
+    def effective_loss_implementation(self) -> str:
+        """The plan's loss_implementation, or its framework's when left null."""
+        return self.loss_implementation or self.stack.loss_implementation
+
+    @property
+    def effective_kbit_preparation(self) -> bool:
+        """Whether prepare_model_for_kbit_training runs: only on a 4/8-bit base, by the plan or its framework."""
+        if not (self.quantized_4bit or self.load_in_8bit):
+            return False
+        if self.prepare_model_for_kbit_training is not None:
+            return self.prepare_model_for_kbit_training
+        return self.stack.kbit_preparation
 
     @property
     def uses_adapters(self) -> bool:

@@ -35,6 +35,13 @@ class ResolvedPlan:
     attn_implementation: str  # what transformers loads: the plan's, or its default for the model
     attention_kernel: str  # "flash", "efficient" or "math": what runs on the GPU
     warnings: tuple[str, ...]
+    framework: str = "trl"  # the training stack (estimator/stacks.py)
+    loss_implementation: str = "chunked"  # "chunked" or "standard": the plan's, or its framework's
+    kbit_prepared: bool = False  # peft.prepare_model_for_kbit_training ran on the quantized base
+    frozen_dtype: str = "bf16"  # dtype of the base's unquantized parameters (fp32 after kbit preparation)
+    residual_dtype: str = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
+    modules_to_save: tuple[str, ...] = ()  # modules PEFT trains in full beside the adapters
+    use_dora: bool = False
 
     @property
     def weight_bytes_per_param(self) -> int:
@@ -144,14 +151,21 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         quantization = "int8"
     else:
         quantization = "none"
+    stack = plan.stack
+    kbit_prepared = plan.effective_kbit_preparation
     if plan.uses_adapters:
         targets, target_warnings = _resolve_targets(plan, spec)
         warnings.extend(target_warnings)
         # PEFT's get_peft_model(autocast_adapter_dtype=True) keeps adapters in fp32 on a bf16/fp16 base;
         # TRL 1.16 SFTTrainer then casts them to bf16 when the base is quantized (sft_trainer.py).
-        adapter_dtype = "bf16" if quantization != "none" else "fp32"
+        default = stack.adapter_dtype_quantized if quantization != "none" else stack.adapter_dtype_unquantized
+        adapter_dtype = plan.adapter_dtype or default or "fp32"
     else:
         targets, adapter_dtype = (), None
+    # prepare_model_for_kbit_training casts every bf16/fp16 parameter but the packed 4-bit ones to fp32
+    # (peft/utils/other.py, 0.21); the embedding output is then fp32, and so is every residual add after it
+    frozen_dtype = "fp32" if kbit_prepared else weight_dtype
+    residual_dtype = "fp32" if kbit_prepared else compute_dtype
     # transformers' default when none is asked for: sdpa if the model class supports it, else eager
     attn = plan.attn_implementation or ("eager" if spec.model_type in SDPA_UNSUPPORTED else "sdpa")
     if attn == "flash_attention_2" and compute_dtype == "fp32":
@@ -185,4 +199,11 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         attn_implementation=attn,
         attention_kernel=kernel,
         warnings=tuple(warnings),
+        framework=plan.framework,
+        loss_implementation=plan.effective_loss_implementation,
+        kbit_prepared=kbit_prepared,
+        frozen_dtype=frozen_dtype,
+        residual_dtype=residual_dtype,
+        modules_to_save=tuple(plan.modules_to_save or ()),
+        use_dora=plan.use_dora,
     )

@@ -289,7 +289,7 @@ def sft_config_kwargs(plan: TrainingPlan, *, output_dir: str, use_cpu: bool, max
 def _trainer_class(plan: TrainingPlan):
     from trl import SFTTrainer
 
-    if plan.loss_implementation == "chunked":
+    if plan.effective_loss_implementation == "chunked":
         return SFTTrainer  # TRL 1.16's default: the fused, tiled LM head
 
     class StandardLossSFTTrainer(SFTTrainer):

@@ -20,7 +20,8 @@ def test_defaults_are_trl_sft_with_peft():
     assert (plan.method, plan.lora_r, plan.lora_alpha, plan.lora_dropout) == ("lora", 16, 32, 0.05)
     assert (plan.seq_len, plan.batch_size, plan.optim) == (1024, 8, "adamw_torch_fused")
     assert plan.gradient_checkpointing is True and plan.dtype == "bf16"
-    assert plan.loss_implementation == "chunked" and plan.attn_implementation is None
+    assert plan.effective_loss_implementation == "chunked" and plan.attn_implementation is None
+    assert plan.loss_implementation is None and plan.framework == "trl"
     assert plan.target_modules is None
 
 

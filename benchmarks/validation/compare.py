@@ -33,7 +33,7 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
         plan_path.write_text(json.dumps(validated.model_dump(mode="json")), encoding="utf-8")
         config_path.write_text(json.dumps(config), encoding="utf-8")
         cmd = [sys.executable, str(FAKE_MODE), "--plan", str(plan_path), "--config", str(config_path),
-               "--out", str(out_path), "--loss", LOSS_MODE[validated.loss_implementation]]
+               "--out", str(out_path), "--loss", LOSS_MODE[validated.effective_loss_implementation]]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
