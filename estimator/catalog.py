@@ -228,8 +228,8 @@ class _Index(Generic[T]):
             self.token_keys.append(keys)
             self.search_text.append(" " + " ".join(" ".join(k) for k in keys) + " ")
 
-    def find(self, query: str) -> T | None:
-        if not isinstance(query, str):
+    def find(self, query: str, forgiving: bool = True) -> T | None:
+        if not isinstance(query, str) or len(query) > _MAX_QUERY:
             return None
         q = query.strip().lower()
         if not q:
@@ -243,6 +243,8 @@ class _Index(Generic[T]):
         hit = self.norm.get(" ".join(toks))
         if hit:
             return self.entries[next(iter(hit))] if len(hit) == 1 else None
+        if not forgiving:
+            return None
         # forgiving: every query token, in order, inside a name; fewest extra tokens wins, ties are ambiguous
         best: dict[int, int] = {}
         for i, keys in enumerate(self.token_keys):
@@ -331,9 +333,13 @@ def _gpu_index() -> _Index[CatalogGPU]:
 # --------------------------------------------------------------------------------------------- public API
 
 
-def find_model(name: str) -> CatalogModel | None:
-    """The catalog model for an exact Hub id or a forgiving name, or None (unknown or ambiguous)."""
-    return _model_index().find(name)
+def find_model(name: str, *, forgiving: bool = True) -> CatalogModel | None:
+    """The catalog model for an exact Hub id or a forgiving name, or None (unknown or ambiguous).
+
+    ``forgiving=False`` (what resolving a plan's model uses) takes only an exact id, name or alias, or one
+    equal to it up to case, punctuation and spacing; a partial name ('x', 'qwen 7b') is then None, and
+    ``suggest_models`` offers the candidates."""
+    return _model_index().find(name, forgiving)
 
 
 def find_gpu(name: str) -> CatalogGPU | None:

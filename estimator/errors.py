@@ -60,3 +60,35 @@ def describe_validation_error(exc) -> str:
             text += f"; got {shown[:80] + '...' if len(shown) > 80 else shown}"
         lines.append(text)
     return "; ".join(lines)
+
+
+# Every error message a person or a model reads is at most this long, on one line, with control and invisible
+# characters escaped: a hostile value (a 3 MB model_type, a terminal escape) cannot flood or repaint a terminal.
+MAX_ERROR_CHARS = 1000
+_INVISIBLE = frozenset("\u200b\u200c\u200d\u2060\ufeff\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                       "\u2066\u2067\u2068\u2069\u2028\u2029")
+
+
+def safe_text(text: object, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` as one printable line of at most ``limit`` characters: control, line-separator and invisible
+    characters become escapes (``\\n``, ``\\x1b``, ``\\u200b``), and a longer text is cut with '...'."""
+    import unicodedata
+
+    text = str(text)
+    if len(text) > 4 * limit:  # never escape megabytes only to cut them
+        text = text[: 4 * limit]
+    out = []
+    size = 0
+    for char in text:
+        if char in _INVISIBLE or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+            piece = char.encode("unicode_escape").decode("ascii")
+        else:
+            piece = char
+        out.append(piece)
+        size += len(piece)
+        if size > limit:
+            break
+    line = "".join(out)
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return line

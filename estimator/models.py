@@ -7,7 +7,11 @@ pure core (it needs the network); this module resolves what can be resolved offl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import catalog
@@ -31,20 +35,48 @@ class ResolvedModel:
     params_exact: int | None = None  # from safetensors metadata, when known
 
 
+def read_regular_file(path: Path, limit: int, what: str = "model") -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; else a ModelConfigError.
+
+    Opened with O_NONBLOCK and checked with fstat before any read, so a FIFO, a device or a socket (even
+    behind a symlink) is refused at once instead of blocking or streaming forever."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ModelConfigError(f"{what}: cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelConfigError(f"{what}: {path} is not a regular file")
+        if info.st_size > limit:
+            raise ModelConfigError(
+                f"{what}: {path} is {info.st_size / 1e6:.1f} MB; a config.json is a few KB (limit {limit // 1048576} MiB)"
+            )
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise ModelConfigError(f"{what}: {path} is larger than {limit // 1048576} MiB")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ModelConfigError(f"{what}: cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        os.close(fd)
+
+
 def read_config_file(path: Path) -> dict:
     """Read a config.json with bounds on size and nesting, and a clear error for anything else."""
+    data = read_regular_file(path, MAX_CONFIG_BYTES)
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise ModelConfigError(f"model: cannot read {path}: {exc.strerror}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ModelConfigError(
-            f"model: {path} is {size / 1e6:.1f} MB; a config.json is a few KB (limit {MAX_CONFIG_BYTES // 1048576} MiB)"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"model: cannot read {path} as UTF-8 text: {exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(f"model: cannot read {path} as UTF-8 text: {exc.reason} at byte {exc.start}") from None
     return parse_config_text(text, str(path))
 
 
@@ -85,37 +117,186 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a valid config value")
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is written as a path (``./``, ``../``, ``~``, ``/``, a backslash or a drive), never a model id."""
+    return name.startswith(("/", "./", "../", "~", "\\", ".\\", "..\\")) or "\\" in name or name in (".", "..") or (
+        len(name) > 2 and name[1] == ":" and name[2] in "/\\")
+
+
+def is_local_name(name: str) -> bool:
+    """A path-like name, or one naming something that exists here: it can only ever be a local folder."""
+    if looks_like_path(name):
+        return True
+    try:
+        return Path(name).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def local_config_path(name: str) -> Path | None:
     """A local folder holding config.json, or a path to a config.json file; None when ``name`` is not one."""
-    path = Path(name).expanduser()
     try:
+        path = Path(name).expanduser()
         if path.is_dir() and (path / "config.json").is_file():
             return path / "config.json"
         if path.is_file() and path.name.endswith(".json"):
             return path
-    except OSError:
+    except (OSError, RuntimeError, ValueError):
         return None
     return None
 
 
+def no_local_model_message(name: str) -> str:
+    """The one message for a path that holds no model (the same whether it exists or not: it reveals nothing)."""
+    return (f"model: no model folder with a config.json at {name!r}; give a local folder holding the model's "
+            "config.json, a Hub id ('org/name') or a catalog name (`canifinetune models` lists it)")
+
+
 def resolve_model(name: str) -> ResolvedModel:
-    """Catalog (exact id or forgiving name) -> local folder; else UnknownModelError with suggestions."""
-    entry = catalog.find_model(name)
+    """A local folder when ``name`` is a path (or names one that exists), else the catalog (an exact id or a
+    name that matches one exactly, ignoring case and punctuation); else UnknownModelError with suggestions.
+
+    A name resolves to exactly one model or is an error: a path never falls back to the catalog, and a near
+    name is only suggested ("did you mean"), never taken."""
+    if is_local_name(name):
+        path = local_config_path(name)
+        if path is None:
+            raise UnknownModelError(no_local_model_message(name))
+        config = read_config_file(path)
+        spec = ModelSpec.from_config(config)
+        folder = path.parent if path.name == "config.json" else None
+        exact, warning = (None, None)
+        if folder is not None:
+            exact, warning = local_safetensors_params(folder, spec)
+        if warning:
+            spec = replace(spec, warnings=tuple(spec.warnings) + (warning,))
+        return ResolvedModel(str(path.parent if path.name == "config.json" else path), "local", config, spec,
+                             params_exact=exact)
+    entry = catalog.find_model(name, forgiving=False)
     if entry is not None:
         config = entry.config_dict()
         return ResolvedModel(entry.id, "catalog", config, ModelSpec.from_config(config))
-    path = local_config_path(name)
-    if path is not None:
-        config = read_config_file(path)
-        return ResolvedModel(str(path.parent if path.name == "config.json" else path), "local", config,
-                             ModelSpec.from_config(config))
     raise UnknownModelError(unknown_model_message(name))
 
 
 def unknown_model_message(name: str) -> str:
     suggestions = catalog.suggest_models(name, limit=5)
-    message = f"model: '{name}' is not in the built-in catalog and is not a local folder with config.json"
+    message = f"model: {name!r} is not in the built-in catalog and is not a local folder with config.json"
     if suggestions:
         message += "; did you mean " + ", ".join(f"'{s}'" for s in suggestions) + "?"
     message += " (`canifinetune models` lists the catalog; a local path to a folder with config.json also works)"
     return message
+
+
+# ------------------------------------------------------------------------------------------ safetensors headers
+
+# A safetensors header is JSON describing each tensor; real ones are at most a few MB.
+MAX_SAFETENSORS_HEADER = 32 * 1024 * 1024
+MAX_SAFETENSORS_FILES = 2048
+# A checkpoint count further than this from config.json's own count is not believed (a tampered header).
+PARAMS_RATIO_BOUNDS = (0.5, 2.0)
+PACKED_DTYPES = ("I32", "U32", "I8", "U8", "I16", "U16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
+_MAX_TENSOR_ELEMENTS = 1 << 48
+
+
+class SafetensorsHeaderError(ValueError):
+    """A safetensors header that is not what a checkpoint holds."""
+
+
+def safetensors_header_counts(header: object) -> dict[str, int]:
+    """Element counts per dtype of a parsed safetensors header; SafetensorsHeaderError for anything impossible."""
+    if not isinstance(header, dict):
+        raise SafetensorsHeaderError("the header is not a JSON object")
+    counts: dict[str, int] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise SafetensorsHeaderError("a tensor entry is not an object")
+        dtype, shape = info.get("dtype"), info.get("shape")
+        if not isinstance(dtype, str) or not re.fullmatch(r"[A-Z0-9_]{1,16}", dtype):
+            raise SafetensorsHeaderError("a tensor has no valid dtype")
+        if not isinstance(shape, list) or len(shape) > 8:
+            raise SafetensorsHeaderError("a tensor has no valid shape")
+        n = 1
+        for dim in shape:
+            if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0 or dim > _MAX_TENSOR_ELEMENTS:
+                raise SafetensorsHeaderError(f"a tensor dimension is not a non-negative integer ({str(dim)[:20]})")
+            n *= dim
+            if n > _MAX_TENSOR_ELEMENTS:
+                raise SafetensorsHeaderError("a tensor is larger than any real one")
+        counts[dtype] = counts.get(dtype, 0) + n
+    return counts
+
+
+def checked_params_exact(counts: dict, spec: ModelSpec, where: str) -> tuple[int | None, str | None]:
+    """(the checkpoint's parameter count, None) when it is believable; else (None, a warning saying why).
+
+    Believable: every count a finite non-negative integer, no packed (pre-quantized) dtype, and the total
+    within PARAMS_RATIO_BOUNDS of the count config.json gives."""
+    total = 0
+    for dtype, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or (isinstance(n, float) and not math.isfinite(n)):
+            return None, f"{where}: a parameter count in the safetensors headers is not a number; counted from config.json"
+        if n < 0 or n != int(n):
+            return None, f"{where}: a parameter count in the safetensors headers is negative; counted from config.json"
+        total += int(n)
+    packed = sorted(str(d) for d in counts if d in PACKED_DTYPES)
+    if packed:
+        return None, (f"the checkpoint stores tensors in {', '.join(packed)} (a pre-quantized checkpoint): its "
+                      "element counts are not parameter counts, so the estimate uses the config's count")
+    counted = spec.total_params
+    low, high = PARAMS_RATIO_BOUNDS
+    if not counted or not low * counted <= total <= high * counted:
+        return None, (f"{where}: the safetensors headers hold {total:,} parameters, not within {low:g}x-{high:g}x of "
+                      f"the {counted:,} config.json describes; the headers were not used (counted from config.json)")
+    return total, None
+
+
+def read_safetensors_header(path: Path) -> object:
+    """The parsed JSON header of one .safetensors file (8-byte little-endian length, then JSON); bounded."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SafetensorsHeaderError(f"{path.name} is not a regular file")
+        head = os.read(fd, 8)
+        if len(head) != 8:
+            raise SafetensorsHeaderError(f"{path.name} is shorter than a safetensors header")
+        size = int.from_bytes(head, "little")
+        if size > MAX_SAFETENSORS_HEADER or size > info.st_size - 8:
+            raise SafetensorsHeaderError(f"{path.name} declares a {size}-byte header")
+        chunks, got = [], 0
+        while got < size:
+            chunk = os.read(fd, min(1 << 20, size - got))
+            if not chunk:
+                raise SafetensorsHeaderError(f"{path.name} ends inside its header")
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    return json.loads(b"".join(chunks).decode("utf-8"), parse_constant=_reject_constant)
+
+
+def local_safetensors_params(folder: Path, spec: ModelSpec) -> tuple[int | None, str | None]:
+    """The parameter count of a local checkpoint's *.safetensors headers (never the weights), checked against
+    config.json's count: (count, None), (None, a warning), or (None, None) when the folder has no safetensors."""
+    try:
+        files = sorted(p for p in folder.glob("*.safetensors"))[: MAX_SAFETENSORS_FILES + 1]
+    except OSError:
+        return None, None
+    if not files:
+        return None, None
+    where = f"model: {folder}"
+    if len(files) > MAX_SAFETENSORS_FILES:
+        return None, f"{where} holds more than {MAX_SAFETENSORS_FILES} safetensors files; counted from config.json"
+    counts: dict[str, int] = {}
+    try:
+        for path in files:
+            for dtype, n in safetensors_header_counts(read_safetensors_header(path)).items():
+                counts[dtype] = counts.get(dtype, 0) + n
+    except (OSError, ValueError, RecursionError, ModelConfigError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return None, f"{where}: a safetensors header could not be read ({why[:160]}); counted from config.json"
+    return checked_params_exact(counts, spec, where)

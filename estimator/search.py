@@ -25,6 +25,7 @@ validation error from an illegal combination) are skipped.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -37,7 +38,7 @@ from .errors import CanIFinetuneError, PlanError
 from .estimate import Estimate, estimate
 from .knobs import GPU_COUNTS, MULTI_GPU_SHARDINGS, Knob, build_knobs, divisors_below
 from .models import ResolvedModel, resolve_model
-from .plan import MAX_NUM_GPUS, PLAN_FIELDS, TrainingPlan
+from .plan import MAX_NUM_GPUS, MAX_STRING, PLAN_FIELDS, TrainingPlan
 from .throughput import APPROXIMATE_LABEL, Throughput, throughput
 
 
@@ -412,13 +413,26 @@ def _changes_list(original: TrainingPlan, plan: TrainingPlan) -> list[Change]:
             for f in PLAN_FIELDS if getattr(original, f) != getattr(plan, f)]
 
 
+MAX_KEEP = 64  # at most this many pinned names (there are fewer plan fields); checked before anything else
+MAX_SUGGESTIONS = 100
+MAX_TRAINING_TOKENS = 10**15
+
+
 def validate_keep(keep: Iterable[str]) -> list[str]:
-    """The pinned field names, checked: an unknown name is an error that lists the valid ones."""
+    """The pinned field names, checked: an unknown name is an error that lists the valid ones.
+
+    At most MAX_KEEP names, counted before any is looked at; the first unknown one ends the check."""
+    if isinstance(keep, str):
+        keep = [keep]
+    keep = list(itertools.islice(iter(keep), MAX_KEEP + 1))
+    if len(keep) > MAX_KEEP:
+        raise PlanError(f"keep: at most {MAX_KEEP} field names (there are {len(PLAN_FIELDS)} plan fields)", field="keep")
     out = []
     for name in keep:
-        name = str(name).strip()
+        name = str(name)[:MAX_STRING + 1].strip() if isinstance(name, str) else repr(name)[:80]
         if name not in PLAN_FIELDS:
-            raise PlanError(f"keep: '{name}' is not a plan field; valid fields are {', '.join(PLAN_FIELDS)}",
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            raise PlanError(f"keep: {shown!r} is not a plan field; valid fields are {', '.join(PLAN_FIELDS)}",
                             field="keep")
         if name not in out:
             out.append(name)
@@ -433,10 +447,11 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
     each plan. Raises PlanError for an unknown pinned field or a plan without a GPU.
     """
     pins = validate_keep(keep)
-    if max_suggestions < 1:
-        raise PlanError("max_suggestions: must be at least 1", field="max_suggestions")
-    if training_tokens is not None and training_tokens < 1:
-        raise PlanError("training_tokens: must be a positive number of tokens", field="training_tokens")
+    if not 1 <= max_suggestions <= MAX_SUGGESTIONS:
+        raise PlanError(f"max_suggestions: must be between 1 and {MAX_SUGGESTIONS}", field="max_suggestions")
+    if training_tokens is not None and not 1 <= training_tokens <= MAX_TRAINING_TOKENS:
+        raise PlanError(f"training_tokens: must be a positive number of tokens, at most {MAX_TRAINING_TOKENS:.0e}",
+                        field="training_tokens")
     rm = model or resolve_model(plan.model)
     original = estimate(plan, model=rm)
     if original.verdict == "unknown":

@@ -10,6 +10,7 @@ family's transformers model on the meta device and checks the counts agree to wi
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -50,6 +51,9 @@ MAX_DIM = 1 << 20
 MAX_LAYERS = 4096
 MAX_VOCAB = 1 << 24
 MAX_EXPERTS = 4096
+MAX_MODEL_TYPE = 64  # the longest transformers model_type is ~30 characters
+MAX_SOFTCAP = 1e6
+_MODEL_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
 @dataclass(frozen=True)
@@ -266,8 +270,22 @@ def _int_field(config: dict, keys: tuple[str, ...], *, required: bool, default: 
             raise ModelConfigError(f"config.json field '{name}' must be an integer; got {value!r}")
         value = int(value)
     if not low <= value <= high:
-        raise ModelConfigError(f"config.json field '{name}' must be between {low} and {high}; got {value}")
+        shown = value if value.bit_length() < 64 else "an integer beyond any real model"
+        raise ModelConfigError(f"config.json field '{name}' must be between {low} and {high}; got {shown}")
     return value
+
+
+def _softcap_field(config: dict, key: str) -> float | None:
+    """A tanh softcap (gemma2): null, or a finite positive number no larger than MAX_SOFTCAP."""
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelConfigError(f"config.json field '{key}' must be a number or null; got {value!r:.60}")
+    if not (isinstance(value, float) and math.isfinite(value) or isinstance(value, int)) or not 0 < value <= MAX_SOFTCAP:
+        shown = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else "a huge integer"
+        raise ModelConfigError(f"config.json field '{key}' must be a number above 0 and at most {MAX_SOFTCAP:g}; got {shown}")
+    return float(value)
 
 
 def _bool_field(config: dict, key: str, default: bool) -> bool:
@@ -298,6 +316,12 @@ def _spec_from_config(config: dict) -> ModelSpec:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ModelConfigError("config.json has no 'model_type'; cannot tell the architecture")
+    if len(model_type) > MAX_MODEL_TYPE or not _MODEL_TYPE.fullmatch(model_type):
+        shown = repr(model_type[:40]) + ("..." if len(model_type) > 40 else "")
+        raise ModelConfigError(
+            f"config.json field 'model_type' must be a transformers model type (letters, digits, '_', '.', '-', "
+            f"at most {MAX_MODEL_TYPE} characters); got {shown}"
+        )
     warnings: list[str] = []
     known = model_type in SUPPORTED_FAMILIES
     if not known:
@@ -325,6 +349,11 @@ def _spec_from_config(config: dict) -> ModelSpec:
         raise ModelConfigError(
             f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
         )
+    layer_types = config.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) != layers
+                                    or not all(isinstance(t, str) and len(t) <= MAX_MODEL_TYPE for t in layer_types)):
+        raise ModelConfigError(f"config.json field 'layer_types' must be a list of num_hidden_layers ({layers}) "
+                               "layer type names")
     max_pos = _int_field(config, ("max_position_embeddings", "n_positions"), required=False, default=None,
                          high=1 << 31)
     tie_default = model_type.startswith("gemma")
@@ -355,8 +384,8 @@ def _spec_from_config(config: dict) -> ModelSpec:
         norms = 4
         qk_norm = "head" if model_type == "gemma3_text" else "none"
         if model_type == "gemma2":
-            softcap = _get(config, "final_logit_softcapping")
-            attn_softcap = _get(config, "attn_logit_softcapping") is not None
+            softcap = _softcap_field(config, "final_logit_softcapping")
+            attn_softcap = _softcap_field(config, "attn_logit_softcapping") is not None
     elif model_type == "phi3":
         fused = True
     elif model_type == "olmo2":
@@ -380,8 +409,12 @@ def _spec_from_config(config: dict) -> ModelSpec:
         moe = MoESpec(experts, top_k, expert_i, shared_i if model_type == "qwen2_moe" else 0)
         step = _int_field(config, ("decoder_sparse_step",), required=False, default=1, high=MAX_LAYERS)
         dense_only = config.get("mlp_only_layers") or []
-        if not isinstance(dense_only, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in dense_only):
-            raise ModelConfigError("config.json field 'mlp_only_layers' must be a list of layer indices")
+        if not isinstance(dense_only, list) or len(dense_only) > layers:
+            raise ModelConfigError(f"config.json field 'mlp_only_layers' must be a list of at most num_hidden_layers "
+                                   f"({layers}) layer indices")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < layers for x in dense_only):
+            raise ModelConfigError(f"config.json field 'mlp_only_layers' must hold layer indices from 0 to {layers - 1}")
+        dense_only = frozenset(dense_only)
         moe_layers = tuple(
             (i not in dense_only) and ((i + 1) % step == 0) for i in range(layers)
         )

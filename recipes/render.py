@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -221,13 +224,18 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     )
 
 
-def write_recipe(recipe: Recipe, out_dir: str | Path) -> list[Path]:
+def write_recipe(recipe: Recipe, out_dir: str | Path, *, force: bool = False) -> list[Path]:
     """Write the recipe's files into ``out_dir`` (created if missing) and return their paths.
 
-    Only the fixed file names this module produces are written, and only directly inside ``out_dir``:
-    a name that is not one of them, or that would land anywhere else (``..``, a separator, a symlink
-    pointing out), is refused. Files are written as UTF-8 with LF line ends on every platform.
+    Only the fixed file names this module produces are written, and only directly inside ``out_dir``. Nothing
+    is written until every target has been checked: an existing file is refused unless ``force`` (and then
+    only a plain file is replaced), and a symlink, a hard link (a file with more than one name) or anything
+    that is not a plain file is always refused. The files are written into a temporary folder beside them
+    and then renamed into place, so the folder ends with all of them or none (a failure puts back what was
+    there). Files are UTF-8 with LF line ends on every platform.
     """
+    if not str(out_dir).strip():
+        raise RecipeError("--out: must name a folder (use --out . for the current folder); got ''")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -236,22 +244,102 @@ def write_recipe(recipe: Recipe, out_dir: str | Path) -> list[Path]:
     if not out.is_dir():
         raise RecipeError(f"--out: {out} is not a folder")
     root = out.resolve()
-    written: list[Path] = []
-    for name, text in recipe.files.items():
+    names = list(recipe.files)
+    existing: set[str] = set()
+    for name in names:  # every check before anything is written
         if name not in FILE_NAMES or name != os.path.basename(name) or name in ("", ".", ".."):
             raise RecipeError(f"recipe: refusing to write {name!r}: not one of the recipe's files")
-        target = root / name
-        if target.is_symlink() or target.resolve().parent != root:
-            raise RecipeError(f"recipe: refusing to write {name!r}: it would land outside {root}")
-        with open(target, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        if name == LAUNCH_FILE:
+        problem = _target_problem(root / name, force)
+        if problem is not None:
+            raise RecipeError(f"--out: refusing to write {str(root / name)!r}: {problem}")
+        if os.path.lexists(root / name):
+            existing.add(name)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".canifinetune-recipe-", dir=root))
+    except OSError as exc:
+        raise RecipeError(f"--out: cannot write in {root}: {exc.strerror or exc}") from None
+    placed: list[str] = []
+    backups: dict[str, Path] = {}
+    try:
+        for name in names:
+            staged = staging / name
+            with open(staged, "x", encoding="utf-8", newline="\n") as handle:
+                handle.write(recipe.files[name])
+            if name == LAUNCH_FILE:
+                try:
+                    staged.chmod(0o755)
+                except OSError:  # pragma: no cover - e.g. some Windows file systems
+                    pass
+        (staging / ".old").mkdir()
+        for name in names:
+            target = root / name
+            if name in existing:  # --force: move the old file aside (a rename never writes through a link)
+                problem = _target_problem(target, force)
+                if problem is not None:
+                    raise RecipeError(f"--out: refusing to write {str(target)!r}: {problem}")
+                backups[name] = staging / ".old" / name
+                os.rename(target, backups[name])
+                os.rename(staging / name, target)
+            else:
+                _place_new(staging / name, target)
+            placed.append(name)
+    except BaseException as exc:
+        for name in reversed(placed):  # put back what was there
             try:
-                target.chmod(0o755)
-            except OSError:  # pragma: no cover - e.g. some Windows file systems
+                if name in backups:
+                    os.replace(backups.pop(name), root / name)
+                else:
+                    os.unlink(root / name)
+            except OSError:
                 pass
-        written.append(target)
-    return written
+        for name, backup in backups.items():
+            if name not in placed:
+                try:
+                    os.replace(backup, root / name)
+                except OSError:
+                    pass
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, RecipeError):
+            raise
+        if isinstance(exc, OSError):
+            raise RecipeError(f"--out: cannot write the recipe into {root}: {exc.strerror or exc}; nothing was "
+                              "changed") from None
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return [root / name for name in names]
+
+
+def _target_problem(target: Path, force: bool) -> str | None:
+    """Why ``target`` must not be written (a link, not a plain file, or existing without ``force``), or None."""
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISREG(info.st_mode):
+        return "it exists and is not a plain file"
+    if info.st_nlink > 1:
+        return "it is a hard link (the same file has another name elsewhere)"
+    if not force:
+        return "it already exists; pass --force to replace it, or choose another --out folder"
+    return None
+
+
+def _place_new(staged: Path, target: Path) -> None:
+    """Move ``staged`` to ``target``, which must not exist: a hard link fails if a file appeared meanwhile."""
+    try:
+        os.link(staged, target)
+    except FileExistsError:
+        raise RecipeError(f"--out: refusing to write {str(target)!r}: it appeared while the recipe was written") from None
+    except OSError:  # a file system without hard links: check, then rename
+        if os.path.lexists(target):
+            raise RecipeError(f"--out: refusing to write {str(target)!r}: it already exists") from None
+        os.rename(staged, target)
+        return
+    os.unlink(staged)
 
 
 def recipe_json(recipe: Recipe) -> str:

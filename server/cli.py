@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import types
 import typing
 from typing import get_args, get_origin
+
+from canifinetune.estimator.errors import safe_text
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -76,12 +80,23 @@ def _unwrap_optional(annotation):
     return annotation
 
 
+# Numbers on the command line are plain ASCII decimals: no '+', '_', other scripts' digits, hex or 'inf'.
+MAX_NUMBER_CHARS = 32
+_INT_TEXT = re.compile(r"-?[0-9]+")
+_FLOAT_TEXT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]-?[0-9]{1,3})?")
+
+
 def _number(kind, name):
     def parse(text: str):
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}; got {text!r}")
+        what = "an integer" if kind is int else "a number"
+        pattern = _INT_TEXT if kind is int else _FLOAT_TEXT
+        if len(text) > MAX_NUMBER_CHARS or not text.isascii() or not pattern.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"expected {what} in plain decimal digits; got {safe_text(repr(text), 80)}")
+        value = kind(text)
+        if kind is float and (not math.isfinite(value) or (value != 0 and abs(value) < sys.float_info.min)
+                              or (value == 0 and re.search(r"[1-9]", text.split("e")[0].split("E")[0]))):
+            raise argparse.ArgumentTypeError(f"expected {what} between 1e-300 and 1e300; got {text!r}")
+        return value
     parse.__name__ = name
     return parse
 
@@ -128,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio; --http for streamable HTTP)")
     serve.add_argument("--http", action="store_true", help="speak streamable HTTP instead of stdio")
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1: this machine only)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="HTTP bind address (default 127.0.0.1: this machine only; any other needs --auth-token)")
+    serve.add_argument("--auth-token", default=None, metavar="TOKEN",
+                       help="HTTP: every request must send 'Authorization: Bearer TOKEN' (default: the environment "
+                            "variable CANIFINETUNE_AUTH_TOKEN; required when --host is not a loopback address)")
     serve.add_argument("--port", type=_number(int, "port"), default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--offline", action="store_true",
                        help="the tools never reach the Hugging Face Hub (catalog, local folders and the local cache only)")
@@ -140,7 +159,10 @@ def _add_recipe_commands(sub) -> None:
     """`recipe` (write a runnable recipe) and `train` (run one, or --probe it): recipes/render.py, recipes/runtime.py."""
     rec = sub.add_parser("recipe", help="write a runnable recipe for a plan: recipe.yaml, launch command, requirements")
     _add_plan_arguments(rec)
-    rec.add_argument("--out", required=True, metavar="DIR", help="folder to write the recipe's files into")
+    rec.add_argument("--out", required=True, metavar="DIR",
+                     help="folder to write the recipe's files into (created if missing); existing files are never "
+                          "replaced unless --force is given")
+    rec.add_argument("--force", action="store_true", help="replace recipe files that already exist in --out")
     rec.add_argument("--json", action="store_true", help="also print the recipe as JSON")
     rec.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
     tr = sub.add_parser("train", help="train a recipe (needs `pip install 'canifinetune[train]'`); --probe N measures N steps")
@@ -148,7 +170,8 @@ def _add_recipe_commands(sub) -> None:
     tr.add_argument("--dataset", default=None, metavar="PATH", help="JSONL file or dataset folder (overrides the recipe's)")
     tr.add_argument("--probe", type=_number(int, "probe"), default=None, metavar="N",
                     help="run N steps on the GPU and print the measured peaks beside the estimate (CUDA only)")
-    tr.add_argument("--device", choices=["cuda", "cpu"], default=None, help="force the device (default: CUDA when present)")
+    tr.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                    help="the device (default: CUDA; a machine without a CUDA GPU needs --device cpu)")
 
 
 def _cmd_estimate(args) -> int:
@@ -230,7 +253,13 @@ def _cmd_serve(args) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     if args.http:
-        run_http(args.host, args.port, offline=args.offline)
+        from .mcp_server import AUTH_TOKEN_ENV, check_http_exposure
+
+        token = args.auth_token if args.auth_token is not None else (os.environ.get(AUTH_TOKEN_ENV) or None)
+        problem = check_http_exposure(args.host, token)
+        if problem is not None:
+            raise UsageError(problem)
+        run_http(args.host, args.port, offline=args.offline, auth_token=token)
     else:
         run_stdio(offline=args.offline)
     return EXIT_OK
@@ -271,9 +300,11 @@ def _cmd_recipe(args) -> int:
         os.environ["HF_HUB_OFFLINE"] = "1"
     from canifinetune.estimator.estimate import estimate
 
+    if not args.out.strip():
+        raise UsageError("--out: must name a folder (use --out . for the current folder); got ''")
     plan = _plan_from_args(args)
     recipe = make_recipe(plan, estimate(plan, model=_resolve_model(plan, args)))
-    paths = write_recipe(recipe, args.out)
+    paths = write_recipe(recipe, args.out, force=args.force)
     if args.json:
         print(recipe_json(recipe))
     else:
@@ -302,20 +333,20 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except UsageError as exc:
-        print(f"canifinetune: error: {exc}", file=sys.stderr)
+        print(f"canifinetune: error: {safe_text(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except ValidationError as exc:
-        print(f"canifinetune: error: {describe_validation_error(exc)}", file=sys.stderr)
+        print(f"canifinetune: error: {safe_text(describe_validation_error(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except CanIFinetuneError as exc:
-        print(f"canifinetune: error: {exc}", file=sys.stderr)
+        print(f"canifinetune: error: {safe_text(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return EXIT_OK
     except Exception as exc:  # never a traceback for a user; say what broke
-        print(f"canifinetune: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+        print(f"canifinetune: internal error: {type(exc).__name__}: {safe_text(exc, 300)} (please report it)", file=sys.stderr)
         return EXIT_INTERNAL
 
 

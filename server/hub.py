@@ -32,7 +32,10 @@ from canifinetune.estimator import catalog
 from canifinetune.estimator.errors import ModelConfigError, UnknownModelError
 from canifinetune.estimator.models import (
     MAX_CONFIG_BYTES,
+    PACKED_DTYPES,
     ResolvedModel,
+    checked_params_exact,
+    is_local_name,
     read_config_file,
     resolve_model,
     unknown_model_message,
@@ -47,9 +50,8 @@ SHARD_WORKERS = 8
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-# Dtypes a pre-quantized checkpoint packs several parameters into (GPTQ/AWQ int32, bnb uint8, fp8):
-# their element counts are not parameter counts.
-PACKED_DTYPES = ("I32", "U32", "I8", "U8", "I16", "U16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
+# PACKED_DTYPES (estimator/models.py): dtypes a pre-quantized checkpoint packs several parameters into
+# (GPTQ/AWQ int32, bnb uint8, fp8); their element counts are not parameter counts.
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 # A Hub repo id: "name" or "namespace/name" (huggingface_hub's validate_repo_id, without importing it).
@@ -119,13 +121,13 @@ def resolve_any(name: str, *, offline: bool = False, token: str | None = None,
     says what went wrong and what to do: unknown repo, gated repo, offline and not cached, a config
     without the fields a decoder needs.
     """
+    if is_local_name(name):  # a path is only ever a local folder: never the catalog, the cache or the Hub
+        return _with_code_warning(resolve_model(name), name)
     try:
         return _with_code_warning(resolve_model(name), name)
     except UnknownModelError:
         pass
     name = name.strip()
-    if _looks_like_path(name):
-        raise UnknownModelError(_path_message(name))
     if not _REPO_ID.fullmatch(name) or "--" in name or ".." in name:
         raise UnknownModelError(unknown_model_message(name))
     offline = not may_reach_hub(offline)
@@ -138,20 +140,6 @@ def resolve_any(name: str, *, offline: bool = False, token: str | None = None,
 
 
 # ------------------------------------------------------------------------------------------ messages
-
-
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", "\\")) or "\\" in name or name in (".", "..") or (
-        len(name) > 2 and name[1] == ":" and name[2] in "/\\")
-
-
-def _path_message(name: str) -> str:
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return f"model: {name} is a folder without config.json; point to the folder that holds the model's config.json"
-    if path.exists():
-        return f"model: {name} is not a config.json file or a folder holding one"
-    return f"model: {name} does not exist; give a local folder with config.json, a Hub id ('org/name') or a catalog name"
 
 
 def _closest(name: str) -> str:
@@ -267,15 +255,13 @@ def _resolved(repo_id: str, source: str, config_path: Path, record: dict | None)
         raise ModelConfigError(str(exc).replace(str(config_path), f"{repo_id}/config.json")) from None
     extra: list[str] = []
     params_exact = None
-    by_dtype = None
-    if record and record.get("available"):
-        by_dtype = {str(k): int(v) for k, v in record.get("parameter_count", {}).items()}
-        packed = sorted(d for d in by_dtype if d in PACKED_DTYPES)
-        if packed:
-            extra.append(f"the checkpoint stores tensors in {', '.join(packed)} (a pre-quantized checkpoint): its "
-                         "element counts are not parameter counts, so the estimate uses the config's count")
-        else:
-            params_exact = sum(by_dtype.values())
+    counts = record.get("parameter_count") if record else None
+    if record and record.get("available") and isinstance(counts, dict):
+        spec = _spec(repo_id, config)
+        params_exact, warning = checked_params_exact({str(k): v for k, v in counts.items()}, spec,
+                                                     f"model: {repo_id}")
+        if warning:
+            extra.append(warning)
     elif record and record.get("reason"):
         extra.append(f"exact parameter count unavailable ({record['reason']}); counted from config.json")
     spec = _spec(repo_id, config, tuple(extra))

@@ -25,7 +25,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, Completion, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error
+from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error, safe_text
 from canifinetune.estimator.estimate import Estimate, Verdict
 from canifinetune.estimator.plan import PLAN_FIELDS, TrainingPlan
 
@@ -45,7 +45,10 @@ Loop: call estimate_memory with a model and a gpu (catalog name) or gpu_vram_gb;
 (fits / tight / does_not_fit / unknown) and the breakdown. If it does not fit, call
 suggest_cheaper_config with the same arguments and apply the first suggestion's changes (a list of
 {field, old, new}; its plan holds them all). When it fits, call make_recipe for a runnable recipe.
-Change one argument at a time; every argument has a default. Resources: canifinetune://catalog/gpus,
+Change one argument at a time; every argument has a default. The estimate is for the trainer named by
+framework (default trl: TRL's SFTTrainer, what make_recipe writes); when the user trains with a script
+or tool of their own, ask which (transformers Trainer + PEFT, Axolotl, LLaMA-Factory, Unsloth) and set
+framework: the same plan can need 20-30% more under another stack. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
 
 def _annotations(offline: bool) -> ToolAnnotations:
@@ -97,6 +100,7 @@ KEEP_PARAMETER = inspect.Parameter(
     annotation=Annotated[
         Optional[list[PlanField]],
         Field(
+            max_length=64,  # estimator/search.py MAX_KEEP: checked before any name is
             description=(
                 "Plan fields the search must not change. Default (null, same as []): nothing pinned; the "
                 "search never changes the model or the GPU, and ranks more GPUs last. Add e.g. 'seq_len', "
@@ -143,16 +147,16 @@ def _guard(tool: str, fn, *args, **kwargs):
     """Run the core; turn every failure into a ToolError with a message a model can act on."""
     try:
         return fn(*args, **kwargs)
-    except ToolError:
-        raise
+    except ToolError as exc:
+        raise ToolError(safe_text(exc)) from exc.__cause__
     except ValidationError as exc:
-        raise ToolError(f"{tool}: {describe_error(exc)}") from exc
+        raise ToolError(safe_text(f"{tool}: {describe_error(exc)}")) from exc
     except CanIFinetuneError as exc:
-        raise ToolError(f"{tool}: {exc}") from exc
+        raise ToolError(safe_text(f"{tool}: {exc}")) from exc
     except Exception as exc:  # never a bare "Error executing tool"
         logger.exception("%s failed unexpectedly", tool)
         raise ToolError(
-            f"{tool}: internal error: {type(exc).__name__}: {exc}. The inputs may still be valid; "
+            f"{tool}: internal error: {type(exc).__name__}: {safe_text(exc, 300)}. The inputs may still be valid; "
             "please report this (https://github.com/canifinetune/canifinetune/issues)"
         ) from exc
 
@@ -307,7 +311,8 @@ ESTIMATE_DOC = """\
 Estimate the peak GPU memory of fine-tuning a Hugging Face causal LM and judge it against a GPU.
 Give model plus gpu (catalog name, e.g. 'RTX 4090', 'A100 80GB') or gpu_vram_gb (e.g. 24); every other
 argument has TRL SFTTrainer's default (method lora, seq_len 1024, batch_size 8, bf16, gradient
-checkpointing on). Returns verdict (fits / tight / does_not_fit / unknown), verdict_reason, the
+checkpointing on). framework names the trainer the user runs (trl, transformers, axolotl,
+llama_factory, unsloth): if the user has their own training script or config, ask which one. Returns verdict (fits / tight / does_not_fit / unknown), verdict_reason, the
 per-component breakdown in bytes, the peak phase, warnings and assumptions. model: a catalog name, a
 local folder with config.json, or any Hub id (its config.json and safetensors headers are read, never
 the weights; not when the server runs offline)."""
@@ -337,25 +342,27 @@ class CanIFinetuneServer(MCPServer):
         if tool is None:
             close = difflib.get_close_matches(name, [t.name for t in self._tool_manager.list_tools()], n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ToolError(f"unknown tool '{name}'{hint} Tools: estimate_memory, suggest_cheaper_config, make_recipe")
+            raise ToolError(f"unknown tool {safe_text(repr(name), 80)}{hint} Tools: estimate_memory, suggest_cheaper_config, make_recipe")
         known = list(tool.parameters.get("properties", {}))
         for key in arguments or {}:
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise ToolError(f"{name}: '{key}' is not an argument of {name}{hint} (arguments: {', '.join(known)})")
+                raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
+                                f"(arguments: {', '.join(known)})")
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
             cause = exc.__cause__ or exc
             logger.error("%s crashed: %r", name, cause)
-            raise ToolError(f"{name}: internal error: {type(cause).__name__}: {cause} (please report it)") from exc
+            raise ToolError(f"{name}: internal error: {type(cause).__name__}: {safe_text(cause, 300)} "
+                            "(please report it)") from exc
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):  # the arguments failed the input schema
-                raise ToolError(f"{name}: {describe_error(cause)}") from cause
+                raise ToolError(safe_text(f"{name}: {describe_error(cause)}")) from cause
             if isinstance(cause, ToolError):  # our own message, without the SDK's prefix
-                raise ToolError(str(cause)) from cause
+                raise ToolError(safe_text(cause)) from cause
             raise
 
 
@@ -584,14 +591,136 @@ def run_stdio(offline: bool | None = None) -> None:
     build_server(offline).run()
 
 
-def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offline: bool | None = None) -> None:
-    import anyio
-    import uvicorn
+# HTTP limits (docs/security.md): a client has this long to send a request's headers, headers are at most this
+# big, at most this many connections are open at once (more are closed at once), and at most this many
+# requests run at once (more get 503).
+HEADER_TIMEOUT_S = 10.0
+KEEP_ALIVE_TIMEOUT_S = 5
+MAX_HEADER_BYTES = 64 * 1024
+MAX_CONNECTIONS = 512
+MAX_CONCURRENT_REQUESTS = 256
+AUTH_TOKEN_ENV = "CANIFINETUNE_AUTH_TOKEN"
+MIN_AUTH_TOKEN_CHARS = 16
 
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server on this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bearer_auth(app, token: str):
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>``; 401 otherwise."""
+    import hmac
+
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope, receive, send):
+        if scope.get("type") != "http":
+            return await app(scope, receive, send)
+        given = b""
+        for name, value in scope.get("headers") or ():
+            if name.lower() == b"authorization":
+                given = value
+                break
+        if hmac.compare_digest(given, expected):
+            return await app(scope, receive, send)
+        body = b'{"error": "unauthorized: send Authorization: Bearer <token> (canifinetune serve --auth-token)"}'
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return guarded
+
+
+def limited_h11_protocol(header_timeout: float = HEADER_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+    """uvicorn's h11 protocol with a header-read timeout and a cap on open connections.
+
+    uvicorn times out idle keep-alive connections but not a request whose headers never finish; this closes a
+    connection whose client has not sent a complete request head within ``header_timeout`` seconds (of connecting,
+    or of the previous response), and closes at once a connection beyond ``max_connections``."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class LimitedH11Protocol(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._arm_header_timer()
+
+        def _arm_header_timer(self):
+            self._cancel_header_timer()
+            self._header_timer = self.loop.call_later(header_timeout, self._header_timeout)
+
+        def _cancel_header_timer(self):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self):
+            self._header_timer = None
+            if self.conn.their_state in (h11.IDLE, h11.MUST_CLOSE, h11.CLOSED) and not self.transport.is_closing():
+                if self.cycle is None or self.cycle.response_complete:
+                    self.transport.close()
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm_header_timer()
+
+        def connection_lost(self, exc):
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+    return LimitedH11Protocol
+
+
+def http_app(host: str, port: int, offline: bool | None = None, auth_token: str | None = None):
+    """The streamable-HTTP ASGI app: DNS-rebinding protection, body limit and, with a token, bearer auth."""
     mcp = build_server(offline)
     app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host,
                                   max_request_body_size=MAX_REQUEST_BODY_BYTES)
-    config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info")
+    return bearer_auth(app, auth_token) if auth_token else app
+
+
+def check_http_exposure(host: str, auth_token: str | None) -> str | None:
+    """The error for a non-loopback bind without a token (or with a short one); None when serving may go ahead."""
+    if auth_token is not None and len(auth_token) < MIN_AUTH_TOKEN_CHARS:
+        return f"--auth-token: use at least {MIN_AUTH_TOKEN_CHARS} characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+    if not is_loopback(host) and not auth_token:
+        return (f"--host {host}: serving beyond this machine needs a token: pass --auth-token TOKEN or set "
+                f"{AUTH_TOKEN_ENV}; clients then send 'Authorization: Bearer TOKEN'")
+    return None
+
+
+def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offline: bool | None = None,
+             auth_token: str | None = None) -> None:
+    import anyio
+    import uvicorn
+
+    problem = check_http_exposure(host, auth_token)
+    if problem is not None:
+        raise CanIFinetuneError(problem)
+    if not is_loopback(host):
+        print(f"canifinetune: warning: --host {host} makes the server reachable from the network; every request "
+              "needs the bearer token" + ("" if offline else ", and the tools may read configs from the Hub (add --offline)"),
+              file=sys.stderr)
+    app = http_app(host, port, offline, auth_token)
+    config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info",
+                            http=limited_h11_protocol(), timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                            limit_concurrency=MAX_CONCURRENT_REQUESTS, backlog=MAX_CONNECTIONS)
     print(f"canifinetune MCP server on http://{host if ':' not in host else f'[{host}]'}:{port}/mcp", file=sys.stderr)
     anyio.run(uvicorn.Server(config).serve)
 
@@ -604,9 +733,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=DEFAULT_HTTP_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT)
     parser.add_argument("--offline", action="store_true", help="never reach the Hugging Face Hub")
+    parser.add_argument("--auth-token", default=None, help=f"require 'Authorization: Bearer TOKEN' (or set {AUTH_TOKEN_ENV})")
     args = parser.parse_args(argv)
     if args.http:
-        run_http(args.host, args.port, offline=args.offline)
+        import os
+
+        run_http(args.host, args.port, offline=args.offline, auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV))
     else:
         run_stdio(offline=args.offline)
     return 0

@@ -272,7 +272,7 @@ def test_names_that_are_no_repo_id_never_reach_the_network(hub, no_sockets):
     assert "not in the built-in catalog" in str(err.value)
     with pytest.raises(UnknownModelError) as err:
         resolve_any("./no/such/folder")
-    assert "does not exist" in str(err.value)
+    assert "no model folder with a config.json at './no/such/folder'" in str(err.value)
     assert no_sockets == [] and hub.requests == []
 
 

@@ -140,9 +140,10 @@ def test_write_recipe_refuses_names_outside_the_folder(tmp_path):
     out = tmp_path / "out2"
     out.mkdir()
     (out / "recipe.yaml").symlink_to(tmp_path / "target.txt")
-    with pytest.raises(RecipeError, match="outside"):
+    with pytest.raises(RecipeError, match="symbolic link"):
         write_recipe(recipe, out)
     assert not (tmp_path / "target.txt").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["recipe.yaml"]  # nothing else was written either
 
 
 # ----------------------------------------------------------------------------------------- strict schema
