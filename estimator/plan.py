@@ -57,14 +57,22 @@ SafeName = Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
 # Characters no model id, GPU name, dataset path or output folder needs, and that could start a new line
 # or hide text in a recipe, a log or a terminal: control characters, line/paragraph separators, bidi controls.
 _BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# Zero-width characters: invisible, so two different values would look the same in a recipe or a terminal.
+_ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff")
 
 
 def _unsafe_character(text: str) -> str | None:
     """The first character of ``text`` that is no plain printable text, or None."""
     for char in text:
-        if char in _BIDI_CONTROLS or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+        if char in _BIDI_CONTROLS or char in _ZERO_WIDTH or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
             return char
     return None
+
+
+def _takes_number(annotation) -> bool:
+    """Whether a field's type is a number (int or float, optionally null) and not also a bool."""
+    kinds = (annotation, *getattr(annotation, "__args__", ()))
+    return bool not in kinds and any(k in (int, float) for k in kinds)
 
 
 class TrainingPlan(BaseModel):
@@ -229,6 +237,14 @@ class TrainingPlan(BaseModel):
         bad = _unsafe_character(value) if value is not None else None
         if bad is not None:
             raise ValueError(f"must be plain text without control characters (newline, tab, NUL, ...); found {bad!r}")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value, info):
+        # true/false is never a number here (pydantic would read true as 1): a recipe's `seq_len: true` is an error
+        if isinstance(value, bool) and _takes_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
         return value
 
     @model_validator(mode="after")
