@@ -178,7 +178,16 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
                        "activations" if plan.gradient_checkpointing else "gradient checkpointing off")
     if plan.effective_loss_implementation != original.effective_loss_implementation:
         details.append(f"loss {original.effective_loss_implementation} -> {plan.effective_loss_implementation}: the same loss, "
-                       "scored in tiles without the full fp32 logits")
+                       "scored in tiles without the full fp32 logits"
+                       + ("" if original.framework == "trl" else
+                          f" (TRL's SFTTrainer does this; with {original.stack.title} it needs a fused/chunked "
+                          "cross-entropy such as TRL's or Liger's)"))
+    if plan.effective_kbit_preparation != original.effective_kbit_preparation:
+        details.append("skip prepare_model_for_kbit_training: embeddings, norms and lm_head stay in "
+                       f"{plan.dtype} instead of fp32, so the residual stream is {plan.dtype} (what TRL's "
+                       "SFTTrainer does; PEFT's docs call the fp32 upcast a stability aid)")
+    if plan.framework != original.framework:
+        details.append(f"train with {plan.stack.title} instead of {original.stack.title}")
     if plan.attn_implementation != original.attn_implementation:
         details.append(f"attention {original.attn_implementation or 'default'} -> {plan.attn_implementation}: the same attention, "
                        "a memory-efficient kernel")
@@ -197,6 +206,16 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
         details.append(f"CPU offload of {' and '.join(what) or 'nothing'} ({plan.sharding})")
     elif plan.sharding != original.sharding and not extra:
         details.append(f"sharding {original.sharding} -> {plan.sharding}")
+    if original.use_dora and not plan.use_dora:
+        tier = max(tier, 1)
+        quality += w["other"]
+        details.append("plain LoRA instead of DoRA: no magnitude vectors, no per-step weight norms")
+    if original.modules_to_save and plan.modules_to_save != original.modules_to_save:
+        tier = max(tier, 1)
+        quality += w["other"]
+        details.append(f"{', '.join(original.modules_to_save)} frozen instead of trained in full "
+                       "(modules_to_save dropped)")
+    handled |= {"use_dora", "modules_to_save", "prepare_model_for_kbit_training", "framework"}
     handled |= {"gradient_checkpointing", "loss_implementation", "attn_implementation", "optim",
                 "offload_optimizer", "offload_params", "sharding"}
     for f in changed:

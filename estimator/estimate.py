@@ -166,6 +166,9 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
             f"seq_len {plan.seq_len}: very long sequences are where kernels' own scratch grows; measure a "
             "short run (`canifinetune train recipe.yaml --probe 3`) before committing to it"
         )
+    if not plan.stack.measured:
+        warnings.append(f"framework {plan.framework}: {plan.stack.title} is not measured by the validation harness; "
+                        "the estimate takes the conservative choice for each of its settings")
     if plan.optim.startswith("paged_"):
         warnings.append("paged optimizer states can be evicted to host memory under pressure; the estimate "
                         "counts them on the GPU (the safe side)")
@@ -214,13 +217,25 @@ def _unmodelled_params(model: ResolvedModel) -> tuple[int, str | None]:
                f"{counted / 1e9:.3f}B config.json describes; the estimate keeps the larger (config) count")
 
 
+def stack_summary(r) -> str:
+    """One sentence: which trainer the estimate assumes, and the settings it takes from it."""
+    stack = r.plan.stack
+    parts = [f"{r.loss_implementation} loss"]
+    if r.quantization != "none":
+        parts.append(f"prepare_model_for_kbit_training {'on' if r.kbit_prepared else 'off'}")
+    parts.append(f"LoRA adapters in {r.adapter_dtype}" if r.adapter_dtype else "all weights train")
+    text = f"stack: {stack.title} ({stack.version}): " + ", ".join(parts)
+    if not stack.measured:
+        text += "; not measured by the validation harness, estimated conservatively"
+    return text
+
+
 def assumptions(r) -> list[str]:
     plan = r.plan
     out = [
         f"every sample is {plan.seq_len} tokens (no padding, no packing); micro-batch {plan.batch_size}",
         "steady state: the second and later steps, with optimizer states alive and gradients set to None by zero_grad",
-        "TRL SFTTrainer semantics (transformers 5, PEFT 0.21, TRL 1.16): "
-        + ("LoRA adapters in " + str(r.adapter_dtype) if r.adapter_dtype else "all weights train"),
+        stack_summary(r),
         f"attention: {r.attn_implementation}, which runs the {r.attention_kernel} kernel (unpadded batches on an Ampere or newer GPU)",
         f"weights stored in {r.weight_dtype}, compute in {r.compute_dtype}"
         + (" under autocast" if r.autocast else ""),

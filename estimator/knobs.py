@@ -51,6 +51,9 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
         knobs.append(Knob("gradient_checkpointing", 0, [{"gradient_checkpointing": True}]))
     if p.effective_loss_implementation == "standard":
         knobs.append(Knob("loss_implementation", 0, [{"loss_implementation": "chunked"}]))
+    if p.effective_kbit_preparation:
+        # the stack's own settings, each a costed change (estimator/costs.py says what it means for the user's trainer)
+        knobs.append(Knob("prepare_model_for_kbit_training", 0, [{"prepare_model_for_kbit_training": False}]))
     attn = []
     if p.attn_implementation == "eager":
         attn.append({"attn_implementation": "sdpa"})
@@ -123,6 +126,13 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
         method_levels = [to_qlora]
     if method_levels:
         knobs.append(Knob("method", 1, method_levels))
+    extras: list[dict] = []
+    if p.use_dora:
+        extras.append({"use_dora": False})
+    if p.modules_to_save:
+        extras.append({**({"use_dora": False} if p.use_dora else {}), "modules_to_save": None})
+    if extras:
+        knobs.append(Knob("peft_extras", 1, extras))
     # ---- tier 2: more hardware
     hw: list[dict] = []
     shardings = (p.sharding,) if ("sharding" in keep or p.sharding not in ("none", "ddp")) else MULTI_GPU_SHARDINGS

@@ -141,7 +141,10 @@ def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: 
 
 def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     warnings: list[str] = []
-    mixed = plan.precision == "mixed"
+    # LLaMA-Factory's full fine-tuning casts every trainable weight to fp32 and trains under bf16 autocast: that is
+    # 'mixed' precision whatever the plan's precision field says (estimator/stacks.py)
+    mixed = plan.precision == "mixed" or (plan.method == "full" and plan.stack.full_weight_dtype == "fp32"
+                                          and plan.dtype != "fp32")
     weight_dtype = "fp32" if mixed else plan.dtype
     compute_dtype = plan.dtype
     autocast = plan.dtype in ("bf16", "fp16")
@@ -168,6 +171,15 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     residual_dtype = "fp32" if kbit_prepared else compute_dtype
     # transformers' default when none is asked for: sdpa if the model class supports it, else eager
     attn = plan.attn_implementation or ("eager" if spec.model_type in SDPA_UNSUPPORTED else "sdpa")
+    if plan.framework == "axolotl" and plan.method == "full" and attn != "flash_attention_2":
+        # loaders/model.py (0.18.0): for full fine-tuning with sdpa/eager, norms, embed_tokens and lm_head stay in the
+        # fp32 they were upcast to (ATTN_IMPLS_WITHOUT_DTYPE_CAST); that mix of dtypes is not modelled
+        raise PlanError(
+            "framework: Axolotl keeps embeddings, norms and lm_head in fp32 for full fine-tuning unless flash "
+            "attention is on, a mix canifinetune does not model; set attn_implementation to 'flash_attention_2' "
+            "(Axolotl's flash_attention: true) or estimate with framework 'transformers'",
+            field="framework",
+        )
     if attn == "flash_attention_2" and compute_dtype == "fp32":
         raise PlanError(
             "attn_implementation: flash_attention_2 runs only in bf16 or fp16; set dtype to bf16/fp16 or use sdpa",

@@ -30,6 +30,7 @@ class Stack:
     adapter_dtype_unquantized: str | None  # adapter dtype on a 16-bit base; None = PEFT's (fp32)
     measured: bool  # the validation harness runs this stack as the framework runs it
     source: str  # where the defaults come from
+    full_weight_dtype: str | None = None  # full fine-tuning: dtype the trainable weights are cast to (None: the plan's)
 
 
 STACKS: dict[str, Stack] = {
@@ -61,6 +62,56 @@ STACKS: dict[str, Stack] = {
             "the PEFT and bitsandbytes docs' QLoRA recipe: prepare_model_for_kbit_training (peft/utils/other.py, "
             "0.21) casts every non-quantized bf16/fp16 parameter to fp32 and enables gradient checkpointing; "
             "get_peft_model keeps fp32 adapters; Trainer's loss is transformers' ForCausalLMLoss over full logits"
+        ),
+    ),
+    "axolotl": Stack(
+        name="axolotl",
+        title="Axolotl",
+        version="axolotl 0.18.0",
+        loss_implementation="standard",
+        kbit_preparation=False,
+        adapter_dtype_quantized=None,
+        adapter_dtype_unquantized=None,
+        measured=False,
+        source=(
+            "src/axolotl/loaders/model.py (0.18.0): AxolotlTrainer's loss is transformers' over full logits (cut "
+            "cross-entropy and Liger only as plugins); for lora/qlora on one GPU prepare_model_for_kbit_training runs, "
+            "then _convert_embedding_modules_dtype casts norms, embed_tokens and lm_head back to the compute dtype "
+            "(needs_fa2_dtype is forced for adapters), so the residual stream stays 16-bit; get_peft_model keeps "
+            "PEFT's fp32 adapters (no autocast_adapter_dtype override); lora_dropout defaults to 0"
+        ),
+    ),
+    "llama_factory": Stack(
+        name="llama_factory",
+        title="LLaMA-Factory",
+        version="llamafactory 0.9.6.dev0",
+        loss_implementation="standard",
+        kbit_preparation=False,
+        adapter_dtype_quantized="fp32",
+        adapter_dtype_unquantized="fp32",
+        measured=False,
+        source=(
+            "src/llamafactory/model/adapter.py (0.9.6.dev0): never calls prepare_model_for_kbit_training "
+            "(upcast_layernorm and upcast_lmhead_output default off); cast_trainable_params_to_fp32 (on unless "
+            "pure_bf16) makes LoRA adapters fp32 and, for full fine-tuning, every trainable weight fp32 with bf16 "
+            "autocast; the loss is transformers' over full logits; gradient checkpointing on by default"
+        ),
+        full_weight_dtype="fp32",
+    ),
+    "unsloth": Stack(
+        name="unsloth",
+        title="Unsloth",
+        version="unsloth 2026.8.19",
+        loss_implementation="standard",
+        kbit_preparation=False,
+        adapter_dtype_quantized="fp32",
+        adapter_dtype_unquantized="fp32",
+        measured=False,
+        source=(
+            "unsloth/models/_utils.py and unsloth_zoo training_utils.py (2026.8.19): only lora_A/lora_B are cast "
+            "to fp32, norms and embeddings stay 16-bit. Unsloth's fused chunked cross-entropy, its LoRA kernels and "
+            "its CPU-offloaded checkpoint inputs all save memory that cannot be measured here, so the estimate "
+            "counts transformers' full-logits loss and PEFT's saved tensors instead: an upper bound"
         ),
     ),
 }

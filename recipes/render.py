@@ -56,6 +56,8 @@ class Recipe(BaseModel):
     accelerate_config_yaml: str | None = Field(description="accelerate config for several GPUs (DDP, FSDP, DeepSpeed)")
     requirements_txt: str
     estimate_summary: str = Field(description="a short text giving the estimate the recipe was made from")
+    framework_note: str | None = Field(
+        None, description="for a plan made for another framework: how the TRL recipe carries its memory-relevant settings")
     files: dict[str, str]
     estimate: Estimate
 
@@ -181,6 +183,30 @@ def launch_script(argv: list[str]) -> str:
     )
 
 
+def trl_equivalent(plan: TrainingPlan) -> tuple[TrainingPlan, str | None]:
+    """The plan the TRL recipe trains for a plan made for another framework, and a note saying what it carried.
+
+    The recipe always runs TRL's SFTTrainer; the other stack's memory-relevant defaults (loss, kbit preparation,
+    adapter dtype, LLaMA-Factory's fp32 full fine-tuning) become explicit plan fields, so the recipe trains, and
+    estimates, what the user's framework would. Everything else in the plan is the same field by field."""
+    if plan.framework == "trl":
+        return plan, None
+    changes: dict = {"framework": "trl", "loss_implementation": plan.effective_loss_implementation}
+    if plan.quantized_4bit or plan.load_in_8bit:
+        changes["prepare_model_for_kbit_training"] = plan.effective_kbit_preparation
+    if plan.uses_adapters:
+        stack = plan.stack
+        default = stack.adapter_dtype_quantized if (plan.quantized_4bit or plan.load_in_8bit) else stack.adapter_dtype_unquantized
+        changes["adapter_dtype"] = plan.adapter_dtype or default or "fp32"
+    if plan.method == "full" and plan.stack.full_weight_dtype == "fp32" and plan.dtype != "fp32":
+        changes["precision"] = "mixed"
+    carried = ", ".join(f"{k}={v}" for k, v in changes.items() if k != "framework")
+    note = (f"The plan was made for {plan.stack.title}; this recipe trains it with TRL's SFTTrainer and carries the "
+            f"stack's memory-relevant settings as explicit fields ({carried}), so it trains what was estimated. "
+            "Every other field is the plan's own.")
+    return plan.replace(**changes), note
+
+
 # ---------------------------------------------------------------------------------------------- public
 
 
@@ -188,6 +214,8 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     """The recipe for ``plan``: recipe.yaml, the launch command, accelerate config, requirements and the estimate."""
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan.model_validate(plan)
+    # a given estimate (a Hub model's) stays: the equivalent plan has the same figures by construction
+    plan, framework_note = trl_equivalent(plan)
     problem = output_dir_problem(plan.output_dir)  # the run writes there: it must stay inside the recipe's folder
     if problem is not None:
         raise RecipeError(problem)
@@ -203,7 +231,7 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
             + yaml.safe_dump(acc, sort_keys=False, default_flow_style=False)
         )
     reqs = "\n".join(requirements(plan)) + "\n"
-    summary = summary_text(plan, est, argv)
+    summary = summary_text(plan, est, argv) + (f"note: {framework_note}\n" if framework_note else "")
     files = {RECIPE_FILE: recipe_yaml}
     if acc_yaml is not None:
         files[ACCELERATE_FILE] = acc_yaml
@@ -219,6 +247,7 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
         accelerate_config_yaml=acc_yaml,
         requirements_txt=reqs,
         estimate_summary=summary,
+        framework_note=framework_note,
         files=files,
         estimate=est,
     )

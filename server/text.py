@@ -45,6 +45,7 @@ def format_estimate(est: Estimate, next_move: str | None = None) -> str:
         f"{est.model} ({est.params_total / 1e9:.3g}B params, {est.model_source}), {plan.method}, "
         f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
         f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}",
+        next((a for a in est.assumptions if a.startswith("stack: ")), f"stack: {plan.stack.title}"),
         f"peak allocated {gib(est.peak_allocated_bytes)} ({est.peak_phase}) | reserved {gib(est.peak_reserved_bytes)} "
         f"| process {gib(est.total_bytes)} | with margin {gib(est.budget_bytes)}"
         + (f" of {gib(est.gpu_usable_bytes)} ({est.used_fraction:.0%})" if est.gpu_usable_bytes else ""),
@@ -142,6 +143,9 @@ def format_recipe(result) -> str:
     lines = [f"{VERDICT_WORDS[result.verdict]}: {result.verdict_reason}"]
     if result.verdict in ("does_not_fit", "tight"):
         lines.append("warning: this plan does not fit with margin; suggest_cheaper_config finds one that does")
+    note = (result.recipe or {}).get("framework_note")
+    if note:
+        lines.append(f"note: {note}")
     for name, content in result.files.items():
         lines += ["", f"--- {name}", content.rstrip()]
     lines += ["", "next: run a short probe first (a few steps) and compare its peak memory with the estimate"]
