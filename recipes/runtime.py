@@ -129,6 +129,38 @@ def _local_path(name: str, recipe_dir: Path | None) -> Path | None:
     return None
 
 
+def checked_output_dir(plan: TrainingPlan, recipe_dir: Path) -> Path:
+    """The real path (symlinks resolved) of the plan's output_dir, which must lie inside the recipe's folder.
+
+    output_dir_problem checks the text; this checks where it really lands: a symlink inside the recipe folder
+    (``outputs -> /elsewhere``, or any folder on the way) that leads outside it is refused."""
+    problem = output_dir_problem(plan.output_dir)
+    if problem is not None:
+        raise RecipeError(problem)
+    root = Path(os.path.realpath(recipe_dir))
+    real = Path(os.path.realpath(root / plan.output_dir))
+    if real != root and root not in real.parents:
+        raise RecipeError(f"output_dir: {plan.output_dir!r} leads to {str(real)!r} through a symbolic link, outside "
+                          f"the recipe's folder {str(root)!r}; remove the link or choose another output_dir")
+    if real == root:
+        raise RecipeError(f"output_dir: {plan.output_dir!r} is the recipe's folder itself; use a folder inside it, "
+                          "e.g. 'outputs'")
+    if real.exists() and not real.is_dir():
+        raise RecipeError(f"output_dir: {str(real)!r} exists and is not a folder")
+    return real
+
+
+def require_device(device: str | None) -> None:
+    """A run without a CUDA GPU must ask for the CPU explicitly (--device cpu): never a silent CPU run."""
+    if device is not None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RecipeError("--device: torch sees no CUDA GPU on this machine; training on the CPU is very slow, "
+                          "pass --device cpu to run it there anyway")
+
+
 def model_source(plan: TrainingPlan, recipe_dir: Path | None = None) -> tuple[dict, str]:
     """(config dict, what from_pretrained loads: a local folder with weights or a Hub id) for the plan's model."""
     from canifinetune.estimator.models import resolve_model
@@ -337,6 +369,8 @@ def prepare(
     ``token_ids`` replaces the dataset (the probe trains on synthetic full-length samples)."""
     machine = Machine.detect(device)
     check_plan_for_machine(plan, machine)
+    base = recipe_dir if recipe_dir is not None else Path.cwd()
+    out = output_dir if output_dir is not None else checked_output_dir(plan, base)  # before anything loads
     config, source = model_source(plan, recipe_dir)
 
     from transformers import AutoTokenizer
@@ -365,8 +399,6 @@ def prepare(
 
     from trl import SFTConfig
 
-    base = recipe_dir if recipe_dir is not None else Path.cwd()
-    out = output_dir if output_dir is not None else base / plan.output_dir
     args = SFTConfig(**sft_config_kwargs(plan, output_dir=str(out), use_cpu=not machine.cuda, max_steps=max_steps))
     trainer = _trainer_class(plan)(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
     # TRL tokenizes nothing here (the rows are token ids already); confirm what it will train is what was checked
@@ -445,11 +477,13 @@ def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: i
         result = probe(recipe.plan, probe_steps, recipe_dir=recipe_dir, estimate_summary=recipe.estimate, device=device)
         print(format_probe(result), file=out)
         return result
+    require_device(device)
     prepared = prepare(recipe.plan, recipe_dir=recipe_dir, dataset=dataset, device=device)
     for note in prepared.notes:
         print(f"canifinetune: {note}", file=out)
     output = prepared.trainer.train()
     losses = [float(h["loss"]) for h in prepared.trainer.state.log_history if "loss" in h]
+    checked_output_dir(recipe.plan, recipe_dir)  # again: a link planted during the run is refused too
     prepared.trainer.save_model(str(prepared.output_dir))
     print(f"canifinetune: trained {output.global_step} steps on {prepared.samples} samples; "
           f"saved to {prepared.output_dir}", file=out)

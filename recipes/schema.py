@@ -8,6 +8,8 @@ unknown fields too. Nothing here imports torch.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
@@ -129,6 +131,10 @@ def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
         raise RecipeError(f"recipe: {where}{line} is not valid YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"recipe: {where} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise RecipeError(f"recipe: {where} nests too deeply; a recipe is a flat mapping of plan fields") from None
+    except (ValueError, OverflowError, TypeError) as exc:  # e.g. an integer of 5,000 digits
+        raise RecipeError(f"recipe: {where} holds a value YAML cannot read: {str(exc)[:120]}") from None
     if not isinstance(data, dict):
         raise RecipeError(
             f"recipe: {where} must be a mapping with keys {', '.join(TOP_LEVEL_KEYS)}; got {type(data).__name__}"
@@ -155,20 +161,41 @@ def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
 
 
 def load_recipe(path: str | Path) -> RecipeFile:
-    """Read recipe.yaml as UTF-8 (whatever the locale) and validate it."""
+    """Read recipe.yaml as UTF-8 (whatever the locale) and validate it.
+
+    Only a regular file of at most MAX_RECIPE_BYTES is read: it is opened without blocking and checked with
+    fstat first, so a FIFO or a device (even behind a symlink) is refused at once."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
     if path.is_dir():
         raise RecipeError(f"recipe: {path} is a folder; give the recipe file ({path / RECIPE_FILE})")
-    if size > MAX_RECIPE_BYTES:
-        raise RecipeError(f"recipe: {path} is {size} bytes; a recipe is a few KB")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise RecipeError(f"recipe: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+        fd = os.open(path, flags)
     except OSError as exc:
         raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RecipeError(f"recipe: {path} is not a regular file")
+        if info.st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"recipe: {path} is {info.st_size} bytes; a recipe is a few KB")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= MAX_RECIPE_BYTES:
+            chunk = os.read(fd, MAX_RECIPE_BYTES + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        raw = b"".join(chunks)
+    except OSError as exc:
+        raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe: {path} is larger than {MAX_RECIPE_BYTES} bytes; a recipe is a few KB")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"recipe: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
     return parse_recipe(text, str(path))

@@ -109,7 +109,7 @@ def test_generated_recipe_trains_two_steps_under_an_ascii_locale(tiny_model, tmp
         "           '--batch-size', '2', '--max-steps', '2', '--learning-rate', '1e-3', '--out', out, '--offline'])\n"
         "assert rc == 0, rc\n"
         "from canifinetune.recipes.runtime import train\n"
-        "result = train(out + '/recipe.yaml', out=sys.stderr)\n"
+        "result = train(out + '/recipe.yaml', out=sys.stderr, device='cpu')\n"
         "print(json.dumps({'steps': result.steps, 'losses': result.losses, 'output': str(result.output_dir)}))\n"
     )
     run = subprocess.run([sys.executable, "-c", code, str(tiny_model), str(data_dir / "train.jsonl"), str(out)],
