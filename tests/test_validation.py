@@ -87,7 +87,8 @@ def test_cohort_file_committed_before_results_and_never_edited():
 
 
 def test_result_files_reference_the_cohort_version():
-    files = sorted((VALIDATION / "results").glob("*.jsonl"))
+    files = sorted((VALIDATION / "results").glob("*-cohort-v1.jsonl")) + sorted(
+        (VALIDATION / "results").glob("*-cohort-v1-*.jsonl"))
     for path in files:
         header, rows = analyze.read_results(path)
         assert header is not None, f"{path.name}: no run header"

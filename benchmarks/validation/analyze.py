@@ -249,6 +249,19 @@ def summarise(cohort_path: Path, fake: Path, cuda: Path) -> dict:
     out["calibration_version"] = CALIBRATION_VERSION
     for mode, path in (("fake", fake), ("cuda", cuda)):
         header, rows = read_results(path)
+        # A cohort measured in parts (results/<mode>-<cohort>-part*.jsonl, each with its own run header: cases whose
+        # harness support was ready earlier ran first) counts as one prospective run; each part keeps its commit.
+        parts = []
+        for part_path in sorted(Path(path).parent.glob(f"{Path(path).stem}-part*.jsonl")):
+            part_header, part_rows = read_results(part_path)
+            header = header or part_header
+            known = {r["case"] for r in rows}
+            rows = rows + [r for r in part_rows if r["case"] not in known]
+            parts.append({"file": part_path.name, "git_commit": (part_header or {}).get("git_commit"),
+                          "cases": [r["case"] for r in part_rows]})
+        if parts:
+            order = [c["id"] for c in cohort["cases"]]
+            header = {**header, "cases": [c for c in order if c in {r["case"] for r in rows}]}
         if header is None and not rows:
             out["modes"][mode] = not_run(mode, Path(path))
             continue
@@ -271,6 +284,7 @@ def summarise(cohort_path: Path, fake: Path, cuda: Path) -> dict:
         current = with_current_estimates(mode, merged)
         res = analyse_mode(mode, cohort, header, current)
         res["reruns"] = reruns
+        res["parts"] = parts
         recorded = analyse_mode(mode, cohort, header, rows)
         res["as_recorded"] = _brief(recorded)  # the estimator as it was when the cases ran: the prospective figures
         res["estimate_changes"] = [
@@ -314,7 +328,7 @@ def render(summary: dict, cohort: dict) -> str:
         "",
         f"Cohort `{summary['cohort']}` (version {summary['cohort_version']}, frozen {summary['cohort_frozen']}, "
         f"{summary['cases_in_cohort']} cases, sha256 `{(summary['cohort_sha256'] or '')[:16]}…`): "
-        "`benchmarks/validation/cohort-v1.json`. It was committed before any case was measured (see the git history) and "
+        f"`benchmarks/validation/{summary['cohort']}.json`. It was committed before any case was measured (see the git history) and "
         "is not edited now that results exist; a new cohort gets a new version. Estimator calibration "
         f"`{summary['calibration_version']}` (`estimator/data/calibration.json`), unchanged by these results: no "
         "coefficient was fitted on the cohort.",
@@ -322,9 +336,10 @@ def render(summary: dict, cohort: dict) -> str:
         "Reproduce (the whole cohort in fake mode, about 25 minutes on 2 CPU cores; then the report):",
         "",
         "```sh",
-        "python benchmarks/validation/run_cohort.py --mode fake        # -> benchmarks/validation/results/fake-cohort-v1.jsonl",
-        "bash benchmarks/validation/gpu_cohort.sh                       # on one CUDA GPU, ~10 min -> results/cuda-cohort-v1.jsonl",
-        "python benchmarks/validation/analyze.py                       # -> results/summary.json and this page",
+        f"python benchmarks/validation/run_cohort.py --mode fake --cohort benchmarks/validation/{summary['cohort']}.json"
+        f"   # -> results/fake-{summary['cohort']}.jsonl",
+        f"bash benchmarks/validation/gpu_cohort.sh   # on one CUDA GPU, ~10 min -> results/cuda-cohort-v1.jsonl",
+        "python benchmarks/validation/analyze.py   # every cohort -> results/summary*.json and this page",
         "```",
         "",
         "Each case runs in its own process. Error = (estimate − measured) / measured: positive is an overestimate. "
@@ -512,7 +527,7 @@ def render(summary: dict, cohort: dict) -> str:
         lines += ["## cuda mode", "", cuda["reason"] + ".", "",
                   "The prepared run (`benchmarks/validation/gpu_cohort.sh`) measures the cases the cohort marks "
                   "`cuda_subset` (" + str(sum(1 for c in cohort["cases"] if c.get("cuda_subset"))) + " cases), three "
-                  "steps each through `recipes/probe.py`'s `probe()`, and writes `cuda-cohort-v1.jsonl`; rerunning this "
+                  f"steps each through `recipes/probe.py`'s `probe()`, and writes `cuda-{summary['cohort']}.jsonl`; rerunning this "
                   "analysis then fills in the cuda sections.", ""]
     lines += [
         "## What these numbers do not show",
@@ -535,37 +550,94 @@ def render(summary: dict, cohort: dict) -> str:
         "sharding and 8-bit bases are outside this cohort.",
         "- Models, GPUs and settings outside the cohort: see [how-it-works.md](how-it-works.md#where-an-estimate-does-not-apply) "
         "for what is out of scope.",
-        "- The cohort is 50 hand-chosen plans, not a random sample of what users run: the rates describe these cases.",
+        f"- The cohort is {summary['cases_in_cohort']} hand-chosen plans, not a random sample of what users run: the rates describe these cases.",
         "- Cases that did not run (negative results above) carry no error figure; they are not counted as successes.",
         "",
     ]
     return "\n".join(lines)
 
 
+COHORTS = (HERE / "cohort-v1.json", HERE / "cohort-v2.json")
+
+
+def summary_path(cohort: dict) -> Path:
+    """results/summary.json for cohort-v1 (its historical name), results/summary-<cohort>.json for later ones."""
+    return RESULTS / ("summary.json" if cohort["cohort"] == "cohort-v1" else f"summary-{cohort['cohort']}.json")
+
+
+def _demoted(section: str) -> str:
+    """One cohort's report as a section of the page: every heading one level down."""
+    return "\n".join("#" + line if line.startswith("#") else line for line in section.splitlines())
+
+
+def render_all(sections: list[tuple[dict, dict]]) -> str:
+    """The page for several cohorts: a table of their headline figures, then each cohort's report."""
+    lines = [
+        "# Validation: the estimate against measured training steps",
+        "",
+        "Each cohort is a list of plans frozen (committed) before any of it was measured; a later cohort adds cases, "
+        "it never edits an earlier one. Figures are fake-mode peak allocated errors "
+        "((estimate − measured) / measured; positive is an overestimate), with the estimator as it is now (current) "
+        "and as it was when each case ran (prospective).",
+        "",
+        "| cohort | cases | measured | current: median abs. / range | prospective: range | below −2% now | "
+        "above +10% now |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for summary, _ in sections:
+        fake = summary["modes"]["fake"]
+        if not fake.get("run"):
+            lines.append(f"| {summary['cohort']} | {summary['cases_in_cohort']} | not run | | | | |")
+            continue
+        e, rec = fake["errors"], (fake.get("as_recorded") or {}).get("errors", {})
+        errs = {c["case"]: (c.get("error_pct") or {}).get("allocated") for c in fake.get("cases", [])}
+        below = [case for case, err in errs.items() if err is not None and err < -2.0]
+        above = [case for case, err in errs.items() if err is not None and err > 10.0]
+        lines.append(
+            f"| [{summary['cohort']}](#{summary['cohort']}) | {summary['cases_in_cohort']} | "
+            f"{fake['cases_ok']} | {_pctabs(e['median_abs_error_pct'])} / {_fmt(e['min_error_pct'], '%')} to "
+            f"{_fmt(e['max_error_pct'], '%')} | {_fmt(rec.get('min_error_pct'), '%')} to "
+            f"{_fmt(rec.get('max_error_pct'), '%')} | {', '.join(below) or 'none'} | {', '.join(above) or 'none'} |")
+    lines.append("")
+    for summary, cohort in sections:
+        body = render(summary, cohort).split("\n", 1)[1]  # without the page title
+        lines += [f"## {summary['cohort']}", "", _demoted(body)]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cohort", default=str(DEFAULT_COHORT))
-    parser.add_argument("--fake", help="fake-mode results (default results/fake-<cohort>.jsonl)")
-    parser.add_argument("--cuda", help="cuda-mode results (default results/cuda-<cohort>.jsonl)")
-    parser.add_argument("--summary", default=str(RESULTS / "summary.json"))
+    parser.add_argument("--cohort", action="append", help="a cohort file (repeatable; default: every cohort)")
+    parser.add_argument("--fake", help="fake-mode results of a single --cohort (default results/fake-<cohort>.jsonl)")
+    parser.add_argument("--cuda", help="cuda-mode results of a single --cohort (default results/cuda-<cohort>.jsonl)")
+    parser.add_argument("--summary", help="summary JSON of a single --cohort (default results/summary[-<cohort>].json)")
     parser.add_argument("--doc", default=str(ROOT / "docs" / "validation.md"), help="the report ('-' for none)")
     args = parser.parse_args(argv)
-    cohort = load_cohort(args.cohort)
-    fake = Path(args.fake) if args.fake else default_out("fake", cohort)
-    cuda = Path(args.cuda) if args.cuda else default_out("cuda", cohort)
-    summary = summarise(Path(args.cohort), fake, cuda)
-    Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    paths = [Path(p) for p in (args.cohort or [str(p) for p in COHORTS if p.exists()])]
+    if len(paths) > 1 and (args.fake or args.cuda or args.summary):
+        raise SystemExit("--fake, --cuda and --summary go with a single --cohort")
+    sections = []
+    for path in paths:
+        cohort = load_cohort(path)
+        fake = Path(args.fake) if args.fake else default_out("fake", cohort)
+        cuda = Path(args.cuda) if args.cuda else default_out("cuda", cohort)
+        summary = summarise(path, fake, cuda)
+        out = Path(args.summary) if args.summary else summary_path(cohort)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        sections.append((summary, cohort))
+        for mode, res in summary["modes"].items():
+            if not res.get("run"):
+                print(f"{cohort['cohort']} {mode}: not run")
+                continue
+            e = res["errors"]
+            print(f"{cohort['cohort']} {mode}: {res['cases_ok']}/{res['cases_selected']} ok; median |err| "
+                  f"{e['median_abs_error_pct']}%, MAPE {e['mape']}%, range {e['min_error_pct']}..{e['max_error_pct']}%, "
+                  f"under {e['underestimates']}, over {e['overestimates']}; verdicts {res['verdicts']['totals']} "
+                  f"{res['verdicts']['rates']}")
     if args.doc != "-":
-        Path(args.doc).write_text(render(summary, cohort), encoding="utf-8")
-    for mode, res in summary["modes"].items():
-        if not res.get("run"):
-            print(f"{mode}: not run")
-            continue
-        e = res["errors"]
-        print(f"{mode}: {res['cases_ok']}/{res['cases_selected']} ok; median |err| {e['median_abs_error_pct']}%, "
-              f"MAPE {e['mape']}%, range {e['min_error_pct']}..{e['max_error_pct']}%, under {e['underestimates']}, "
-              f"over {e['overestimates']}; verdicts {res['verdicts']['totals']} {res['verdicts']['rates']}")
+        text = render(*sections[0]) if len(sections) == 1 else render_all(sections)
+        Path(args.doc).write_text(text, encoding="utf-8")
     return 0
 
 
