@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, Optional
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, Completion, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error, safe_text
 from canifinetune.estimator.estimate import Estimate, Verdict
@@ -79,6 +79,18 @@ class Recipe(BaseModel):
 # --------------------------------------------------------------------------------------------- inputs
 
 
+def _number_field(annotation) -> bool:
+    kinds = (annotation, *getattr(annotation, "__args__", ()))
+    return bool not in kinds and any(k in (int, float) for k in kinds)
+
+
+def _no_bool_number(value):
+    # the SDK validates arguments leniently (true would become 1) before the plan sees them: refuse it here
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    return value
+
+
 def plan_parameters() -> list[inspect.Parameter]:
     """One keyword parameter per TrainingPlan field: same name, type, constraints, default, description."""
     params = []
@@ -86,7 +98,8 @@ def plan_parameters() -> list[inspect.Parameter]:
         extra: dict[str, Any] = {}
         if field.examples:
             extra["examples"] = field.examples
-        annotation = Annotated[(field.annotation, *field.metadata, Field(description=field.description, **extra))]
+        checks = (BeforeValidator(_no_bool_number),) if _number_field(field.annotation) else ()
+        annotation = Annotated[(field.annotation, *field.metadata, Field(description=field.description, **extra), *checks)]
         default = inspect.Parameter.empty if field.is_required() else field.default
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default))
     return params
