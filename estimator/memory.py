@@ -11,8 +11,10 @@ How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .constants import DTYPE_BYTES, constant
+from .moe_adapters import expert_adapter_shapes
 from .resolved import ResolvedPlan
 from .spec import LinearSpec
 
@@ -87,7 +89,10 @@ def quantization_constant_bytes(r: ResolvedPlan) -> int:
 
 
 def adapter_bytes(r: ResolvedPlan) -> int:
-    """LoRA adapter weights: r x (in + out) per adapted linear, in the adapter dtype.
+    """LoRA adapter weights: r x (in + out) per adapted linear, in the adapter dtype, plus PEFT's
+    ParamWrapper adapters on fused MoE experts (:func:`ResolvedPlan.expert_adapter_shapes`: per block
+    r_gu·E·(H + 2I) on gate_up_proj, r·E·(I + H) on down_proj, r·(H + E) on the router; see
+    estimator/moe_adapters.py), each tensor rounded to the allocator's block.
 
     PEFT 0.21 (get_peft_model, autocast_adapter_dtype=True) keeps adapters in fp32 on an unquantized
     bf16/fp16 base; TRL 1.16's SFTTrainer casts them to bf16 on a quantized base.
@@ -100,6 +105,8 @@ def adapter_bytes(r: ResolvedPlan) -> int:
         n * (_round_block(rank * lin.in_features * per) + _round_block(rank * lin.out_features * per))
         for i, n in r.spec.layer_groups
         for lin in r.adapted_linears(i)
+    ) + sum(
+        n * _round_block(rows * cols * per) for i, n in r.spec.layer_groups for rows, cols in r.expert_adapter_shapes(i)
     )
 
 
@@ -164,6 +171,7 @@ def _trainable_matrix_shapes(r: ResolvedPlan) -> list[tuple[int, int, int]]:
             for lin in r.adapted_linears(i):
                 shapes.append((rank, lin.in_features, n))
                 shapes.append((lin.out_features, rank, n))
+            shapes.extend((rows, cols, n) for rows, cols in r.expert_adapter_shapes(i))
         return shapes
     h = spec.hidden_size
     shapes.append((spec.vocab_size, h, 1 if spec.tie_word_embeddings else 2))
@@ -252,7 +260,8 @@ def _consumer_saved_bytes(r: ResolvedPlan, linears: tuple[LinearSpec, ...]) -> i
 
 def down_proj_saved_bytes(r: ResolvedPlan, layer: int) -> int:
     """What a dense block's down_proj keeps for backward (the MLP product when its weight trains or is
-    8-bit, its adapter's tensors when adapted); 0 for an MoE block's experts (never adapted)."""
+    8-bit, its adapter's tensors when adapted); for an MoE block the experts' product when their
+    weights train (full) and 0 otherwise (expert adapters: :func:`expert_adapter_backward_bytes`)."""
     spec = r.spec
     if spec.is_moe_layer(layer):
         if not r.full:
@@ -375,11 +384,54 @@ def _moe_activation_bytes(r: ResolvedPlan) -> int:
     width = moe.expert_intermediate
     saved += 3 * _round_block(a * routed * width) + (_round_block(a * routed * width) if r.full else 0)
     saved += _round_block(a * routed * h)  # expert outputs, kept for the routing-weight product
+    saved += expert_adapter_saved_bytes(r)
     if moe.shared_intermediate:
         lin = r.spec.dense_mlp_linears(moe.shared_intermediate)
         saved += 4 * _round_block(a * t * moe.shared_intermediate)
         saved += _round_block(a * t * h) * 2  # shared expert output and its sigmoid gate product
         del lin
+    return saved
+
+
+def expert_adapter_saved_bytes(r: ResolvedPlan) -> int:
+    """What PEFT 0.21's ParamWrapper adapters on the fused experts add to an MoE block's saved tensors
+    (0 without expert adapters; estimator/moe_adapters.py says which plans get them).
+
+    Each forward, ``_LoraFactorsProxy`` (peft/tuners/lora/layer.py) builds the merged weight
+    W' = baddbmm(W, B, A, alpha=scaling) for gate_up_proj and for down_proj, full-size and in the weight
+    dtype w (the frozen dtype: bf16, fp32 for mixed precision or after kbit preparation); transformers'
+    grouped-mm experts forward (integrations/moe.py) keeps W' for the input gradient and, W' requiring
+    grad, its input for the weight gradient. So per block:
+
+    - the merged experts: w·E·(2I·H + H·I) when both are adapted (w·E·3·H·I), the layer's expert weights
+      again;
+    - the casts of the factors to w (``lhs.to(W.dtype)``, ``rhs.to(W.dtype)``, kept by baddbmm) when the
+      adapter dtype differs from w: w·E·(r_gu·(H + 2I) + r_down·(I + H)); none for bf16 adapters on a bf16
+      base (the casts return the parameters' views);
+    - the down projection's input, the act x up product (a·top_k·T·I), when down_proj is adapted;
+    - the router: its merged weight W + (B @ A)·scaling (w·E·H, kept by F.linear) and its input, the
+      normalized hidden states (a·T·H), when the router is adapted.
+    """
+    if not r.expert_adapters:
+        return 0
+    spec = r.spec
+    moe = spec.moe
+    lora = r.expert_lora
+    assert moe is not None and lora is not None
+    w = DTYPE_BYTES[r.frozen_dtype]
+    a = r.act_bytes
+    e, h, i = moe.num_experts, spec.hidden_size, moe.expert_intermediate
+    saved = 0
+    if lora.gate_up_rank:
+        saved += _round_block(w * e * 2 * i * h)
+    if lora.down_rank:
+        saved += _round_block(w * e * h * i)
+        saved += _round_block(a * r.tokens * moe.top_k * i)
+    if r.adapter_dtype != r.frozen_dtype:
+        stacked = expert_adapter_shapes(replace(lora, router_rank=0), e, h, i)
+        saved += sum(_round_block(w * rows * cols) for rows, cols in stacked)
+    if lora.router_rank:
+        saved += _round_block(w * e * h) + _round_block(a * r.tokens * h)
     return saved
 
 
@@ -488,9 +540,32 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
     else:
         width_tokens = t * spec.intermediate_size
     mlp = 3 * _round_block(a * width_tokens) + 2 * _round_block(a * t * h) - down_proj_saved_bytes(r, layer)
+    if spec.is_moe_layer(layer):
+        mlp += expert_adapter_backward_bytes(r)
     attn = _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim) + _round_block(4 * t * spec.q_dim)
     attn += 2 * _round_block(a * t * h)
     return max(mlp, attn)
+
+
+def expert_adapter_backward_bytes(r: ResolvedPlan) -> int:
+    """The merged-weight gradient inside an MoE block's backward with PEFT expert adapters (0 without).
+
+    The grouped-mm backward of an adapted expert projection writes dW', full-size in the weight dtype w,
+    before baddbmm's backward reduces it to the factors' gradients. down_proj runs first: its dW'
+    (w·E·H·I) coexists with both merged weights; then its W' is released and gate_up_proj's dW'
+    (w·E·2I·H) is made. Extra at the worst moment: max(dW'_down, dW'_gate_up - W'_down), w·E·H·I when
+    both are adapted (w·E·2I·H when only gate_up_proj is).
+    """
+    if not r.expert_adapters:
+        return 0
+    moe = r.spec.moe
+    lora = r.expert_lora
+    assert moe is not None and lora is not None
+    w = DTYPE_BYTES[r.frozen_dtype]
+    e, h, i = moe.num_experts, r.spec.hidden_size, moe.expert_intermediate
+    down = _round_block(w * e * h * i) if lora.down_rank else 0
+    gate_up = _round_block(w * e * 2 * i * h) if lora.gate_up_rank else 0
+    return max(down, gate_up - down)
 
 
 def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:

@@ -199,11 +199,8 @@ def _layer_grad_bytes(r: ResolvedPlan, factor: float) -> dict[int, int]:
     per = r.trainable_bytes_per_param
     if r.full:
         return {i: int(r.spec.layer_params(i) * per * factor) for i, _ in r.spec.layer_groups}
-    rank = r.plan.lora_r
-    out = {
-        i: sum(rank * (lin.in_features + lin.out_features) for lin in r.adapted_linears(i)) * per
-        for i, _ in r.spec.layer_groups
-    }
+    # adapters on the block's linears and, where PEFT adapts them, on its fused experts
+    out = {i: r.layer_adapter_params(i) * per for i, _ in r.spec.layer_groups}
     if r.plan.sharding != "none":
         out = {i: int(v * factor) for i, v in out.items()}
     return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .constants import DTYPE_BYTES
 from .errors import PlanError
+from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
 from .plan import TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 
@@ -42,6 +43,8 @@ class ResolvedPlan:
     residual_dtype: str = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
     modules_to_save: tuple[str, ...] = ()  # modules PEFT trains in full beside the adapters
     use_dora: bool = False
+    # PEFT 0.21's ParamWrapper adapters on the fused MoE experts and router (estimator/moe_adapters.py); None: none
+    expert_lora: ExpertLoRA | None = None
 
     @property
     def weight_bytes_per_param(self) -> int:
@@ -62,17 +65,33 @@ class ResolvedPlan:
         return tuple(lin for lin in self.spec.layer_linears(layer) if self.adapted(lin))
 
     @property
+    def expert_adapters(self) -> bool:
+        """Whether PEFT puts adapters on the fused MoE experts (or router) of this model."""
+        return self.expert_lora is not None and self.expert_lora.any
+
+    def expert_adapter_shapes(self, layer: int) -> list[tuple[int, int]]:
+        """(rows, cols) of the ParamWrapper adapter weights of block ``layer`` ([] for a dense block)."""
+        if not self.expert_adapters or not self.spec.is_moe_layer(layer):
+            return []
+        moe = self.spec.moe
+        assert moe is not None and self.expert_lora is not None
+        return expert_adapter_shapes(self.expert_lora, moe.num_experts, self.spec.hidden_size, moe.expert_intermediate)
+
+    def layer_adapter_params(self, layer: int) -> int:
+        """Adapter parameters of one block: r·(in + out) per adapted linear, plus its expert adapters."""
+        rank = self.plan.lora_r
+        linears = sum(rank * (lin.in_features + lin.out_features) for lin in self.adapted_linears(layer))
+        return linears + sum(rows * cols for rows, cols in self.expert_adapter_shapes(layer))
+
+    @property
     def adapter_params(self) -> int:
-        r = self.plan.lora_r
-        return sum(
-            n * r * (lin.in_features + lin.out_features)
-            for i, n in self.spec.layer_groups
-            for lin in self.adapted_linears(i)
-        )
+        return sum(n * self.layer_adapter_params(i) for i, n in self.spec.layer_groups)
 
     @property
     def adapter_tensors(self) -> int:
-        return 2 * sum(n * len(self.adapted_linears(i)) for i, n in self.spec.layer_groups)
+        return sum(
+            n * (2 * len(self.adapted_linears(i)) + len(self.expert_adapter_shapes(i))) for i, n in self.spec.layer_groups
+        )
 
     @property
     def trainable_params(self) -> int:
@@ -101,9 +120,15 @@ class ResolvedPlan:
         return DTYPE_BYTES[self.adapter_dtype]
 
 
-def _resolve_targets(plan: TrainingPlan, spec: ModelSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _resolve_targets(
+    plan: TrainingPlan, spec: ModelSpec
+) -> tuple[tuple[str, ...], tuple[str, ...], ExpertLoRA | None]:
     names = spec.linear_names()
     warnings: list[str] = []
+    # PEFT 0.21 maps all-linear and the v4 expert names onto the fused expert weights (estimator/moe_adapters.py)
+    experts, expert_names, _ = resolve_expert_targets(
+        spec.model_type, spec.moe is not None, plan.target_modules, plan.lora_r, plan.lora_dropout, plan.use_dora
+    )
     if plan.target_modules is None:
         default = PEFT_DEFAULT_TARGETS.get(spec.model_type)
         if default is None:
@@ -112,12 +137,12 @@ def _resolve_targets(plan: TrainingPlan, spec: ModelSpec) -> tuple[tuple[str, ..
                 f"give a list (this model's linear layers are {', '.join(names)}) or 'all-linear'",
                 field="target_modules",
             )
-        return tuple(n for n in default if n in names), ()
+        return tuple(n for n in default if n in names), (), None
     if plan.target_modules == "all-linear":
-        return names, ()
+        return names, (), experts
     chosen = tuple(n for n in plan.target_modules if n in names)
-    missing = [n for n in plan.target_modules if n not in names]
-    if not chosen:
+    missing = [n for n in plan.target_modules if n not in names and n not in expert_names]
+    if not chosen and experts is None:
         raise PlanError(
             f"target_modules: none of {list(plan.target_modules)} is a linear layer of this model; "
             f"choose from {', '.join(names)} or 'all-linear'",
@@ -125,7 +150,7 @@ def _resolve_targets(plan: TrainingPlan, spec: ModelSpec) -> tuple[tuple[str, ..
         )
     if missing:
         warnings.append(f"target_modules {missing} match no linear layer of this model and are ignored (PEFT does the same)")
-    return chosen, tuple(warnings)
+    return chosen, tuple(warnings), experts
 
 
 def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: str) -> str:
@@ -157,14 +182,14 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     stack = plan.stack
     kbit_prepared = plan.effective_kbit_preparation
     if plan.uses_adapters:
-        targets, target_warnings = _resolve_targets(plan, spec)
+        targets, target_warnings, expert_lora = _resolve_targets(plan, spec)
         warnings.extend(target_warnings)
         # PEFT's get_peft_model(autocast_adapter_dtype=True) keeps adapters in fp32 on a bf16/fp16 base;
         # TRL 1.16 SFTTrainer then casts them to bf16 when the base is quantized (sft_trainer.py).
         default = stack.adapter_dtype_quantized if quantization != "none" else stack.adapter_dtype_unquantized
         adapter_dtype = plan.adapter_dtype or default or "fp32"
     else:
-        targets, adapter_dtype = (), None
+        targets, adapter_dtype, expert_lora = (), None, None
     # prepare_model_for_kbit_training casts every bf16/fp16 parameter but the packed 4-bit ones to fp32
     # (peft/utils/other.py, 0.21); the embedding output is then fp32, and so is every residual add after it
     frozen_dtype = "fp32" if kbit_prepared else weight_dtype
@@ -218,4 +243,5 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         residual_dtype=residual_dtype,
         modules_to_save=tuple(plan.modules_to_save or ()),
         use_dora=plan.use_dora,
+        expert_lora=expert_lora if expert_lora is not None and expert_lora.any else None,
     )
