@@ -112,7 +112,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
             Item("sharding_gather_buffers", fwd_gather, gather_note),
             Item("activations", fwd_acts, act_note),
             Item("logits_and_loss", fwd_loss, _loss_note(r)),
-            Item("forward_temporaries", fwd_transient, "a logits tile, a dequantized 4-bit weight, LoRA's input casts or the running block"),
+            Item("forward_temporaries", fwd_transient, _temporaries_note(r, "forward")),
         ),
     )
 
@@ -170,7 +170,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
             Item("activations", best_parts[0], act_note + "; those of blocks already back-propagated are freed"),
             Item("logits_and_loss", best_parts[1], _loss_note(r)),
             Item("gradients", best_parts[2] + buckets, _grad_note(r, sh)),
-            Item("backward_temporaries", best_parts[3], "gradients in flight inside one block (MLP or attention), a dequantized 4-bit weight"),
+            Item("backward_temporaries", best_parts[3], _temporaries_note(r, "backward")),
         ),
     )
 
@@ -286,3 +286,17 @@ def _optimizer_tmp_note(r: ResolvedPlan) -> str:
         "adamw_torch": "foreach AdamW's model-sized sqrt(exp_avg_sq) temporary",
         "adafactor": "Adafactor's fp32 copies of the largest gradient",
     }.get(r.plan.optim, "none: the step updates in place")
+
+
+def _temporaries_note(r: ResolvedPlan, phase: str) -> str:
+    """What the forward or backward temporaries are for this plan: only the parts that apply to it."""
+    quant = {"nf4": "a dequantized 4-bit weight", "fp4": "a dequantized 4-bit weight",
+             "int8": "an int8 copy of a linear's input and its row scales"}.get(r.quantization)
+    lora = r.adapter_dtype is not None
+    ckpt = r.plan.gradient_checkpointing
+    if phase == "forward":  # the largest of these at a time (estimator: max of the loss tile and the rest)
+        parts = ["a logits tile"] + ([quant] if quant else []) + (["LoRA's input casts"] if lora else []) \
+            + (["the running block's full activations"] if ckpt else [])
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+    extra = (["LoRA's input casts (checkpoint recomputation)"] if lora and ckpt else []) + ([quant] if quant else [])
+    return "gradients in flight inside one block (MLP or attention)" + "".join(f", {e}" for e in extra)
