@@ -245,8 +245,15 @@ def _weights_note(r: ResolvedPlan) -> str:
 def _adapter_note(r: ResolvedPlan) -> str:
     if r.adapter_dtype is None:
         return "no adapters (full fine-tuning)"
+    targets = list(r.target_modules)
+    if r.expert_adapters:
+        assert r.expert_lora is not None
+        lora = r.expert_lora
+        parts = [f"{name} r={rank}" for name, rank in (("experts.gate_up_proj", lora.gate_up_rank),
+                 ("experts.down_proj", lora.down_rank), ("router", lora.router_rank)) if rank]
+        targets.append(f"every expert ({', '.join(parts)}; PEFT's ParamWrapper)")
     return (
-        f"LoRA r={r.plan.lora_r} on {', '.join(r.target_modules)}: {r.adapter_params / 1e6:.3g}M parameters "
+        f"LoRA r={r.plan.lora_r} on {', '.join(targets)}: {r.adapter_params / 1e6:.3g}M parameters "
         f"in {r.adapter_dtype}"
     )
 

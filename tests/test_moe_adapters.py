@@ -1,0 +1,128 @@
+"""LoRA on MoE experts as PEFT 0.21 applies it (estimator/moe_adapters.py).
+
+The pure-estimator facts run everywhere; the comparison with PEFT's own trainable-parameter count builds
+2-layer models of the catalog's MoE families on the meta device with recipes/setup.build_model (what the
+trainer builds) and needs torch, transformers and peft.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from canifinetune.estimator.errors import PlanError
+from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.resolved import resolve
+from canifinetune.estimator.spec import ModelSpec
+
+MIXTRAL = "mistralai/Mixtral-8x7B-v0.1"
+QWEN3_MOE = "Qwen/Qwen3-30B-A3B"
+QWEN2_MOE = "Qwen/Qwen1.5-MoE-A2.7B"
+
+
+def _resolved(model: str, layers: int | None = None, **fields):
+    config = dict(resolve_model(model).config)
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    plan = TrainingPlan(model=model, method=fields.pop("method", "lora"), **fields)
+    return resolve(plan, ModelSpec.from_config(config)), plan, config
+
+
+# ---------------------------------------------------------------------------
+# pure estimator
+
+
+@pytest.mark.parametrize(
+    "model, millions",
+    [(MIXTRAL, 359.665664), (QWEN3_MOE, 996.507648)],  # the issue's "about 360M" and "997M" at r=16
+)
+def test_all_linear_adapts_experts_at_full_size(model, millions):
+    r, _, _ = _resolved(model, target_modules="all-linear", lora_dropout=0.0)
+    assert r.expert_adapters
+    assert (r.expert_lora.gate_up_rank, r.expert_lora.down_rank, r.expert_lora.router_rank) == (32, 16, 16)
+    assert r.adapter_params == round(millions * 1e6)
+    assert r.trainable_params == r.adapter_params
+
+
+def test_qwen2_moe_all_linear_gets_no_expert_adapters():
+    r, _, _ = _resolved(QWEN2_MOE, target_modules="all-linear")  # dropout 0.05 is fine: no ParamWrapper
+    assert not r.expert_adapters
+    assert r.expert_lora is None
+    assert {"q_proj", "gate_proj", "down_proj", "shared_expert_gate"} <= set(r.target_modules)
+
+
+@pytest.mark.parametrize("model", [MIXTRAL, QWEN3_MOE])
+def test_explicit_attention_list_gets_no_expert_adapters(model):
+    r, _, _ = _resolved(model, target_modules=["q_proj", "v_proj"])
+    assert not r.expert_adapters
+    assert r.target_modules == ("q_proj", "v_proj")
+
+
+def test_explicit_expert_names_map_as_peft_does():
+    r, _, _ = _resolved(MIXTRAL, target_modules=["w1", "w2", "w3"], lora_dropout=0.0)
+    assert (r.expert_lora.gate_up_rank, r.expert_lora.down_rank, r.expert_lora.router_rank) == (32, 16, 0)
+    assert r.target_modules == ()
+    r, _, _ = _resolved(QWEN3_MOE, target_modules=["q_proj", "down_proj"], lora_dropout=0.0)
+    assert (r.expert_lora.gate_up_rank, r.expert_lora.down_rank, r.expert_lora.router_rank) == (0, 16, 0)
+    assert r.target_modules == ("q_proj",)
+    assert not r.warnings
+
+
+def test_peft_refusals_are_plan_errors():
+    # ParamWrapper: "does not work with lora_dropout != 0" (TrainingPlan's default dropout is 0.05)
+    with pytest.raises(PlanError) as err:
+        _resolved(MIXTRAL, target_modules="all-linear")
+    assert err.value.field == "lora_dropout"
+    # one of two names fused into gate_up_proj
+    with pytest.raises(PlanError) as err:
+        _resolved(QWEN3_MOE, target_modules=["q_proj", "gate_proj"], lora_dropout=0.0)
+    assert "up_proj" in str(err.value)
+    # the fused module itself is not an nn.Linear
+    with pytest.raises(PlanError):
+        _resolved(MIXTRAL, target_modules=["q_proj", "experts"], lora_dropout=0.0)
+    with pytest.raises(PlanError) as err:
+        _resolved(QWEN3_MOE, target_modules="all-linear", lora_dropout=0.0, use_dora=True)
+    assert err.value.field == "use_dora"
+
+
+def test_merged_expert_copies_are_in_the_estimate():
+    """Without checkpointing every MoE block keeps its merged experts: the peak grows by at least a second
+    copy of all expert weights over attention-only LoRA."""
+    from canifinetune.estimator.estimate import estimate
+
+    base = dict(model=QWEN3_MOE, method="lora", seq_len=512, batch_size=1, gradient_checkpointing=False, lora_dropout=0.0)
+    spec = resolve_model(QWEN3_MOE).spec
+    attn = estimate(TrainingPlan(**base, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])).peak_allocated_bytes
+    experts = estimate(TrainingPlan(**base, target_modules="all-linear")).peak_allocated_bytes
+    expert_weight_bytes = 2 * spec.num_layers * spec.moe.num_experts * 3 * spec.hidden_size * spec.moe.expert_intermediate
+    assert experts - attn > expert_weight_bytes
+
+
+# ---------------------------------------------------------------------------
+# against PEFT's own count
+
+
+@pytest.mark.slow  # importing transformers and peft: about 8 s, then well under a second per model
+@pytest.mark.parametrize(
+    "model, targets",
+    [
+        (MIXTRAL, "all-linear"),
+        (QWEN3_MOE, "all-linear"),
+        (QWEN2_MOE, "all-linear"),
+        (MIXTRAL, ["q_proj", "v_proj"]),
+        (MIXTRAL, ["w1", "w2", "w3", "gate"]),
+        (QWEN3_MOE, ["q_proj", "gate_proj", "up_proj", "down_proj"]),
+    ],
+)
+def test_trainable_params_match_peft(model, targets):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from canifinetune.recipes import setup
+
+    r, plan, config = _resolved(model, layers=2, target_modules=targets, lora_dropout=0.0)
+    with torch.device("meta"):
+        peft_model = setup.build_model(plan, config)
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    assert r.trainable_params == sum(p.numel() for p in trainable)
+    assert r.trainable_tensors == len(trainable)
