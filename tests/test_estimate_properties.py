@@ -36,6 +36,9 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def est(**kw):
+    if kw.get("model") == "Qwen/Qwen3-30B-A3B" and kw.get("target_modules") == "all-linear" and kw.get("method") != "full":
+        # all-linear puts PEFT 0.21's expert adapters on Qwen3-MoE, which refuse dropout (a PlanError, as PEFT raises)
+        kw = {**kw, "lora_dropout": 0.0}
     return estimate(TrainingPlan(**kw))
 
 

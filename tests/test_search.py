@@ -25,8 +25,9 @@ SPREAD = [
     dict(model="Qwen/Qwen2.5-7B", method="full", gpu="A100 40GB SXM", seq_len=2048),
     dict(model="mistralai/Mistral-7B-v0.3", method="lora", gpu="Tesla T4", dtype="fp16", batch_size=16,
          seq_len=2048, gradient_checkpointing=False),
-    dict(model="Qwen/Qwen3-30B-A3B", method="lora", target_modules="all-linear", gpu="A100 80GB SXM",
-         seq_len=8192, batch_size=16),
+    # lora_dropout 0: PEFT 0.21 refuses dropout on the expert adapters all-linear puts on Qwen3-MoE's fused experts
+    dict(model="Qwen/Qwen3-30B-A3B", method="lora", target_modules="all-linear", lora_dropout=0.0,
+         gpu="A100 80GB SXM", seq_len=8192, batch_size=16),
     dict(model="google/gemma-2-9b-it", method="qlora", gpu="RTX 3060 12GB", seq_len=4096, batch_size=8),
     dict(model="microsoft/Phi-3-mini-4k-instruct", method="full", gpu="RTX 3080"),
     dict(model="HuggingFaceTB/SmolLM2-1.7B", method="full", gpu="RTX 4060 Ti 16GB", seq_len=8192, batch_size=16,
