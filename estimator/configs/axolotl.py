@@ -1,0 +1,258 @@
+"""Axolotl YAML (axolotl 0.18.0, src/axolotl/utils/schemas): its keys and its own defaults."""
+
+from __future__ import annotations
+
+from .reading import Reading, read_optim
+
+DEFAULTS = {  # what Axolotl 0.18.0 does when the key is absent
+    "method": "full", "lora_dropout": 0.0, "seq_len": 512, "batch_size": 1, "gradient_accumulation_steps": 1,
+    "gradient_checkpointing": False, "optim": "adamw_torch_fused", "dtype": "bf16", "packing": False,
+}
+NOT_MODELLED = {
+    "unfrozen_parameters": "training only some parameters in full is not modelled; estimated as every weight training",
+    "lora_layers_to_transform": "adapters on some layers only are not modelled; estimated on every layer",
+    "peft_layers_to_transform": "adapters on some layers only are not modelled; estimated on every layer",
+    "relora": "ReLoRA restarts are not modelled", "lora_on_cpu": "adapters kept on the CPU are not modelled",
+    "lora_mlp_kernel": "Axolotl's LoRA kernels are not modelled (PEFT's saved tensors are counted: an upper bound)",
+    "lora_qkv_kernel": "Axolotl's LoRA kernels are not modelled (an upper bound)",
+    "lora_o_kernel": "Axolotl's LoRA kernels are not modelled (an upper bound)",
+    "unsloth_cross_entropy_loss": "Unsloth's cross-entropy is not modelled (full logits are counted: an upper bound)",
+    "unsloth_lora_mlp": "Unsloth's LoRA kernels are not modelled", "unsloth_lora_qkv": "Unsloth's LoRA kernels are not modelled",
+    "unsloth_lora_o": "Unsloth's LoRA kernels are not modelled", "unsloth_rms_norm": "Unsloth's RMSNorm is not modelled",
+    "flash_attn_cross_entropy": "flash-attn's cross-entropy is not modelled (full logits are counted: an upper bound)",
+    "flash_attn_fuse_mlp": "flash-attn's fused MLP is not modelled", "flash_attn_fuse_qkv": "fused QKV is not modelled",
+    "sequence_parallel_degree": "sequence parallelism is not modelled (estimated with whole sequences per GPU)",
+    "context_parallel_size": "context parallelism is not modelled (estimated with whole sequences per GPU)",
+    "tensor_parallel_size": "tensor parallelism is not modelled", "fp8": "fp8 training is not modelled",
+    "torch_compile": "torch.compile's memory is not modelled", "activation_offloading": "activation offloading is not modelled (an upper bound)",
+    "eval_batch_size": "evaluation batches are not estimated (training only)", "gpu_memory_limit": "a memory cap is not modelled",
+    "max_memory": "a device map with a memory cap is not modelled", "xformers_attention": "xformers attention: estimated as sdpa",
+    "s2_attention": "shifted-sparse attention: estimated as sdpa", "flex_attention": "flex attention: estimated as sdpa",
+    "liger_fused_linear_cross_entropy": "Liger's fused loss is not modelled (full logits are counted: an upper bound)",
+    "liger_rms_norm": "Liger's RMSNorm is not modelled", "liger_glu_activation": "Liger's SwiGLU is not modelled",
+    "liger_rope": "Liger's RoPE is not modelled", "liger_layer_norm": "Liger's LayerNorm is not modelled",
+    "gptq": "GPTQ bases are not modelled (estimated as a 16-bit base)",
+}
+SUPPORTED_RL = (None, "", False)
+
+
+def _method(r: Reading) -> None:
+    adapter = r.text("adapter")
+    four, eight = r.boolean("load_in_4bit", False), r.boolean("load_in_8bit", False)
+    r.mark("load_in_4bit", "load_in_8bit")
+    if adapter in (None, ""):
+        if four or eight:
+            raise r.fail("load_in_4bit" if four else "load_in_8bit", "a quantized base needs adapter lora or qlora")
+        if r.has("adapter"):
+            r.use("adapter", "method", adapter, "full")
+        return
+    if adapter not in ("lora", "qlora"):
+        raise r.fail("adapter", f"'{adapter}' is not estimated; lora, qlora or none (full fine-tuning) are")
+    if adapter == "qlora" or four:
+        r.use("adapter", "method", adapter, "qlora")
+        if four:
+            r.use("load_in_4bit", None, True)
+    else:
+        r.use("adapter", "method", adapter, "lora")
+    if eight:
+        r.use("load_in_8bit", "load_in_8bit", True)
+    _lora(r)
+
+
+def _lora(r: Reading) -> None:
+    rank = r.integer("lora_r", None, 1, 4096)
+    if rank is None:
+        raise r.fail("adapter", "Axolotl needs lora_r with an adapter (it has no default); add e.g. lora_r: 16")
+    r.use("lora_r", "lora_r", rank)
+    if r.has("lora_alpha"):
+        r.use("lora_alpha", "lora_alpha", r.number("lora_alpha"))
+    r.use("lora_dropout", "lora_dropout", r.number("lora_dropout")) if r.has("lora_dropout") else None
+    if r.boolean("lora_target_linear", False):
+        r.use("lora_target_linear", "target_modules", True, "all-linear")
+        r.mark("lora_target_modules")
+    elif r.names("lora_target_modules"):
+        r.use("lora_target_modules", "target_modules", r.get("lora_target_modules"), r.names("lora_target_modules"))
+    saved = r.names("lora_modules_to_save")
+    if saved:
+        r.use("lora_modules_to_save", "modules_to_save", r.get("lora_modules_to_save"), saved)
+    if r.boolean("peft_use_dora", False):
+        r.use("peft_use_dora", "use_dora", True)
+
+
+def _precision(r: Reading) -> None:
+    bf16, fp16 = r.get("bf16", "auto"), r.boolean("fp16", False)
+    if fp16:
+        r.use("fp16", "dtype", True, "fp16")
+    elif bf16 == "auto" or bf16 is True:
+        r.use("bf16", "dtype", bf16, "bf16") if r.has("bf16") else None
+        if bf16 == "auto":
+            r.warn("bf16" if r.has("bf16") else None, "bf16 'auto' (Axolotl's default) means bf16 where the GPU has "
+                   "it; estimated as bf16 (give --dtype fp16 for a T4 or V100)")
+    elif r.boolean("bf16") is False:
+        r.use("bf16", "dtype", False, "fp32")
+    r.mark("bf16", "fp16", "tf32", "bfloat16", "float16", "float32")
+
+
+def _attention(r: Reading) -> None:
+    for key, impl in (("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
+        if r.boolean(key, False):
+            r.use(key, "attn_implementation", True, impl)
+        elif r.has(key):
+            r.mark(key)
+
+
+def _distribution(r: Reading) -> None:
+    ds = r.get("deepspeed")
+    if isinstance(ds, str) and ds.strip():
+        r.use("deepspeed", None, ds)
+        r.refs.append(("deepspeed", ds))
+    elif isinstance(ds, dict):
+        r.warn("deepspeed", "an inline DeepSpeed config is not read; save it as a JSON file and pass it as another --config")
+    fsdp = r.get("fsdp")
+    version = r.get("fsdp_version", r.get("fsdp_config.fsdp_version"))
+    if fsdp or version or r.get("fsdp_config"):
+        words = " ".join(fsdp) if isinstance(fsdp, list) else str(fsdp or "")
+        reshard = r.get("fsdp_config.reshard_after_forward", r.get("fsdp_config.fsdp_reshard_after_forward"))
+        grad_op = "shard_grad_op" in words or reshard is False
+        r.use("fsdp" if fsdp else "fsdp_config", "sharding", fsdp or r.get("fsdp_config"),
+              "fsdp_shard_grad_op" if grad_op else "fsdp_full_shard")
+        offload = r.get("fsdp_config.offload_params", r.get("fsdp_config.fsdp_offload_params")) or "offload" in words
+        if offload:
+            r.use("fsdp_config", "offload_params", True)
+            r.use("fsdp_config", "offload_optimizer", True)
+        r.mark("fsdp_config", "fsdp_version")
+
+
+def read(r: Reading) -> None:
+    rl = r.get("rl")
+    if rl not in SUPPORTED_RL:
+        raise r.fail("rl", f"the {rl} trainer is not estimated yet; supervised fine-tuning (no rl key) is")
+    r.mark("rl")
+    if r.text("base_model"):
+        r.use("base_model", "model", r.text("base_model"))
+    _method(r)
+    for key, field in (("sequence_len", "seq_len"), ("micro_batch_size", "batch_size"),
+                       ("gradient_accumulation_steps", "gradient_accumulation_steps")):
+        if r.has(key):
+            r.use(key, field, r.integer(key, None, 1, 1_048_576))
+    if "batch_size" not in r.fields and r.integer("batch_size") and r.get("gradient_accumulation_steps"):
+        r.use("batch_size", "batch_size", r.get("batch_size"), max(1, r.get("batch_size") // r.get("gradient_accumulation_steps")))
+    if r.has("sample_packing"):
+        r.use("sample_packing", "packing", r.boolean("sample_packing", False))
+    if r.boolean("pad_to_sequence_len"):
+        r.use("pad_to_sequence_len", None, True)  # every row seq_len long: what the estimate assumes anyway
+    read_optim(r, "optimizer")
+    _checkpointing(r)
+    _attention(r)
+    _precision(r)
+    if r.boolean("cut_cross_entropy", False):
+        r.use("cut_cross_entropy", "loss_implementation", True, "chunked")
+    _distribution(r)
+    _plugins(r)
+    for key, message in NOT_MODELLED.items():
+        if r.get(key) not in (None, False, 0, "", []):
+            r.warn(key, message)
+
+
+def _checkpointing(r: Reading) -> None:
+    value = r.get("gradient_checkpointing")
+    if value in ("unsloth", "offload"):
+        r.use("gradient_checkpointing", "gradient_checkpointing", value, True)
+        r.warn("gradient_checkpointing", f"'{value}' also offloads the checkpoints to the CPU, which is not modelled "
+                                          "(estimated as plain checkpointing: an upper bound)")
+    elif value is not None:
+        r.use("gradient_checkpointing", "gradient_checkpointing", r.boolean("gradient_checkpointing"))
+
+
+def _plugins(r: Reading) -> None:
+    plugins = r.get("plugins") or []
+    for name in plugins if isinstance(plugins, list) else [plugins]:
+        text = str(name)
+        if "cut_cross_entropy" in text:
+            r.mark("plugins")
+        elif "liger" in text.lower():
+            r.warn("plugins", f"plugin {text}: Liger's kernels are not modelled (an upper bound)")
+        else:
+            r.warn("plugins", f"plugin {text}: its memory is not modelled")
+
+
+# ------------------------------------------------------------------ edits back into the file
+
+SIMPLE = {"model": "base_model", "lora_r": "lora_r", "seq_len": "sequence_len", "batch_size": "micro_batch_size",
+          "gradient_accumulation_steps": "gradient_accumulation_steps", "optim": "optimizer",
+          "gradient_checkpointing": "gradient_checkpointing", "use_dora": "peft_use_dora",
+          "modules_to_save": "lora_modules_to_save", "packing": "sample_packing", "lora_dropout": "lora_dropout"}
+ATTENTION_KEYS = {"flash_attention_2": "flash_attention", "sdpa": "sdp_attention", "eager": "eager_attention"}
+CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+SHIPPED_DS = {("zero1", False, False): "deepspeed_configs/zero1.json", ("zero2", False, False): "deepspeed_configs/zero2.json",
+              ("zero3", False, False): "deepspeed_configs/zero3_bf16.json",
+              ("zero3", True, True): "deepspeed_configs/zero3_bf16_cpuoffload_all.json",
+              ("zero3", False, True): "deepspeed_configs/zero3_bf16_cpuoffload_params.json"}
+
+
+def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
+    out: list[tuple] = [(SIMPLE[f], v, [f]) for f, v in changes.items() if f in SIMPLE]
+    if "method" in changes or "load_in_8bit" in changes or "load_in_4bit" in changes:
+        out.extend(_method_edits(changes, new, r))
+    if "target_modules" in changes:
+        targets = changes["target_modules"]
+        if targets == "all-linear":
+            out.append(("lora_target_linear", True, ["target_modules"]))
+        else:
+            out.append(("lora_target_modules", targets, ["target_modules"]))
+            if r.get("lora_target_linear"):
+                out.append(("lora_target_linear", False, ["target_modules"]))
+    if "attn_implementation" in changes:
+        out.extend(_attention_edits(changes["attn_implementation"], r))
+    if changes.get("loss_implementation") == "chunked":
+        plugins = r.get("plugins") if isinstance(r.get("plugins"), list) else []
+        if CCE_PLUGIN not in plugins:
+            out.append(("plugins", [*plugins, CCE_PLUGIN], ["loss_implementation"]))
+        out.append(("cut_cross_entropy", True, ["loss_implementation"],
+                    "Axolotl's Cut Cross Entropy plugin never builds the full logits, as the chunked loss estimated here"))
+    if "dtype" in changes:
+        out.append(("fp16" if changes["dtype"] == "fp16" else "bf16", changes["dtype"] != "fp32", ["dtype"]))
+    return out
+
+
+def _method_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
+    method = new["method"]
+    out: list[tuple] = [("adapter", None if method == "full" else method, ["method"])]
+    if method == "qlora":
+        out.append(("load_in_4bit", True, ["method"]))
+        if r.get("load_in_8bit"):
+            out.append(("load_in_8bit", False, ["load_in_8bit"]))
+    if method != "full" and not r.has("lora_r"):
+        out += [("lora_r", new["lora_r"], ["lora_r"]), ("lora_alpha", new["lora_alpha"], ["lora_alpha"])]
+        if not r.has("lora_target_linear") and not r.has("lora_target_modules") and new.get("target_modules"):
+            targets = new["target_modules"]
+            out.append(("lora_target_linear", True, ["target_modules"]) if targets == "all-linear"
+                       else ("lora_target_modules", targets, ["target_modules"]))
+    return out
+
+
+def _attention_edits(impl: str, r: Reading) -> list[tuple]:
+    out: list[tuple] = [(ATTENTION_KEYS[impl], True, ["attn_implementation"])]
+    for other in ("flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention",
+                  "s2_attention"):
+        if other != ATTENTION_KEYS[impl] and r.get(other):
+            out.append((other, False, ["attn_implementation"]))
+    return out
+
+
+def distribution_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
+    """Sharding and offload in the Axolotl file itself (no DeepSpeed JSON or accelerate config was given)."""
+    fields = [f for f in ("sharding", "offload_optimizer", "offload_params") if f in changes]
+    sharding = new["sharding"]
+    if sharding.startswith("zero"):
+        shipped = SHIPPED_DS.get((sharding, bool(new["offload_optimizer"]), bool(new["offload_params"])))
+        if shipped:
+            return [("deepspeed", shipped, fields, "a DeepSpeed config Axolotl ships (deepspeed_configs/)")]
+        name = f"deepspeed_configs/{sharding}_offload_optimizer.json"
+        return [("deepspeed", name, fields, f"write {name}: Axolotl's {sharding}.json with "
+                 '"offload_optimizer": {"device": "cpu", "pin_memory": true} in zero_optimization')]
+    if sharding.startswith("fsdp"):
+        return [("fsdp_version", 2, fields),
+                ("fsdp_config.reshard_after_forward", sharding == "fsdp_full_shard", fields),
+                ("fsdp_config.offload_params", bool(new["offload_params"]), fields)]
+    return [(None, None, fields, "plain data parallel needs no key: launch with one process per GPU")]

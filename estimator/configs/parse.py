@@ -1,0 +1,226 @@
+"""Reading a config file safely: a size cap before parsing, UTF-8 only, YAML without tags or aliases, bounded
+nesting, no duplicate keys. Every failure is one :class:`ConfigError` naming the file and the line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.events import AliasEvent, CollectionStartEvent, ScalarEvent
+from yaml.nodes import MappingNode, SequenceNode
+
+from ..errors import safe_text
+from .types import ConfigError
+
+MAX_CONFIG_BYTES = 256 * 1024  # the biggest real training config is a few KB
+MAX_DEPTH = 32  # real configs nest three or four levels
+MAX_ITEMS = 10_000  # keys and list items in one file
+
+
+@dataclass
+class Doc:
+    """A parsed config: its top-level mapping and the line of each key path ("a" or "a.b")."""
+
+    name: str
+    text: str
+    data: dict
+    syntax: str  # "yaml" or "json"
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def line(self, key: str) -> int | None:
+        return self.lines.get(key)
+
+    def where(self, key: str | None = None) -> str:
+        line = self.line(key) if key else None
+        return f"{self.name} line {line}" if line else self.name
+
+
+def decode(name: str, raw: bytes | str) -> str:
+    """The file's text: at most MAX_CONFIG_BYTES, UTF-8 (a BOM is dropped)."""
+    size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: {size} bytes; a training config is at most {MAX_CONFIG_BYTES // 1024} KB")
+    if isinstance(raw, str):
+        return raw.lstrip("\ufeff")
+    try:
+        return raw.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{name} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (billion laughs) and explicit tags, and bounds nesting and size."""
+
+    def __init__(self, stream, name: str):
+        super().__init__(stream)
+        self.config_name = name
+        self.depth = 0
+        self.items = 0
+
+    def _refuse(self, event, what: str):
+        line = event.start_mark.line + 1 if event.start_mark else "?"
+        raise ConfigError(f"{self.config_name} line {line}: {what}")
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
+            self._refuse(event, f"YAML alias '*{safe_text(event.anchor, 40)}' is not accepted in a training config; "
+                                "write the value out")
+        if isinstance(event, (ScalarEvent, CollectionStartEvent)) and event.tag not in (None, "!"):
+            self._refuse(event, f"YAML tag '{safe_text(event.tag, 60)}' is not accepted in a training config")
+        self.items += 1
+        if self.items > MAX_ITEMS:
+            self._refuse(event, f"more than {MAX_ITEMS} values; this is not a training config")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            self._refuse(event, f"nested deeper than {MAX_DEPTH} levels; this is not a training config")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node.value, str) else None
+            if key is not None and key in seen:
+                raise ConfigError(f"{self.config_name} line {key_node.start_mark.line + 1}: key "
+                                  f"'{safe_text(key, 60)}' appears twice; keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _node_lines(node, prefix: str, out: dict[str, int]) -> None:
+    if not isinstance(node, MappingNode):
+        return
+    for key_node, value_node in node.value:
+        if not isinstance(key_node.value, str):
+            continue
+        path = f"{prefix}.{key_node.value}" if prefix else key_node.value
+        out[path] = key_node.start_mark.line + 1
+        if isinstance(value_node, MappingNode) and prefix.count(".") < 2:
+            _node_lines(value_node, path, out)
+        elif isinstance(value_node, SequenceNode):
+            continue
+
+
+def parse_yaml(name: str, text: str) -> Doc:
+    loader = _Loader(text, name)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except ConfigError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{name}{line}: not valid YAML: {safe_text(exc.problem or exc.context, 200)}") from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{name}: not valid YAML: {safe_text(exc, 200)}") from None
+    finally:
+        loader.dispose()
+    lines: dict[str, int] = {}
+    _node_lines(node, "", lines)
+    return Doc(name, text, _top_mapping(name, data), "yaml", lines)
+
+
+def _top_mapping(name: str, data: Any) -> dict:
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{name} line 1: the file is {kind}; a training config is a mapping of keys to values")
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"{name}: key {safe_text(repr(key), 60)} is not text")
+    return data
+
+
+def _json_depth(name: str, text: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH before json (recursive in C) sees it."""
+    depth, in_string, escaped, line = 0, False, False, 1
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{name} line {line}: nested deeper than {MAX_DEPTH} levels; this is not a training config")
+        elif char in "]}":
+            depth -= 1
+        if char == "\n":
+            line += 1
+
+
+def _json_pairs(name: str):
+    def hook(pairs):
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                raise ConfigError(f"{name}: key '{safe_text(key, 60)}' appears twice; keep one")
+            out[key] = value
+        return out
+    return hook
+
+
+def _json_constant(name: str):
+    def refuse(token):
+        raise ConfigError(f"{name}: {token} is not a JSON number; write a finite number")
+    return refuse
+
+
+def parse_json(name: str, text: str) -> Doc:
+    _json_depth(name, text)
+    try:
+        data = json.loads(text, object_pairs_hook=_json_pairs(name), parse_constant=_json_constant(name))
+    except ConfigError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name} line {exc.lineno}: not valid JSON: {safe_text(exc.msg, 200)}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{name}: not valid JSON: {safe_text(exc, 200)}") from None
+    data = _top_mapping(name, data)
+    return Doc(name, text, data, "json", _json_lines(text, data))
+
+
+def _json_lines(text: str, data: dict) -> dict[str, int]:
+    """Approximate key lines of a JSON file: the first line holding '"key"' (JSON configs are small)."""
+    lines: dict[str, int] = {}
+    rows = text.splitlines()
+
+    def find(key: str, start: int) -> int | None:
+        needle = json.dumps(key) + ":"
+        for i in range(start, len(rows)):
+            if needle in rows[i].replace('" :', '":'):
+                return i
+        return None
+
+    for key, value in data.items():
+        at = find(key, 0)
+        if at is None:
+            continue
+        lines[key] = at + 1
+        if isinstance(value, dict):
+            for sub in value:
+                sub_at = find(sub, at)
+                if sub_at is not None:
+                    lines[f"{key}.{sub}"] = sub_at + 1
+    return lines
+
+
+def parse(name: str, raw: bytes | str) -> Doc:
+    """Parse a config: JSON when it looks like JSON (or ends in .json), YAML otherwise."""
+    text = decode(name, raw)
+    if not text.strip():
+        raise ConfigError(f"{name} line 1: the file is empty; a training config is a mapping of keys to values")
+    if text.lstrip().startswith("{") or name.lower().endswith(".json"):
+        return parse_json(name, text)
+    return parse_yaml(name, text)
