@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from . import peft_knobs
 from .constants import DTYPE_BYTES, constant
 from .moe_adapters import expert_adapter_shapes
 from .resolved import ResolvedPlan
@@ -95,10 +96,13 @@ def adapter_bytes(r: ResolvedPlan) -> int:
     estimator/moe_adapters.py), each tensor rounded to the allocator's block.
 
     PEFT 0.21 (get_peft_model, autocast_adapter_dtype=True) keeps adapters in fp32 on an unquantized
-    bf16/fp16 base; TRL 1.16's SFTTrainer casts them to bf16 on a quantized base.
+    bf16/fp16 base; TRL 1.16's SFTTrainer casts them to bf16 on a quantized base. Plus what trains beside
+    them (:func:`peft_knobs.extra_weight_bytes`): a V x H copy per modules_to_save entry and DoRA's
+    out_features magnitude vector per adapted linear.
     """
     if r.adapter_dtype is None:
         return 0
+    extra = peft_knobs.extra_weight_bytes(r)
     per = DTYPE_BYTES[r.adapter_dtype]
     rank = r.plan.lora_r
     return sum(
@@ -107,13 +111,14 @@ def adapter_bytes(r: ResolvedPlan) -> int:
         for lin in r.adapted_linears(i)
     ) + sum(
         n * _round_block(rows * cols * per) for i, n in r.spec.layer_groups for rows, cols in r.expert_adapter_shapes(i)
-    )
+    ) + extra
 
 
 def gradient_bytes(r: ResolvedPlan) -> int:
     """Gradients of the trainable parameters, in the parameter's dtype (autograd accumulates
-    ``.grad`` in the dtype of the leaf): trainable params x bytes per param."""
-    return r.trainable_params * r.trainable_bytes_per_param
+    ``.grad`` in the dtype of the leaf): trainable params x bytes per param, each group in its own dtype
+    (modules_to_save copies, DoRA magnitudes: :func:`peft_knobs.trainable_bytes`)."""
+    return peft_knobs.trainable_bytes(r)
 
 
 def optimizer_state_bytes(r: ResolvedPlan) -> int:
@@ -137,7 +142,7 @@ def optimizer_state_bytes(r: ResolvedPlan) -> int:
     per = r.trainable_bytes_per_param
     tensors = r.trainable_tensors
     if optim in ("adamw_torch_fused", "adamw_torch"):
-        return 2 * n * per + tensors * _round_block(4)
+        return 2 * peft_knobs.trainable_bytes(r) + tensors * _round_block(4)
     if optim == "paged_adamw_32bit":
         return 2 * n * 4 + tensors * _round_block(4)
     if optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
@@ -172,7 +177,7 @@ def _trainable_matrix_shapes(r: ResolvedPlan) -> list[tuple[int, int, int]]:
                 shapes.append((rank, lin.in_features, n))
                 shapes.append((lin.out_features, rank, n))
             shapes.extend((rows, cols, n) for rows, cols in r.expert_adapter_shapes(i))
-        return shapes
+        return shapes + peft_knobs.extra_matrix_shapes(r)
     h = spec.hidden_size
     shapes.append((spec.vocab_size, h, 1 if spec.tie_word_embeddings else 2))
     shapes.append((h, 1, 1))
@@ -223,10 +228,11 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
     """
     optim = r.plan.optim
     if optim == "adamw_torch":
-        return r.trainable_params * r.trainable_bytes_per_param
+        return peft_knobs.trainable_bytes(r)
     if optim == "adafactor":
         largest = max(rows * cols for rows, cols, _ in _trainable_matrix_shapes(r))
-        copies = 2 if r.trainable_bytes_per_param == DTYPE_BYTES["fp32"] else 4
+        # the largest may be a modules_to_save copy, in its own dtype
+        copies = 2 if peft_knobs.largest_trainable_bytes_per_param(r) == DTYPE_BYTES["fp32"] else 4
         return copies * _round_block(largest * 4)
     return 0
 
@@ -353,6 +359,7 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
         total += _moe_activation_bytes(r)
     else:
         total += _mlp_activation_bytes(r, spec.dense_mlp_linears(), spec.intermediate_size, t, consumers)
+    total += peft_knobs.dora_layer_saved_bytes(r, layer)  # DoRA: weight copies, base and LoRA results
     return total
 
 
@@ -478,7 +485,8 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     if r.loss_implementation == "chunked":
         return _round_block(a * n * spec.hidden_size) + 8 * _round_block(4 * n)
     t = r.tokens
-    return _round_block(a * t * spec.vocab_size) + _round_block(4 * t * spec.vocab_size)
+    # + a trainable modules_to_save head's input (and cast): peft_knobs.head_copy_saved_bytes
+    return _round_block(a * t * spec.vocab_size) + _round_block(4 * t * spec.vocab_size) + peft_knobs.head_copy_saved_bytes(r)
 
 
 def loss_backward_bytes(r: ResolvedPlan) -> int:
@@ -500,6 +508,7 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
         if r.full:
             total += _round_block(4 * spec.vocab_size * spec.hidden_size)
             total += _round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
+        total += peft_knobs.head_copy_loss_backward_bytes(r)  # a modules_to_save head: fp32 gradient and its cast
         return total
     t = r.tokens
     return 2 * _round_block(4 * t * spec.vocab_size)
@@ -586,6 +595,8 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
             widest = max(widest, lin.in_features)
     if not widest:
         return 0
+    # DoRA: the weight-norm work of its largest linear comes on top (peft_knobs.dora_forward_transient_bytes)
+    dora = peft_knobs.dora_forward_transient_bytes(r)
     t = r.tokens
     total = _round_block(r.act_bytes * t * widest)
     if r.adapter_dtype != r.compute_dtype:
@@ -593,7 +604,7 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
         total += _round_block(per * t * widest)
         if r.plan.lora_dropout > 0:
             total += _round_block(per * t * widest)
-    return total
+    return total + dora
 
 
 def dequantization_bytes(r: ResolvedPlan) -> int:

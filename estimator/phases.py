@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import memory as m
+from . import peft_knobs
 from . import sharding
 from .resolved import ResolvedPlan
 
@@ -120,6 +121,8 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     head_grad = 0
     if r.full:
         head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
+    else:  # a modules_to_save copy of lm_head gets its gradient at the loss end of backward
+        head_grad = int(peft_knobs.head_copy_grad_bytes(r) * grad_factor)
     # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
     start_head = head_grad if r.loss_implementation == "standard" else 0
     start_gather = sh.gather_backward_start if fsdp else gather_bwd
@@ -200,7 +203,8 @@ def _layer_grad_bytes(r: ResolvedPlan, factor: float) -> dict[int, int]:
     if r.full:
         return {i: int(r.spec.layer_params(i) * per * factor) for i, _ in r.spec.layer_groups}
     # adapters on the block's linears and, where PEFT adapts them, on its fused experts
-    out = {i: r.layer_adapter_params(i) * per for i, _ in r.spec.layer_groups}
+    # + DoRA's magnitude vectors (peft_knobs.layer_extra_grad_bytes)
+    out = {i: r.layer_adapter_params(i) * per + peft_knobs.layer_extra_grad_bytes(r, i) for i, _ in r.spec.layer_groups}
     if r.plan.sharding != "none":
         out = {i: int(v * factor) for i, v in out.items()}
     return out

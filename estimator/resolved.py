@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import peft_knobs
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
@@ -95,13 +96,16 @@ class ResolvedPlan:
 
     @property
     def trainable_params(self) -> int:
-        return self.spec.total_params if self.full else self.adapter_params
+        if self.full:
+            return self.spec.total_params
+        # modules_to_save copies and DoRA magnitude vectors train beside the LoRA matrices (estimator/peft_knobs.py)
+        return self.adapter_params + peft_knobs.extra_trainable_params(self)
 
     @property
     def trainable_tensors(self) -> int:
         """How many parameter tensors train (optimizer states and step counters are per tensor)."""
         if not self.full:
-            return self.adapter_tensors
+            return self.adapter_tensors + peft_knobs.extra_trainable_tensors(self)
         spec = self.spec
         per_layer = 0
         for i, n in spec.layer_groups:
@@ -241,7 +245,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         kbit_prepared=kbit_prepared,
         frozen_dtype=frozen_dtype,
         residual_dtype=residual_dtype,
-        modules_to_save=tuple(plan.modules_to_save or ()),
+        modules_to_save=peft_knobs.resolve_modules_to_save(plan, spec) if plan.uses_adapters else (),
         use_dora=plan.use_dora,
         expert_lora=expert_lora if expert_lora is not None and expert_lora.any else None,
     )

@@ -79,6 +79,9 @@ def lora_config(plan):
         target_modules=targets,  # None: PEFT's default for the architecture; "all-linear" passes through
         bias="none",
         task_type="CAUSAL_LM",
+        # trainable copies of whole modules (peft ModulesToSaveWrapper) and DoRA's magnitude vectors
+        modules_to_save=list(plan.modules_to_save) if plan.modules_to_save else None,
+        use_dora=plan.use_dora,
     )
 
 

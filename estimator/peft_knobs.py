@@ -1,0 +1,337 @@
+"""PEFT's ``modules_to_save`` and ``use_dora``: what they add to a LoRA/QLoRA step's memory.
+
+Read from PEFT 0.21.2 and TRL 1.16 in the venv (.venv/lib/python3.11/site-packages/):
+
+**modules_to_save** (peft/utils/other.py ``ModulesToSaveWrapper.update``, ``_set_trainable``): every module whose
+name ends with a listed name is wrapped, and the wrapper trains ``copy.deepcopy(original_module)`` while the original
+stays frozen. The copy keeps the original's dtype: ``cast_adapter_dtype`` (peft/tuners/tuners_utils.py) upcasts only
+parameters inside ``BaseTunerLayer`` modules, and the wrapper is not one. TRL 1.16 (trl/trainer/sft_trainer.py) casts
+every trainable parameter to bf16 on a quantized base, the copies included (they are bf16 there already); the
+``transformers`` stack copies after ``prepare_model_for_kbit_training``, so from an fp32 module. Tied embeddings
+(Llama-3.2-1B, Qwen2.5-0.5B/1.5B): with ``ensure_weight_tying`` off (LoraConfig's default) each listed module gets its
+own copy; ``['lm_head']`` trains a V x H copy of the head while the tied embedding/head matrix stays frozen and shared,
+``['embed_tokens', 'lm_head']`` trains two independent V x H copies. So the count is one V x H per listed module,
+tied or not. Modelled names: ``embed_tokens`` and ``lm_head`` (every checked family uses them); other module names
+(block linears, norms) are refused until modelled.
+
+Where their memory goes: the copy, its gradient and its optimizer states (per tensor); the head copy's gradient is
+made at the loss end of backward (TRL's chunked head accumulates it in fp32, 4·V·H, then casts it to the weight
+dtype, trl/kernels/chunked_logprob.py; the standard loss's lm_head matmul writes it directly), the embedding copy's at
+the very end (a dense V x H from ``embedding_dense_backward``). A trainable head keeps its input for backward: the
+chunked head's contiguous copy of the final hidden states is saved anyway; the standard loss's ``lm_head`` linear
+saves the final norm's output, a·T·H (and, for an fp32 copy under autocast, its a·V·H cast).
+
+**use_dora** (peft/tuners/lora/dora.py ``DoraLinearLayer``, variants.py ``DoraLinearVariant``, layer.py): each adapted
+linear gains ``lora_magnitude_vector`` (out_features, trainable; fp32 by PEFT's autocast_adapter_dtype and left in
+fp32 by TRL's bf16 cast, which skips names containing ``lora_magnitude_vector``). Per forward (again in a checkpointed
+block's recomputation), with x the adapter input (cast to the adapter dtype, p bytes) and a the compute dtype:
+
+1. ``get_lora_weight``: ``x_eye = torch.eye(in)`` in the adapter dtype (p·in²) goes through lora_A and lora_B under
+   autocast: lora_A saves x_eye's compute-dtype cast (a·in², or x_eye itself when p == a) in a graph that lives
+   until the layer returns; lora_B's output is the in x out product (a·in·out).
+2. ``lora_weight.to(x.dtype)`` and ``dequantize_module_weight(base).to(x.dtype)`` (the parameter itself when the
+   base is unquantized and already in x's dtype; a new tensor otherwise: bitsandbytes dequantizes a 4-bit weight);
+   ``get_weight_norm`` adds ``scaling * lora_weight`` and the sum: up to four out x in tensors in x's dtype while
+   ``torch.linalg.norm(dim=1)`` reduces them (autocast on CUDA gives the norm an fp32 dtype argument, not a copy).
+   The norm is detached: nothing of it is saved.
+3. with lora_dropout > 0, ``base_result = F.linear(dropout(x), weight)``: autograd saves the weight it multiplied,
+   the compute-dtype cast of the dequantized/cast weight (a·out·in), unless that is the stored parameter itself;
+   with lora_dropout == 0 the base layer's output is reused and no weight is saved.
+4. ``(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling``: the products save base_result
+   and lora_result (2 x a·T·out; plain LoRA's scalar scaling saves neither).
+
+Measured (fake tensors, torch 2.13): a single 4096 -> 1024 DoRA linear at 512 tokens keeps exactly the weight copy,
+base_result and lora_result beyond plain LoRA, and its forward peak is step 1 (x_eye 64 MiB fp32 + 32 MiB cast);
+a 4096 -> 4096 one peaks in step 2 (four fp32 out x in tensors and the a·in² cast).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .constants import DTYPE_BYTES
+from .errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .plan import TrainingPlan
+    from .resolved import ResolvedPlan
+    from .spec import LinearSpec, ModelSpec
+
+EMBEDDING = "embed_tokens"
+HEAD = "lm_head"
+MODELLED_MODULES_TO_SAVE = (EMBEDDING, HEAD)
+# Module names of a decoder outside its linears that PEFT's suffix match can reach (peft/utils/other.py _set_trainable
+# matches ``key.endswith(name)``): trained in full by PEFT, not modelled here yet.
+_OTHER_MODULES = ("norm", "input_layernorm", "post_attention_layernorm", "self_attn", "mlp", "layers", "model", "rotary_emb")
+
+
+def _round_block(nbytes: float) -> int:
+    from .memory import _round_block as round_block
+
+    return round_block(nbytes)
+
+
+# ---------------------------------------------------------------------------
+# resolution
+
+
+def resolve_modules_to_save(plan: "TrainingPlan", spec: "ModelSpec") -> tuple[str, ...]:
+    """The plan's modules_to_save, checked against the model: embed_tokens and lm_head are modelled; a module the
+    model has but the memory model does not train in full yet is refused, and so is a name the model does not have
+    (PlanError on field modules_to_save, naming the valid choices)."""
+    names = tuple(plan.modules_to_save or ())
+    if not names:
+        return ()
+    linears = spec.linear_names()
+    known = set(MODELLED_MODULES_TO_SAVE) | set(linears) | set(_OTHER_MODULES)
+    if spec.qk_norm != "none":
+        known |= {"q_norm", "k_norm"}
+    unknown = [n for n in names if n.rsplit(".", 1)[-1] not in known]
+    if unknown:
+        raise PlanError(
+            f"modules_to_save: this model has no module named {', '.join(repr(n) for n in unknown)}; choose from "
+            f"{', '.join(MODELLED_MODULES_TO_SAVE)} (the embedding and the LM head)",
+            field="modules_to_save",
+        )
+    unmodelled = [n for n in names if n.rsplit(".", 1)[-1] not in MODELLED_MODULES_TO_SAVE]
+    if unmodelled:
+        raise PlanError(
+            f"modules_to_save: training {', '.join(repr(n) for n in unmodelled)} in full beside the adapters is not "
+            f"modelled yet; the estimate models {', '.join(MODELLED_MODULES_TO_SAVE)} (use target_modules to adapt "
+            "block linears with LoRA instead)",
+            field="modules_to_save",
+        )
+    return tuple(sorted({n.rsplit(".", 1)[-1] for n in names}))
+
+
+def saved_copy_dtype(r: "ResolvedPlan") -> str:
+    """dtype of the modules_to_save copies: the original's (the frozen dtype: the weight dtype, fp32 after
+    prepare_model_for_kbit_training), unless the stack casts the trainable parameters: TRL 1.16 to bf16 on a quantized
+    base; the transformers-style stack (recipes/setup.py) to the plan's adapter_dtype or its framework's default."""
+    stack = r.plan.stack
+    quantized = r.quantization != "none"
+    if r.framework == "trl":
+        cast = stack.adapter_dtype_quantized if quantized else None
+    else:
+        cast = r.plan.adapter_dtype or (stack.adapter_dtype_quantized if quantized else stack.adapter_dtype_unquantized)
+    return cast or r.frozen_dtype
+
+
+def magnitude_dtype(r: "ResolvedPlan") -> str:
+    """dtype of DoRA's magnitude vectors: fp32 (PEFT's autocast_adapter_dtype; TRL's bf16 cast skips them), unless a
+    non-TRL stack casts every trainable parameter to the plan's adapter_dtype."""
+    if r.framework != "trl" and r.plan.adapter_dtype:
+        return r.plan.adapter_dtype
+    return "fp32"
+
+
+def head_trains_as_copy(r: "ResolvedPlan") -> bool:
+    return not r.full and HEAD in r.modules_to_save
+
+
+def embedding_trains_as_copy(r: "ResolvedPlan") -> bool:
+    return not r.full and EMBEDDING in r.modules_to_save
+
+
+def dora(r: "ResolvedPlan") -> bool:
+    return r.use_dora and r.adapter_dtype is not None
+
+
+# ---------------------------------------------------------------------------
+# trainable parameters beside the LoRA matrices
+
+
+def extra_trainable_groups(r: "ResolvedPlan") -> list[tuple[int, int, int]]:
+    """(parameters, bytes per parameter, tensors) of what trains beside the LoRA A/B matrices: one V x H copy per
+    modules_to_save entry, one out_features magnitude vector per DoRA-adapted linear."""
+    groups: list[tuple[int, int, int]] = []
+    if r.full:
+        return groups
+    spec = r.spec
+    copies = sum(1 for n in r.modules_to_save if n in MODELLED_MODULES_TO_SAVE)
+    if copies:
+        groups.append((copies * spec.vocab_size * spec.hidden_size, DTYPE_BYTES[saved_copy_dtype(r)], copies))
+    if dora(r):
+        params = sum(n * lin.out_features for i, n in spec.layer_groups for lin in r.adapted_linears(i))
+        tensors = sum(n * len(r.adapted_linears(i)) for i, n in spec.layer_groups)
+        if tensors:
+            groups.append((params, DTYPE_BYTES[magnitude_dtype(r)], tensors))
+    return groups
+
+
+def extra_trainable_params(r: "ResolvedPlan") -> int:
+    return sum(p for p, _, _ in extra_trainable_groups(r))
+
+
+def extra_trainable_tensors(r: "ResolvedPlan") -> int:
+    return sum(t for _, _, t in extra_trainable_groups(r))
+
+
+def extra_weight_bytes(r: "ResolvedPlan") -> int:
+    """The copies and magnitude vectors themselves, each tensor rounded to the allocator block."""
+    if r.full:
+        return 0
+    spec = r.spec
+    total = 0
+    copies = sum(1 for n in r.modules_to_save if n in MODELLED_MODULES_TO_SAVE)
+    total += copies * _round_block(spec.vocab_size * spec.hidden_size * DTYPE_BYTES[saved_copy_dtype(r)])
+    if dora(r):
+        per = DTYPE_BYTES[magnitude_dtype(r)]
+        total += sum(n * _round_block(lin.out_features * per) for i, n in spec.layer_groups for lin in r.adapted_linears(i))
+    return total
+
+
+def trainable_bytes(r: "ResolvedPlan") -> int:
+    """Bytes of all trainable parameters in their own dtypes (params x bytes, unrounded): the size of their gradients,
+    of torch AdamW's states per moment, and of foreach AdamW's temporary. Without the knobs: trainable params x bytes
+    per param, as before."""
+    groups = extra_trainable_groups(r)
+    base = (r.trainable_params - sum(p for p, _, _ in groups)) * r.trainable_bytes_per_param
+    return base + sum(p * b for p, b, _ in groups)
+
+
+def extra_matrix_shapes(r: "ResolvedPlan") -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of the extra trainable tensors, for Adafactor's factored states and 8-bit blocks."""
+    shapes: list[tuple[int, int, int]] = []
+    if r.full:
+        return shapes
+    copies = sum(1 for n in r.modules_to_save if n in MODELLED_MODULES_TO_SAVE)
+    if copies:
+        shapes.append((r.spec.vocab_size, r.spec.hidden_size, copies))
+    if dora(r):
+        for i, n in r.spec.layer_groups:
+            for lin in r.adapted_linears(i):
+                shapes.append((lin.out_features, 1, n))
+    return shapes
+
+
+def largest_trainable_bytes_per_param(r: "ResolvedPlan") -> int:
+    """bytes per parameter of the largest trainable tensor (Adafactor upcasts it to fp32: two or four copies)."""
+    if r.full or not r.modules_to_save:
+        return r.trainable_bytes_per_param
+    rank = r.plan.lora_r
+    lora_largest = max((rank * max(lin.in_features, lin.out_features) for i, _ in r.spec.layer_groups
+                        for lin in r.adapted_linears(i)), default=0)
+    if r.spec.vocab_size * r.spec.hidden_size >= lora_largest:
+        return DTYPE_BYTES[saved_copy_dtype(r)]
+    return r.trainable_bytes_per_param
+
+
+def layer_extra_grad_bytes(r: "ResolvedPlan", layer: int) -> int:
+    """Gradient bytes one block adds beside its LoRA matrices: DoRA's magnitude vectors (out x bytes per linear)."""
+    if not dora(r):
+        return 0
+    per = DTYPE_BYTES[magnitude_dtype(r)]
+    return sum(lin.out_features * per for lin in r.adapted_linears(layer))
+
+
+# ---------------------------------------------------------------------------
+# the trainable head and embedding in the step
+
+
+def head_copy_grad_bytes(r: "ResolvedPlan") -> int:
+    """The head copy's gradient, V x H in its dtype (0 unless lm_head is in modules_to_save)."""
+    if not head_trains_as_copy(r):
+        return 0
+    return r.spec.vocab_size * r.spec.hidden_size * DTYPE_BYTES[saved_copy_dtype(r)]
+
+
+def head_copy_loss_backward_bytes(r: "ResolvedPlan") -> int:
+    """TRL's chunked head with a trainable head copy (trl/kernels/chunked_logprob.py backward): the gradient is
+    accumulated in fp32 (``torch.zeros(weight.shape, dtype=float32)``, 4·V·H) and returned as
+    ``grad_weight.to(weight.dtype)``, a second V x H in the copy's dtype (none when the copy is fp32)."""
+    if not head_trains_as_copy(r):
+        return 0
+    vh = r.spec.vocab_size * r.spec.hidden_size
+    per = DTYPE_BYTES[saved_copy_dtype(r)]
+    return _round_block(4 * vh) + (_round_block(per * vh) if per != 4 else 0)
+
+
+def head_copy_saved_bytes(r: "ResolvedPlan") -> int:
+    """What a trainable head copy keeps for backward under the standard loss: lm_head's input, the final norm's
+    output a·T·H (a frozen head keeps nothing: the matmul saves its input only for the weight's gradient), plus the
+    compute-dtype cast of an fp32 copy under autocast (a·V·H, saved for the input's gradient). The chunked head saves
+    its contiguous copy of the hidden states whether the head trains or not (loss_forward_bytes)."""
+    if not head_trains_as_copy(r) or r.loss_implementation == "chunked":
+        return 0
+    from . import memory
+
+    a = r.act_bytes
+    total = _round_block(a * r.tokens * r.spec.hidden_size)
+    frozen_head_cast = getattr(memory, "lm_head_cast_bytes", None)  # a kbit-prepared fp32 head's cast, counted there
+    if r.autocast and saved_copy_dtype(r) != r.compute_dtype and not (frozen_head_cast and frozen_head_cast(r)):
+        total += _round_block(a * r.spec.vocab_size * r.spec.hidden_size)
+    return total
+
+
+# ---------------------------------------------------------------------------
+# DoRA's per-forward work
+
+
+def _x_bytes(r: "ResolvedPlan") -> int:
+    """Bytes of the adapter input x inside PEFT's Linear.forward: cast to lora_A's dtype (``_cast_input_dtype``)."""
+    assert r.adapter_dtype is not None
+    return DTYPE_BYTES[r.adapter_dtype]
+
+
+def _weight_in_x_is_new(r: "ResolvedPlan") -> bool:
+    """Whether ``dequantize_module_weight(base).to(x.dtype)`` allocates: always for a 4/8-bit base (dequantized),
+    for an unquantized one when its dtype differs from x's."""
+    if r.quantization != "none":
+        return True
+    return r.frozen_dtype != r.adapter_dtype
+
+
+def dora_layer_saved_bytes(r: "ResolvedPlan", layer: int) -> int:
+    """What DoRA adds to a block's saved tensors, per adapted linear (peft/tuners/lora/dora.py forward):
+    base_result and lora_result kept by the magnitude products, 2 x a·T·out; with lora_dropout > 0 the weight
+    F.linear multiplied, a·out·in, unless that is the stored parameter (unquantized, stored in the compute dtype and
+    x already in it, so no cast happens)."""
+    if not dora(r):
+        return 0
+    a = r.act_bytes
+    t = r.tokens
+    total = 0
+    for lin in r.adapted_linears(layer):
+        total += 2 * _round_block(a * t * lin.out_features)
+        if r.plan.lora_dropout > 0:
+            param_itself = (
+                r.quantization == "none"
+                and r.frozen_dtype == r.compute_dtype
+                and r.adapter_dtype == r.compute_dtype
+            )
+            if not param_itself:
+                total += _round_block(a * lin.weight_params)
+    return total
+
+
+def dora_linear_forward_transient_bytes(r: "ResolvedPlan", lin: "LinearSpec") -> int:
+    """The largest set DoRA allocates and frees inside one adapted linear's forward, beyond plain LoRA's:
+
+    - step 1 (get_lora_weight): x_eye p·in², its compute-dtype cast a·in² (when p != a under autocast), lora_A's
+      output a·in·r and lora_B's a·in·out;
+    - step 2 (get_weight_norm): the graph-held x_eye (a·in²), ``lora_weight`` in x's dtype, the base weight in x's
+      dtype when that is a new tensor, ``scaling * lora_weight`` and the sum: (3 + new)·px·out·in
+      (px = bytes of x's dtype);
+    the larger of the two. The weight copy saved in step 3 is counted in :func:`dora_layer_saved_bytes`.
+    """
+    a = r.act_bytes
+    p = _x_bytes(r)
+    cast = r.autocast and p != a
+    i, o = lin.in_features, lin.out_features
+    step1 = _round_block(p * i * i) + (_round_block(a * i * i) if cast else 0)
+    step1 += _round_block(a * i * r.plan.lora_r) + _round_block(a * i * o)
+    held = _round_block((a if cast else p) * i * i)
+    new = 1 if _weight_in_x_is_new(r) else 0
+    step2 = held + (3 + new) * _round_block(p * o * i)
+    return max(step1, step2)
+
+
+def dora_forward_transient_bytes(r: "ResolvedPlan") -> int:
+    """:func:`dora_linear_forward_transient_bytes` of the adapted linear where it is largest (0 without DoRA)."""
+    if not dora(r):
+        return 0
+    return max(
+        (dora_linear_forward_transient_bytes(r, lin) for i, _ in r.spec.layer_groups for lin in r.adapted_linears(i)),
+        default=0,
+    )
