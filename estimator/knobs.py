@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .models import ResolvedModel
 from .plan import MAX_NUM_GPUS, TrainingPlan
+from .moe_adapters import PEFT_EXPERT_TARGETS
 from .spec import PEFT_DEFAULT_TARGETS
 
 
@@ -115,6 +116,10 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     method_levels: list[dict] = []
     needs_targets = (p.target_modules is None and PEFT_DEFAULT_TARGETS.get(rm.spec.model_type) is None)
     extra_targets = {"target_modules": "all-linear"} if needs_targets else {}
+    if needs_targets and p.lora_dropout > 0 and rm.spec.moe is not None and rm.spec.model_type in PEFT_EXPERT_TARGETS:
+        # all-linear would put PEFT's expert adapters on the fused experts, which refuse dropout
+        # (estimator/moe_adapters.py): propose the attention projections instead
+        extra_targets = {"target_modules": sorted(lin.name for lin in rm.spec.attention_linears())}
     to_qlora = {"method": "qlora"}
     if p.load_in_8bit:
         to_qlora["load_in_8bit"] = False
