@@ -22,6 +22,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Generic, Iterable, Mapping, TypeVar
 
+from .gpu_names import GPULookup, lookup_gpu, suggest_gpu_names
+
 __all__ = [
     "CatalogModel",
     "CatalogGPU",
@@ -34,6 +36,8 @@ __all__ = [
     "search_models",
     "search_gpus",
     "normalize_name",
+    "lookup_gpu",
+    "GPULookup",
 ]
 
 
@@ -343,8 +347,9 @@ def find_model(name: str, *, forgiving: bool = True) -> CatalogModel | None:
 
 
 def find_gpu(name: str) -> CatalogGPU | None:
-    """The catalog GPU for a name or forgiving alias ("rtx4090", "a100 80gb", "h100"), or None."""
-    return _gpu_index().find(name)
+    """The catalog GPU for a name as people write it ("NVIDIA GeForce RTX 4090", "a100 80g", "h100"), or None
+    (unknown or ambiguous: ``lookup_gpu`` says which, and lists the candidates)."""
+    return lookup_gpu(name).entry
 
 
 def suggest_models(name: str, limit: int = 5) -> list[str]:
@@ -353,8 +358,8 @@ def suggest_models(name: str, limit: int = 5) -> list[str]:
 
 
 def suggest_gpus(name: str, limit: int = 5) -> list[str]:
-    """Names of the catalog GPUs closest to ``name``, best first, for "did you mean" messages."""
-    return _gpu_index().suggest(name, limit, lambda g: g.name)
+    """Names of the catalog GPUs closest to ``name`` as a whole (memory included), best first, for "did you mean"."""
+    return suggest_gpu_names(name, limit)
 
 
 def search_models(query: str = "") -> list[CatalogModel]:
@@ -373,4 +378,9 @@ def search_gpus(query: str = "") -> list[CatalogGPU]:
     q = (query or "").strip().lower()
     if q and any(q == g.vendor or q == g.category for g in idx.entries):
         return [g for g in idx.entries if q in (g.vendor, g.category)]
-    return idx.search(query)
+    hits = idx.search(query)
+    if not hits and q:  # a whole name as nvidia-smi prints it ("NVIDIA GeForce RTX 4090"): what it resolves to
+        found = lookup_gpu(query)
+        hits = [found.entry] if found.entry else [g for g in idx.entries if g.name in found.candidates
+                                                   and found.status in ("ambiguous", "no_such_size")]
+    return hits

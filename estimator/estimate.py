@@ -79,14 +79,10 @@ def _gib(n: int) -> float:
 
 def resolve_gpu(plan: TrainingPlan) -> GPUTarget | None:
     if plan.gpu is not None:
-        entry = catalog.find_gpu(plan.gpu)
-        if entry is None:
-            close = catalog.suggest_gpus(plan.gpu, limit=5)
-            hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
-            raise UnknownGPUError(
-                f"gpu: '{plan.gpu}' is not in the GPU catalog{hint} Or give the memory size with gpu_vram_gb.",
-                field="gpu",
-            )
+        found = catalog.lookup_gpu(plan.gpu)
+        entry = found.entry
+        if entry is None:  # unknown, ambiguous (the candidates listed), a size the catalog lacks, Apple, laptop
+            raise UnknownGPUError(found.message(), field="gpu")
         return GPUTarget(name=entry.name, usable_bytes=entry.total_memory_bytes, bf16=entry.bf16,
                          source=f"catalog: {entry.total_memory_source}")
     if plan.gpu_vram_gb is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -43,6 +44,9 @@ METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 OPTIMIZERS: tuple[str, ...] = Optim.__args__  # type: ignore[attr-defined]
 SHARDINGS: tuple[str, ...] = Sharding.__args__  # type: ignore[attr-defined]
 FRAMEWORKS: tuple[str, ...] = Framework.__args__  # type: ignore[attr-defined]
+# Fields whose choices are lower-case words: their string values are lower-cased before validation.
+ENUM_FIELDS: tuple[str, ...] = ("method", "dtype", "precision", "optim", "attn_implementation", "bnb_4bit_quant_type",
+                                "loss_implementation", "framework", "adapter_dtype", "sharding")
 
 # Upper bounds that keep every number finite and every search bounded; no real run is near them.
 MAX_SEQ_LEN = 1_048_576
@@ -216,6 +220,22 @@ class TrainingPlan(BaseModel):
         if value is not None and not math.isfinite(value):
             raise ValueError(f"must be a finite number; got {value}")
         return value
+
+    @field_validator(*ENUM_FIELDS, mode="before")
+    @classmethod
+    def _enum_case(cls, value):
+        # every choice is lower-case, so 'QLoRA', 'BF16', 'AdamW_Torch_Fused' mean one choice each
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("target_modules", "modules_to_save", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        # 'q_proj,v_proj' (as a command line or a chat writes it) is ['q_proj', 'v_proj']; 'all-linear' stays
+        if not isinstance(value, str) or not value.strip():
+            return value
+        if value.strip().lower() == "all-linear":
+            return "all-linear"
+        return [name for name in re.split(r"[,\s]+", value) if name]
 
     @field_validator("target_modules", "modules_to_save")
     @classmethod

@@ -62,7 +62,7 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         elif base is bool:
             parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, **kwargs)
         elif get_origin(base) is typing.Literal:
-            parser.add_argument(_flag(name), choices=[str(c) for c in get_args(base)], **kwargs)
+            parser.add_argument(_flag(name), choices=[str(c) for c in get_args(base)], type=str.lower, **kwargs)
         elif base in (int, float):
             parser.add_argument(_flag(name), type=_number(base, name), **kwargs)
         else:
