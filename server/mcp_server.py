@@ -409,7 +409,7 @@ def _model_spec_json(model_id: str) -> str:
     from canifinetune.estimator.catalog import find_model, suggest_models
     from canifinetune.estimator.spec import ModelSpec
 
-    entry = find_model(model_id)
+    entry = find_model(model_id, forgiving=False)  # a partial name is never taken for a model
     if entry is None:
         try:  # a Hub id or a local folder, through the same resolver as the tools
             rm = _resolve(model_id)
