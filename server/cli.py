@@ -51,7 +51,11 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         annotation = field.annotation
         help_text = field.description or ""
         if name == "model":
-            parser.add_argument("--model", required=True, help=help_text)
+            parser.add_argument("--model", default=argparse.SUPPRESS, help=help_text + " Required unless --config names it.")
+            parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                                help="your training config (Axolotl, LLaMA-Factory, TRL, TrainingArguments JSON, PEFT "
+                                     "adapter_config.json), plus its accelerate/DeepSpeed files (repeatable); flags "
+                                     "given beside it win over its values (docs/configs.md)")
             continue
         kwargs: dict = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         base = _unwrap_optional(annotation)
@@ -108,6 +112,13 @@ def _plan_from_args(args: argparse.Namespace):
     targets = data.get("target_modules")
     if isinstance(targets, str):
         data["target_modules"] = targets if targets == "all-linear" else [t for t in targets.split(",") if t.strip()]
+    if getattr(args, "config", None):  # the user's own config, with the flags over it (server/config_face.py)
+        from .config_face import load_from_paths
+
+        args.loaded_config = load_from_paths(args.config, data)
+        return args.loaded_config.plan
+    if "model" not in data:
+        raise UsageError("the following arguments are required: --model (or --config FILE)")
     return TrainingPlan(**data)
 
 
@@ -139,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     sug.add_argument("--training-tokens", type=_number(int, "training_tokens"), default=None, dest="training_tokens",
                      help="tokens to train on: adds each plan's approximate training time")
     sug.add_argument("--json", action="store_true", help="print the result as JSON (the MCP tool's structure)")
+    sug.add_argument("--write-config", default=None, metavar="OUT",
+                     help="with --config: write suggestion #1 as an edited copy of your config to OUT (a folder when "
+                          "several files change); never your original, and an existing OUT only with --force")
+    sug.add_argument("--force", action="store_true", help="let --write-config replace an existing OUT")
     sug.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio; --http for streamable HTTP)")
@@ -183,10 +198,15 @@ def _cmd_estimate(args) -> int:
         os.environ["HF_HUB_OFFLINE"] = "1"
     plan = _plan_from_args(args)
     result = estimate(plan, model=_resolve_model(plan, args))
+    from .config_face import cli_json, cli_text
+
     if args.json:
-        print(result.model_dump_json(indent=2))
-    elif not _show_rich("estimate", result):
-        print(format_estimate(result))
+        print(cli_json(args, result))
+    else:
+        if not _show_rich("estimate", result):
+            print(format_estimate(result))
+        if cli_text(args):
+            print("\n" + cli_text(args))
     return {"does_not_fit": EXIT_DOES_NOT_FIT, "tight": EXIT_TIGHT}.get(result.verdict, EXIT_OK)
 
 
@@ -282,10 +302,18 @@ def _cmd_suggest(args) -> int:
     plan = _plan_from_args(args)
     result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens,
                      model=_resolve_model(plan, args))
+    from .config_face import cli_json, cli_text, cli_write
+
     if args.json:  # the suggest_cheaper_config tool's structured content
-        print(result.model_dump_json(indent=2))
-    elif not _show_rich("suggest", result, format_suggestions(result)):
-        print(format_suggestions(result))
+        print(cli_json(args, result, search=True))
+    else:
+        if not _show_rich("suggest", result, format_suggestions(result)):
+            print(format_suggestions(result))
+        if cli_text(args, result):
+            print("\n" + cli_text(args, result))
+    written = cli_write(args, result)
+    if written:
+        print(written, file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK if (result.fits_already or result.suggestions) else EXIT_DOES_NOT_FIT
 
 
@@ -310,6 +338,10 @@ def _cmd_recipe(args) -> int:
     else:
         print(recipe.estimate_summary.rstrip())
         print("wrote: " + ", ".join(str(p) for p in paths))
+        from .config_face import cli_text
+
+        if cli_text(args):
+            print("\n" + cli_text(args))
     return EXIT_OK
 
 

@@ -26,6 +26,7 @@ from mcp.types import CallToolResult, Completion, TextContent, ToolAnnotations
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error, safe_text
+from canifinetune.server.config_face import RAW_ARGUMENTS, config_parameters, mcp_structured, mcp_text, output_model
 from canifinetune.estimator.estimate import Estimate, Verdict
 from canifinetune.estimator.plan import PLAN_FIELDS, TrainingPlan
 
@@ -127,7 +128,14 @@ KEEP_PARAMETER = inspect.Parameter(
 
 
 def _plan_from(arguments: dict[str, Any]) -> TrainingPlan:
+    from .config_face import plan_from_config  # the user's own config, with the arguments over it
+
     data = {k: v for k, v in arguments.items() if k in TrainingPlan.model_fields}
+    plan = plan_from_config(arguments, data)
+    if plan is not None:
+        return plan
+    if data.get("model") is None:  # optional in the schema only because a config can name it
+        data.pop("model", None)
     return TrainingPlan(**data)
 
 
@@ -199,8 +207,8 @@ def estimate_memory_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     est = _guard("estimate_memory", run)
     return CallToolResult(
-        content=[TextContent(type="text", text=format_estimate(est, next_move=_next_move(est)))],
-        structured_content=est.model_dump(mode="json"),
+        content=[TextContent(type="text", text=mcp_text(format_estimate(est, next_move=_next_move(est))))],
+        structured_content=mcp_structured(est.model_dump(mode="json")),
     )
 
 
@@ -252,8 +260,8 @@ def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     result = _guard("suggest_cheaper_config", run)
     return CallToolResult(
-        content=[TextContent(type="text", text=format_suggestions(result))],
-        structured_content=result.model_dump(mode="json"),
+        content=[TextContent(type="text", text=mcp_text(format_suggestions(result), result))],
+        structured_content=mcp_structured(result.model_dump(mode="json"), result),
     )
 
 
@@ -301,8 +309,8 @@ def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     result = _guard("make_recipe", run)
     return CallToolResult(
-        content=[TextContent(type="text", text=format_recipe(result))],
-        structured_content=result.model_dump(mode="json"),
+        content=[TextContent(type="text", text=mcp_text(format_recipe(result)))],
+        structured_content=mcp_structured(result.model_dump(mode="json")),
     )
 
 
@@ -315,7 +323,7 @@ def _tool_function(name: str, impl, extra: list[inspect.Parameter], output: type
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        plan_parameters() + extra, return_annotation=Annotated[CallToolResult, output]
+        config_parameters(plan_parameters()) + extra, return_annotation=Annotated[CallToolResult, output_model(output)]
     )
     return fn
 
@@ -363,6 +371,7 @@ class CanIFinetuneServer(MCPServer):
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
                                 f"(arguments: {', '.join(known)})")
+        RAW_ARGUMENTS.set(frozenset(arguments or {}))  # which arguments were sent (server/config_face.py)
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:

@@ -61,9 +61,11 @@ async def test_tools_listed_with_annotations_and_output_schemas():
         assert a.destructive_hint is False
         assert tool.output_schema and tool.output_schema.get("type") == "object"
         assert tool.description and tool.title
-    assert set(tools["estimate_memory"].output_schema["properties"]) == set(Estimate.model_fields)
-    assert set(tools["suggest_cheaper_config"].output_schema["properties"]) == set(SuggestResult.model_fields)
-    assert set(tools["make_recipe"].output_schema["properties"]) == set(Recipe.model_fields)
+    # plus what reading the user's own config gave (issue 16, tests/test_configs.py)
+    assert set(tools["estimate_memory"].output_schema["properties"]) == set(Estimate.model_fields) | {"config"}
+    assert set(tools["suggest_cheaper_config"].output_schema["properties"]) == (
+        set(SuggestResult.model_fields) | {"config", "config_edits"})
+    assert set(tools["make_recipe"].output_schema["properties"]) == set(Recipe.model_fields) | {"config"}
 
 
 async def test_tool_inputs_are_the_plan_fields():
@@ -71,13 +73,16 @@ async def test_tool_inputs_are_the_plan_fields():
     plan_schema = TrainingPlan.model_json_schema()
     async with Client(build_server()) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
+    config = {"config", "config_format"}  # the user's own config (issue 16): model is then optional
+    plan_props = {k: v for k, v in plan_schema["properties"].items() if k != "model"}
     for name in ("estimate_memory", "make_recipe"):
         schema = tools[name].input_schema
-        assert schema["properties"] == plan_schema["properties"]
-        assert schema.get("required") == plan_schema.get("required") == ["model"]
+        assert {k: v for k, v in schema["properties"].items() if k not in config | {"model"}} == plan_props
+        assert set(schema["properties"]) == set(plan_schema["properties"]) | config
+        assert plan_schema.get("required") == ["model"] and not schema.get("required")
     suggest = tools["suggest_cheaper_config"].input_schema
-    assert set(suggest["properties"]) == set(plan_schema["properties"]) | {"keep"}
-    assert {k: v for k, v in suggest["properties"].items() if k != "keep"} == plan_schema["properties"]
+    assert set(suggest["properties"]) == set(plan_schema["properties"]) | {"keep"} | config
+    assert {k: v for k, v in suggest["properties"].items() if k not in config | {"keep", "model"}} == plan_props
     keep = suggest["properties"]["keep"]
     assert "model" in json.dumps(keep) and keep.get("default") is None and keep.get("description")
     for prop in plan_schema["properties"].values():

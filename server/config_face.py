@@ -1,0 +1,262 @@
+"""The faces of `--config` (CLI) and `config` (MCP): read the user's files, show what was read, and write the
+edited copy. The reading itself is canifinetune.estimator.configs; this module only reads files, prints and writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from canifinetune.estimator.configs import (MAX_CONFIG_BYTES, ConfigError, ConfigReport, LoadedConfig, apply_edits,
+                                            config_edits, load_configs, suggestion_edits)
+from canifinetune.estimator.errors import safe_text
+
+MAX_SHOWN = 60
+
+
+def read_config_file(path: str) -> tuple[str, bytes]:
+    """(name, bytes) of one config file: a regular file, at most MAX_CONFIG_BYTES, read without following FIFOs."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ConfigError(f"--config {safe_text(path, 200)}: cannot open it: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"--config {safe_text(path, 200)}: not a regular file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{safe_text(path, 200)}: {info.st_size} bytes; a training config is at most "
+                              f"{MAX_CONFIG_BYTES // 1024} KB")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    return path, raw
+
+
+def load_from_paths(paths: list[str], overrides: dict[str, Any]) -> LoadedConfig:
+    return load_configs([read_config_file(p) for p in paths], overrides=overrides)
+
+
+def _value(value: Any) -> str:
+    return safe_text(repr(value) if isinstance(value, str) else str(value), 120)
+
+
+def format_report(report: ConfigReport) -> str:
+    """The plain-text account of a config: files, keys used, flags over them, defaults, not modelled, ignored."""
+    lines = ["config: " + "; ".join(f"{safe_text(f.name, 200)} ({f.format}; defaults: {f.defaults_from})"
+                                    for f in report.files)]
+    lines.append(f"  trainer: {report.framework}")
+    for use in report.used[:MAX_SHOWN]:
+        target = f"{use.field} = {_value(use.plan_value)}" if use.field else "(read; nothing to set)"
+        lines.append(f"  used  {safe_text(use.key, 80)}: {_value(use.value)} -> {target}")
+    if len(report.used) > MAX_SHOWN:
+        lines.append(f"  ... and {len(report.used) - MAX_SHOWN} more keys used")
+    for o in report.overrides:
+        lines.append(f"  flag  {o.field}: {_value(o.value)} replaces the file's {_value(o.file_value)}")
+    if report.defaults:
+        shown = ", ".join(f"{k} {_value(v)}" for k, v in report.defaults.items())
+        lines.append(f"  defaults the file leaves to {report.framework}: {shown}")
+    for w in report.not_modelled:
+        lines.append(f"  warning: {safe_text(w.key + ': ' if w.key else '', 80)}{safe_text(w.message, 600)}")
+    if report.ignored:
+        names = ", ".join(safe_text(k, 60) for k in report.ignored_keys[:12])
+        more = ", ..." if report.ignored > 12 else ""
+        lines.append(f"  ignored: {report.ignored} keys that do not change GPU memory ({names}{more})")
+    return "\n".join(lines)
+
+
+def format_edits(groups) -> str:
+    """Each suggestion as edits to the user's files."""
+    lines = ["as edits to your config:"]
+    for group in groups:
+        lines.append(f"  #{group.rank}:" + ("" if group.edits else " no change to the files"))
+        for e in group.edits:
+            if e.key:
+                old = "(not set)" if e.old is None else _value(e.old)
+                lines.append(f"    {safe_text(e.file, 120)}: {safe_text(e.key, 80)}: {old} -> {_value(e.new)}"
+                             + (f"  ({safe_text(e.note, 300)})" if e.note else ""))
+            else:
+                lines.append(f"    ({', '.join(e.fields)}) {safe_text(e.note or '', 300)}")
+    return "\n".join(lines)
+
+
+def with_config(structured: dict, loaded: LoadedConfig, result=None) -> dict:
+    """The tool's structured content with the config report and, for a search, config_edits."""
+    out = dict(structured)
+    out["config"] = loaded.report.model_dump(mode="json")
+    if result is not None:
+        out["config_edits"] = [g.model_dump(mode="json") for g in suggestion_edits(loaded, result)]
+    return out
+
+
+def _safe_target(target: Path, inputs: list[Path], force: bool) -> None:
+    if any(target.resolve() == p.resolve() for p in inputs):
+        raise ConfigError(f"--write-config {safe_text(target, 200)}: that is your original config; the edited copy "
+                          "is always a new file")
+    if target.is_symlink():
+        raise ConfigError(f"--write-config {safe_text(target, 200)}: a symbolic link; name a new file")
+    if target.exists() and (not force or not target.is_file()):
+        raise ConfigError(f"--write-config {safe_text(target, 200)}: already exists; give --force to replace it")
+
+
+def _write(target: Path, text: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".canifinetune-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_edited(loaded: LoadedConfig, plan, out: str, force: bool) -> list[Path]:
+    """Write the files edited to say ``plan``: OUT itself for one edited file, OUT/<name> for several.
+    Never an input file; an existing file only with ``force``. Returns the paths written."""
+    edited = apply_edits(loaded, config_edits(loaded, plan))
+    if not edited:
+        return []
+    inputs = [Path(r.doc.name) for r in loaded.readings]
+    base = Path(out)
+    folder = len(edited) > 1 or base.is_dir()
+    targets = {name: (base / Path(name).name if folder else base) for name in edited}
+    for target in targets.values():
+        _safe_target(target, inputs, force)
+    for name, target in targets.items():
+        _write(target, edited[name])
+    return list(targets.values())
+
+
+# ------------------------------------------------------------------ the CLI's wiring (server/cli.py calls these)
+
+def cli_json(args, result, search: bool = False) -> str:
+    """--json output: the tool's structure, plus config (and config_edits) when --config was given."""
+    import json
+
+    loaded = getattr(args, "loaded_config", None)
+    if loaded is None:
+        return result.model_dump_json(indent=2)
+    return json.dumps(with_config(result.model_dump(mode="json"), loaded, result if search else None), indent=2)
+
+
+def cli_text(args, result=None) -> str | None:
+    """The config account (and, for a search, the edits) printed after the estimate or the suggestions."""
+    loaded = getattr(args, "loaded_config", None)
+    if loaded is None:
+        return None
+    text = format_report(loaded.report)
+    if result is not None and result.suggestions:
+        text += "\n" + format_edits(suggestion_edits(loaded, result))
+    return text
+
+
+def cli_write(args, result) -> str | None:
+    """suggest --write-config OUT: the best suggestion written as an edited copy of the user's config."""
+    out = getattr(args, "write_config", None)
+    if out is None:
+        return None
+    loaded = getattr(args, "loaded_config", None)
+    if loaded is None:
+        raise ConfigError("--write-config: needs --config FILE (the config to edit)")
+    if not result.suggestions:
+        return "nothing written: " + ("the plan fits as it is" if result.fits_already else "no suggestion fits")
+    paths = write_edited(loaded, result.suggestions[0].plan, out, force=bool(getattr(args, "force", False)))
+    if not paths:
+        return "nothing written: suggestion #1 changes nothing a key of your config can say (see the edits above)"
+    return "wrote suggestion #1 as an edited copy of your config: " + ", ".join(str(p) for p in paths)
+
+
+# ------------------------------------------------------------------ the MCP tools' wiring (server/mcp_server.py)
+
+import contextvars  # noqa: E402
+import inspect  # noqa: E402
+from typing import Annotated, Literal, Optional  # noqa: E402
+
+from pydantic import Field  # noqa: E402
+
+from canifinetune.estimator.configs import CONFIG_FORMATS, SuggestionEdits  # noqa: E402
+
+# The argument names the client really sent (the SDK fills every default in): set by the server's call_tool.
+RAW_ARGUMENTS: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("raw_arguments", default=None)
+_LOADED: contextvars.ContextVar[LoadedConfig | None] = contextvars.ContextVar("loaded_config", default=None)
+
+CONFIG_DESCRIPTION = (
+    "The text of the user's own training config (Axolotl YAML, LLaMA-Factory YAML, `trl sft --config` YAML, "
+    "TrainingArguments JSON, PEFT adapter_config.json, accelerate YAML or DeepSpeed JSON; at most 256 KB). It "
+    "gives the plan, with that framework's defaults for what it leaves out; any other argument given beside it "
+    "wins over the file's value. The result's `config` lists every key used, not modelled and ignored; "
+    "suggest_cheaper_config adds `config_edits`: each suggestion as edits to this file, in its own key names.")
+ConfigFormatName = Literal[CONFIG_FORMATS]  # type: ignore[valid-type]
+
+
+def config_parameters(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """The plan's parameters with model optional (the config can name it), then `config` and `config_format`."""
+    out = []
+    for p in params:
+        if p.name == "model":
+            hint = p.annotation
+            extra = tuple(getattr(hint, "__metadata__", ()))
+            base = Optional[hint.__origin__] if hasattr(hint, "__origin__") else Optional[hint]
+            desc = Field(description="The model (required unless config names it): a Hugging Face id, a catalog "
+                                     "name or a local folder holding config.json.",
+                         examples=["Qwen/Qwen2.5-1.5B-Instruct"])
+            p = p.replace(annotation=Annotated[(base, *[m for m in extra if not hasattr(m, "description")], desc)],
+                          default=None)
+        out.append(p)
+    out.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[str], Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
+    out.append(inspect.Parameter("config_format", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[ConfigFormatName], Field(description="The config's format when detection from its keys is not "
+                                                      "enough (null: detected)")]))
+    return out
+
+
+def plan_from_config(arguments: dict[str, Any], data: dict[str, Any]):
+    """The plan from the config text in ``arguments``, with the arguments the client sent over the file's values;
+    None when the call gave no config."""
+    from canifinetune.estimator.plan import TrainingPlan
+
+    if arguments.get("config") is None:
+        _LOADED.set(None)
+        return None
+    sent = RAW_ARGUMENTS.get()
+    fields = TrainingPlan.model_fields
+    if sent is None:  # called without the server (tests): a value that is not the default was given
+        sent = frozenset(k for k, v in data.items() if v != fields[k].default)
+    overrides = {k: v for k, v in data.items() if k in sent and not (k == "model" and v is None)}
+    loaded = load_configs([("config", arguments["config"])], formats=[arguments.get("config_format")],
+                          overrides=overrides)
+    _LOADED.set(loaded)
+    return loaded.plan
+
+
+def mcp_structured(structured: dict, result=None) -> dict:
+    """The structured content, with `config` (and `config_edits` for a search) when the call gave a config."""
+    loaded = _LOADED.get()
+    return structured if loaded is None else with_config(structured, loaded, result)
+
+
+def mcp_text(text: str, result=None) -> str:
+    loaded = _LOADED.get()
+    if loaded is None:
+        return text
+    extra = format_report(loaded.report)
+    if result is not None and result.suggestions:
+        extra += "\n" + format_edits(suggestion_edits(loaded, result))
+    return text + "\n\n" + extra
+
+
+def output_model(base):
+    """``base`` (the tool's output model) with the optional `config` and `config_edits` fields."""
+    from pydantic import create_model
+
+    extra: dict[str, Any] = {"config": (Optional[ConfigReport], Field(
+        None, description="what was read from the user's config (only when config was given)"))}
+    if "suggestions" in base.model_fields:
+        extra["config_edits"] = (Optional[list[SuggestionEdits]], Field(
+            None, description="each suggestion as edits to the user's config, by rank (only when config was given)"))
+    return create_model(base.__name__, __base__=base, **extra)
