@@ -22,6 +22,35 @@ from .throughput import Throughput, throughput
 
 Tier = Literal["same_math", "changes_learning", "more_hardware"]
 TIER_NAMES: tuple[str, ...] = ("same_math", "changes_learning", "more_hardware")
+# The kinds of choice a user has (the search offers the best of each): the kind of a suggestion is the
+# last of these its changes touch, in this order (QLoRA on a shorter context is a shorter_context choice).
+Kind = Literal["same_math", "lower_precision", "fewer_trainable", "shorter_context", "cpu_offload", "more_gpus",
+               "larger_gpu"]
+KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
+KIND_WORDS = {
+    "same_math": "same mathematics",
+    "lower_precision": "lower precision (4-bit base or 8-bit optimizer states)",
+    "fewer_trainable": "fewer trainable parameters",
+    "shorter_context": "shorter context",
+    "cpu_offload": "CPU offload",
+    "more_gpus": "more GPUs",
+    "larger_gpu": "a larger GPU",
+}
+
+# What a choice costs the user, in one number (Cost.user_cost; lower ranks first): the quality penalty,
+# plus these. Ordinal policy like QUALITY_WEIGHTS, not a measurement (docs/search.md, "Ranking").
+USER_COST_WEIGHTS = {
+    # per doubling of the time per training token over the plan as given (log2 of the ratio; being faster is
+    # no credit). 3 makes a 2x slower run dearer than the quality risk of a 4-bit base (2), and a 4x slower one
+    # (6) dearer than full -> QLoRA (4) with its own slowdown: a many-times-slower choice never leads a fast one
+    "time_per_doubling": 3.0,
+    # per doubling of the GPU count: GPUs the user must own or rent, and a multi-GPU launch; dearer than the
+    # quality risk of a 4-bit base with its slowdown (2 + 3 x log2 1.39 = 3.4), so QLoRA on the user's own GPU
+    # ranks before a second GPU
+    "more_gpus_per_doubling": 4.0,
+    "larger_gpu": 4.0,  # another GPU to rent or buy: as dear as twice the GPUs
+    "cpu_offload": 1.0,  # a DeepSpeed launch, host RAM for the offloaded states, the CPU in the step
+}
 
 # Quality penalty of changes that alter what is learned. Ordinal policy, not a measurement: it only
 # orders tier-1 suggestions among themselves (docs/search.md explains each weight).
@@ -38,11 +67,10 @@ QUALITY_WEIGHTS = {
 # Search floors and grids (bounds that keep the search small; documented in docs/search.md).
 
 COST_MODEL_TEXT = (
-    "Suggestions are ranked by tier, then within the tier: same_math (checkpointing, chunked loss, "
-    "attention kernel, micro-batch with gradient accumulation, 8-bit/paged optimizer, CPU offload) by "
-    "slowdown; changes_learning (shorter context, lower LoRA rank, fewer targets, full->LoRA->QLoRA) by "
-    "quality penalty then slowdown; more_hardware (more GPUs with DDP/ZeRO/FSDP) by GPUs added, then "
-    "quality penalty, then slowdown. Slowdowns are approximate (see throughput)."
+    "One suggestion per kind of choice (same mathematics; lower precision: QLoRA or 8-bit optimizer states; "
+    "fewer trainable parameters; shorter context; CPU offload; more GPUs; a larger GPU), the best of each, ranked by "
+    "user_cost: the quality penalty of learning changes, plus 3 per doubling of the time per training token, "
+    "4 per doubling of the GPU count, 4 for a larger GPU, 1 for CPU offload. Slowdowns are approximate (see throughput)."
 )
 
 
@@ -61,6 +89,9 @@ class Cost(BaseModel):
 
     tier: Tier
     tier_rank: int = Field(description="0 same_math, 1 changes_learning, 2 more_hardware")
+    kind: Kind = Field("same_math", description="the kind of choice: " + ", ".join(KINDS))
+    user_cost: float = Field(0.0, description="what the choice costs the user in one number (quality penalty, slowdown, "
+                                              "hardware, offload; USER_COST_WEIGHTS); suggestions rank by it")
     quality_penalty: float = Field(description="ordinal penalty of changes that alter what is learned (0 for none)")
     extra_gpus: int = Field(description="GPUs added to the plan")
     slowdown_fraction: float = Field(
@@ -172,6 +203,12 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
         details.append(f"{extra} more GPU{'s' if extra != 1 else ''} ({original.num_gpus} -> {plan.num_gpus} x "
                        f"{tp.gpu}) with {plan.sharding}")
     handled |= {"num_gpus"}
+    larger = plan.gpu != original.gpu or plan.gpu_vram_gb != original.gpu_vram_gb
+    if larger:
+        tier = 2
+        was = original.gpu or f"{original.gpu_vram_gb:g} GB GPU"
+        details.append(f"a larger GPU: {plan.gpu or f'{plan.gpu_vram_gb:g} GB GPU'} instead of the {was}")
+    handled |= {"gpu", "gpu_vram_gb"}
     # same-math changes
     if plan.gradient_checkpointing != original.gradient_checkpointing:
         details.append("gradient checkpointing: recompute each block in backward instead of keeping its "
@@ -225,9 +262,47 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
             details.append(f"{f} {getattr(original, f)!r} -> {getattr(plan, f)!r}")
     slow = tp.seconds_per_million_tokens / base_tp.seconds_per_million_tokens - 1.0
     summary = _summary(tier, quality, extra, slow, lost)
-    return Cost(tier=TIER_NAMES[tier], tier_rank=tier, quality_penalty=round(quality, 4), extra_gpus=extra,
+    kind = kind_of(original, plan, rm)
+    return Cost(tier=TIER_NAMES[tier], tier_rank=tier, kind=kind,
+                user_cost=round(user_cost(kind, quality, slow, original.num_gpus, plan.num_gpus), 4),
+                quality_penalty=round(quality, 4), extra_gpus=extra,
                 slowdown_fraction=round(slow, 4), context_tokens_lost=lost, effective_batch_before=eb0,
                 effective_batch_after=eb1, summary=summary, details=details)
+
+
+def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> str:
+    """The kind of choice ``plan`` is (KINDS): the last kind in KINDS order that its changes touch."""
+    if plan.gpu != original.gpu or plan.gpu_vram_gb != original.gpu_vram_gb:
+        return "larger_gpu"
+    if plan.num_gpus > original.num_gpus:
+        return "more_gpus"
+    if (plan.offload_optimizer and not original.offload_optimizer) or (plan.offload_params and not original.offload_params):
+        return "cpu_offload"
+    if plan.seq_len < original.seq_len:
+        return "shorter_context"
+    fewer = ((original.method == "full" and plan.method != "full")
+             or (plan.uses_adapters and original.uses_adapters and plan.lora_r < original.lora_r)
+             or (plan.uses_adapters and original.uses_adapters and _targets_of(plan, rm) < _targets_of(original, rm))
+             or (original.use_dora and not plan.use_dora) or (original.modules_to_save and not plan.modules_to_save))
+    if fewer:
+        return "fewer_trainable"
+    if (plan.quantized_4bit and not original.quantized_4bit) or (plan.load_in_8bit and not original.load_in_8bit) \
+            or (plan.optim != original.optim and plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit")):
+        return "lower_precision"
+    return "same_math"
+
+
+def user_cost(kind: str, quality: float, slowdown: float, gpus_before: int, gpus_after: int) -> float:
+    """The one-number cost of a choice: quality penalty + slowdown + hardware + offload (USER_COST_WEIGHTS)."""
+    w = USER_COST_WEIGHTS
+    cost = quality + w["time_per_doubling"] * max(0.0, math.log2(max(1.0 + slowdown, 1e-9)))
+    if gpus_after > gpus_before:
+        cost += w["more_gpus_per_doubling"] * math.log2(gpus_after / gpus_before)
+    if kind == "larger_gpu":
+        cost += w["larger_gpu"]
+    if kind == "cpu_offload":
+        cost += w["cpu_offload"]
+    return cost
 
 
 def _pct(tp: Throughput, base: Throughput) -> str:
@@ -243,15 +318,13 @@ def _summary(tier: int, quality: float, extra: int, slow: float, lost: int) -> s
     if tier == 1:
         extra_words = f", {lost} fewer tokens of context" if lost else ""
         return f"changes what is learned (quality penalty {quality:g}{extra_words}); {speed}"
+    if extra <= 0:
+        return "a larger GPU" + (f", quality penalty {quality:g}" if quality else "") + f"; {speed}"
     return f"{extra} more GPU{'s' if extra != 1 else ''}" + (
         f", quality penalty {quality:g}" if quality else "") + f"; {speed}"
 
 
 def sort_key(c: Cost) -> tuple:
-    """The ranking: tier, then (tier 1) quality or (tier 2) GPUs added and quality, then slowdown."""
-    if c.tier_rank == 2:
-        primary, secondary = c.extra_gpus, c.quality_penalty
-    else:
-        primary, secondary = c.quality_penalty, 0
-    return (c.tier_rank, round(primary, 4), round(secondary, 4), round(c.slowdown_fraction, 3))
+    """The ranking: the user cost (quality, time, hardware, offload in one number), then tier, then slowdown."""
+    return (round(c.user_cost, 3), c.tier_rank, round(c.slowdown_fraction, 3))
 

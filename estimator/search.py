@@ -197,6 +197,10 @@ class _Search:
             self.cost_cache[k] = cost_of(self.plan, got[0], self.rm, self.base_tp, self.ev.throughput(changes))
         return self.cost_cache[k]
 
+    def _order(self, knob: Knob) -> int:
+        """A knob's place in cost order (a knob made for one search, such as a larger GPU, comes last)."""
+        return self.knobs.index(knob) if knob in self.knobs else len(self.knobs)
+
     def minimize(self, applied: list[tuple[Knob, dict]]) -> dict | None:
         """Drop whole knobs, relax the rest to their mildest fitting level, then revert single fields."""
         def merged(items):
@@ -210,7 +214,7 @@ class _Search:
             return None
 
         def relax(which):
-            for idx in sorted(range(len(items)), key=lambda i: (-items[i][0].tier, -self.knobs.index(items[i][0]))):
+            for idx in sorted(range(len(items)), key=lambda i: (-items[i][0].tier, -self._order(items[i][0]))):
                 knob, _ = items[idx]
                 if not which(knob):
                     continue
@@ -221,7 +225,7 @@ class _Search:
 
         def drop(which):
             nonlocal items
-            for entry in sorted(items, key=lambda kv: (-kv[0].tier, -self.knobs.index(kv[0]))):
+            for entry in sorted(items, key=lambda kv: (-kv[0].tier, -self._order(kv[0]))):
                 if not which(entry[0]):
                     continue
                 trial = [x for x in items if x is not entry]
@@ -337,7 +341,7 @@ class _Search:
                     continue
                 # drop same-math knobs the hardware made unnecessary, most expensive first
                 items = list(applied)
-                for entry in sorted(items, key=lambda kv: -self.knobs.index(kv[0])):
+                for entry in sorted(items, key=lambda kv: -self._order(kv[0])):
                     trial = [x for x in items if x is not entry]
                     merged: dict = {}
                     for _, l2 in trial:
@@ -348,6 +352,35 @@ class _Search:
                 for _, l2 in items:
                     merged.update(l2)
                 return self.field_pass(self.ev.clean({**merged, **lv}))
+        return None
+
+    def larger_gpu(self) -> dict | None:
+        """The smallest catalog GPU (same vendor, fastest among equal sizes) larger than the plan's on which the
+        plan fits with same-mathematics changes and no offload; those changes then minimized."""
+        if {"gpu", "gpu_vram_gb"} & self.keep:
+            return None
+        same = [k for k in self.knobs if k.tier == 0 and k.name not in ("cpu_offload", "optim")]
+        applied: list[tuple[Knob, dict]] = []
+        state: dict = {}
+        for knob in same:
+            lv = _strongest(self.ev, state, knob)
+            if lv is not None:
+                applied.append((knob, lv))
+                state = {**state, **lv}
+        if self.ev.fits(state):
+            return None  # fits on the plan's own GPU: a larger one is not a minimal change
+        need = self.ev.budget(state)
+        here = catalog.find_gpu(self.plan.gpu) if self.plan.gpu else None
+        usable = self.ev.get({})[1].gpu_usable_bytes or 0  # type: ignore[index]
+        vendor, category = (here.vendor, here.category) if here else ("nvidia", "datacenter")
+        bigger = sorted((g for g in catalog.load_gpus() if g.vendor == vendor and g.total_memory_bytes > usable
+                         and g.total_memory_bytes >= need and g.name != (here.name if here else None)),
+                        key=lambda g: (g.category != category, g.total_memory_bytes,
+                                       -(g.tflops_bf16_dense or g.tflops_fp16_dense)))
+        for g in bigger:
+            move = Knob("gpu", 2, [{"gpu": g.name, "gpu_vram_gb": None}])
+            if self.ev.fits({**state, **move.levels[0]}):
+                return self.minimize(applied + [(move, move.levels[0])])
         return None
 
     def run(self) -> list[dict]:
@@ -381,30 +414,41 @@ class _Search:
                 got = self.combo(recipe)
                 if got is not None:
                     found.append(got)
-        # more hardware: alone, with same-math knobs, and with offload as a last resort
+        # more hardware: alone, with same-math knobs, and with offload as a last resort; a larger GPU
         for base in ([], no_off, tier0):
             got = self.hw_combo(base)
             if got is not None:
                 found.append(got)
                 if base:
                     break
+        got = self.larger_gpu()
+        if got is not None:
+            found.append(got)
         return found
 
 
-def _drop_dominated(ranked: list[dict], search: "_Search") -> list[dict]:
-    """Drop a suggestion when an earlier one is no dearer on every count (tier, quality, GPUs, slowdown)."""
+def _demands(search: "_Search", ch: dict) -> tuple:
+    """What a suggestion asks of the user, count by count (lower is better on each)."""
+    c = search.cost(ch)
+    est = search.ev.get(ch)[1]  # type: ignore[index]
+    return (c.quality_penalty, c.slowdown_fraction - 1e-9, c.extra_gpus, int(c.kind == "larger_gpu"),
+            int(c.kind == "cpu_offload"), est.host_memory_bytes)
+
+
+def _best_of_each_kind(ranked: list[dict], search: "_Search") -> list[dict]:
+    """The first (cheapest) suggestion of each kind, in rank order, less those an earlier one beats or equals on
+    every count (quality, slowdown, GPUs added, a larger GPU, offload, host RAM): nobody would choose them."""
     kept: list[dict] = []
+    kinds: set[str] = set()
     for ch in ranked:
-        c = search.cost(ch)
-        dominated = False
-        for other in kept:
-            o = search.cost(other)
-            if (o.tier_rank <= c.tier_rank and o.extra_gpus <= c.extra_gpus and o.quality_penalty <= c.quality_penalty
-                    and o.slowdown_fraction <= c.slowdown_fraction + 1e-9):
-                dominated = True
-                break
-        if not dominated:
-            kept.append(ch)
+        kind = search.cost(ch).kind
+        if kind in kinds:
+            continue
+        mine = _demands(search, ch)
+        if any(all(o <= m for o, m in zip(_demands(search, other), mine)) for other in kept):
+            continue
+        kinds.add(kind)
+        kept.append(ch)
     return kept
 
 
@@ -475,14 +519,14 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
         if ch and ev.fits(ch):
             uniq.setdefault(ev.key(ch), ch)
     ranked = sorted(uniq.values(), key=lambda ch: (sort_key(search.cost(ch)), len(ch), sorted(map(str, ch))))
-    ranked = _drop_dominated(ranked, search)
+    ranked = _best_of_each_kind(ranked, search)
     suggestions = []
     for i, ch in enumerate(ranked[:max_suggestions]):
         new_plan, est = ev.get(ch)  # type: ignore[misc]
         suggestions.append(Suggestion(rank=i + 1, changes=_changes_list(plan, new_plan), cost=search.cost(ch),
                                       estimate=est, throughput=ev.throughput(ch, training_tokens), plan=new_plan))
     result.suggestions = suggestions
-    result.nothing_fits = not any(search.cost(ch).extra_gpus == 0 for ch in ranked)
+    result.nothing_fits = not any(search.cost(ch).kind not in ("more_gpus", "larger_gpu") for ch in ranked)
 
     # the minimum reachable on this GPU: every same-hardware knob at its strongest
     strongest: dict = {}

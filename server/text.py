@@ -97,7 +97,7 @@ def format_suggestions(result) -> str:
         lines.append(f"it fits on {_on(o)} as it is: nothing to change")
     elif first is not None:
         lines.append(f"{len(result.suggestions)} configuration(s) fit"
-                     + (f" (nothing fits on {_on(o)} itself: all need more GPUs)" if result.nothing_fits else "")
+                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)" if result.nothing_fits else "")
                      + f"; apply the first: {changes_summary(first.changes)}")
     else:
         lines.append(f"nothing fits on {_on(o)} with the allowed changes")
@@ -106,11 +106,14 @@ def format_suggestions(result) -> str:
     lines.append(f"{o.model} as planned: ~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)")
     for s in result.suggestions:
         e, t = s.estimate, s.throughput
-        share = f" ({e.used_fraction:.0%} of {gib(usable)})" if e.used_fraction is not None and usable else ""
+        share = (f" ({e.used_fraction:.0%} of {gib(e.gpu_usable_bytes)})"
+                 if e.used_fraction is not None and e.gpu_usable_bytes else "")
         hours = (f", ~{t.training_hours:.1f} h for {result.training_tokens:,} tokens"
                  if t.training_hours is not None and result.training_tokens else "")
-        lines += ["", f"  {s.rank}. [{s.cost.tier}] {changes_summary(s.changes)}: {VERDICT_WORDS[e.verdict]}, "
-                      f"{gib(e.budget_bytes)} with margin{share}, ~{t.tokens_per_second:,.0f} tokens/s{hours}",
+        host = f", needs {gib(e.host_memory_bytes)} of host RAM" if e.host_memory_bytes else ""
+        lines += ["", f"  {s.rank}. [{s.cost.kind}] {changes_summary(s.changes)}: {VERDICT_WORDS[e.verdict]}, "
+                      f"{gib(e.budget_bytes)} with margin{share}{host}, ~{t.tokens_per_second:,.0f} tokens/s "
+                      f"({1e3 / t.tokens_per_second:.3g} ms per training token){hours}",
                   f"     cost: {s.cost.summary}"]
         lines += [f"     - {d}" for d in s.cost.details]
     if not result.fits_already:

@@ -12,7 +12,7 @@ from canifinetune.estimator.errors import CanIFinetuneError, PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.models import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.estimator.costs import TIER_NAMES, cost_of, sort_key
+from canifinetune.estimator.costs import KINDS, TIER_NAMES, cost_of, sort_key
 from canifinetune.estimator.search import suggest
 from canifinetune.estimator.throughput import flops_per_token, throughput
 
@@ -109,37 +109,74 @@ def test_ranking_follows_the_cost_model(results):
     for plan, res in results:
         keys = [sort_key(s.cost) for s in res.suggestions]
         assert keys == sorted(keys), plan.model
-        tiers = [s.cost.tier_rank for s in res.suggestions]
-        assert tiers == sorted(tiers)
+        kinds = [s.cost.kind for s in res.suggestions]
+        assert len(kinds) == len(set(kinds)), (plan.model, kinds)  # the best of each kind, once
         for s in res.suggestions:
-            assert s.cost.tier == TIER_NAMES[s.cost.tier_rank]
+            assert s.cost.tier == TIER_NAMES[s.cost.tier_rank] and s.cost.kind in KINDS
             assert s.rank == res.suggestions.index(s) + 1
             fields = {c.field for c in s.changes}
-            if s.cost.tier == "same_math":
-                assert not fields & {"seq_len", "lora_r", "target_modules", "method", "num_gpus"}
+            if s.cost.kind == "same_math":
+                assert not fields & {"seq_len", "lora_r", "target_modules", "method", "num_gpus", "gpu",
+                                     "offload_optimizer", "offload_params"}
                 assert s.cost.effective_batch_after == s.cost.effective_batch_before
-            if s.cost.tier == "more_hardware":
-                assert s.cost.extra_gpus > 0 and "num_gpus" in fields
+            if s.cost.kind == "more_gpus":
+                assert s.cost.extra_gpus > 0 and "num_gpus" in fields and s.cost.tier == "more_hardware"
+            if s.cost.kind == "larger_gpu":
+                assert "gpu" in fields and s.cost.tier == "more_hardware"
+                assert s.estimate.gpu_usable_bytes > res.original.gpu_usable_bytes
+            if s.cost.kind == "cpu_offload":
+                assert fields & {"offload_optimizer", "offload_params"} and s.estimate.host_memory_bytes > 0
             if "seq_len" in fields:
                 assert s.cost.context_tokens_lost == plan.seq_len - s.plan.seq_len > 0
             assert s.cost.summary and s.cost.details
 
 
-def test_same_math_ranks_before_learning_before_hardware():
-    plan = _plan(SPREAD[0])  # 8B full fine-tune on a 24 GB card: all three tiers are possible
-    res = suggest(plan, max_suggestions=10)
-    tiers = [s.cost.tier for s in res.suggestions]
-    assert {"same_math", "changes_learning", "more_hardware"} <= set(tiers)
-    assert tiers.index("same_math") < tiers.index("changes_learning") < tiers.index("more_hardware")
+def _seconds_per_token(s) -> float:
+    return 1.0 / s.throughput.tokens_per_second
+
+
+def test_a_many_times_slower_choice_never_leads(results):
+    """Time weighs: the first suggestion is never 4x slower than the plan as given while another suggestion
+    runs within 1.5x of it, nor 3x slower than another choice on the same GPUs."""
+    for plan, res in results:
+        if len(res.suggestions) < 2:
+            continue
+        first, rest = res.suggestions[0], res.suggestions[1:]
+        plan_s = 1.0 / res.original_throughput.tokens_per_second
+        if _seconds_per_token(first) >= 4 * plan_s:
+            assert not any(_seconds_per_token(s) <= 1.5 * plan_s for s in rest), plan.model
+        own = [s for s in rest if s.cost.kind not in ("more_gpus", "larger_gpu")]
+        if first.cost.kind not in ("more_gpus", "larger_gpu"):
+            assert not any(3 * _seconds_per_token(s) <= _seconds_per_token(first) for s in own), plan.model
+
+
+def test_the_issue_examples_offer_every_kind_that_fits():
+    """Issue 15: Mistral-7B on an RTX 3060 at 8192 tokens offers QLoRA (it fits) beside offload; the text of
+    every suggestion states its time per training token, and host RAM where it offloads."""
+    from canifinetune.server.text import format_suggestions
+
+    res = suggest(TrainingPlan(model="mistralai/Mistral-7B-v0.1", gpu="RTX 3060", seq_len=8192))
+    kinds = {s.cost.kind: s for s in res.suggestions}
+    assert {"lower_precision", "cpu_offload", "more_gpus", "larger_gpu"} <= set(kinds)
+    qlora = kinds["lower_precision"]
+    assert qlora.plan.method == "qlora" and qlora.estimate.budget_bytes < 11 * 2**30
+    text = format_suggestions(res)
+    lines = [line for line in text.splitlines() if line.startswith("  ") and ". [" in line]
+    assert len(lines) == len(res.suggestions)
+    assert all("ms per training token" in line for line in lines)
+    offload = next(line for line in lines if "[cpu_offload]" in line)
+    assert "of host RAM" in offload
+    big = suggest(TrainingPlan(model="meta-llama/Llama-3.1-70B", gpu="RTX 4090"))
+    assert {"cpu_offload", "larger_gpu", "more_gpus"} <= {s.cost.kind for s in big.suggestions}
+    assert all("host RAM" in line for line in format_suggestions(big).splitlines() if "[cpu_offload]" in line)
 
 
 def test_slowdown_is_a_figure():
     plan = _plan(SPREAD[1])
-    res = suggest(plan)
-    ckpt = [s for s in res.suggestions if any(c.field == "gradient_checkpointing" for c in s.changes)]
-    assert ckpt, "checkpointing should be among the suggestions"
-    assert all(s.cost.slowdown_fraction > 0.1 for s in ckpt)
-    assert "slower" in ckpt[0].cost.summary
+    rm = resolve_model(plan.model)
+    ckpt = cost_of(plan, plan.replace(gradient_checkpointing=True), rm)
+    assert ckpt.slowdown_fraction > 0.1 and "slower" in ckpt.summary
+    assert ckpt.user_cost > 0 and ckpt.kind == "same_math"
 
 
 @pytest.mark.parametrize("keep", [["seq_len", "method"], ["num_gpus"], ["batch_size", "gradient_checkpointing"],
@@ -178,7 +215,7 @@ def test_nothing_fits_reports_min_reachable_smallest_gpu_and_gpu_count():
     plan = TrainingPlan(model="meta-llama/Llama-3.1-8B", method="full", gpu_vram_gb=16, seq_len=1024, batch_size=1)
     res = suggest(plan, keep=["method", "seq_len", "offload_params", "offload_optimizer"])
     assert res.nothing_fits
-    assert not any(s.cost.extra_gpus == 0 for s in res.suggestions)
+    assert all(s.cost.kind in ("more_gpus", "larger_gpu") for s in res.suggestions)
     assert res.min_reachable_bytes is not None
     assert res.min_reachable_bytes > 16 * 2**30  # still too big for the card
     assert res.min_reachable_bytes < res.original.budget_bytes
