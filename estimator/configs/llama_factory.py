@@ -149,6 +149,8 @@ def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
         bits = 4 if method == "qlora" else 8 if new.get("load_in_8bit") else None
         if bits != r.get("quantization_bit"):
             out.append(("quantization_bit", bits, ["method", "load_in_8bit"]))
+        if bits == 4 and r.get("double_quantization", True) != new["bnb_4bit_use_double_quant"]:
+            out.append(("double_quantization", new["bnb_4bit_use_double_quant"], ["bnb_4bit_use_double_quant"]))
     if "attn_implementation" in changes:
         flash = {v: k for k, v in ATTENTION.items() if v}[changes["attn_implementation"]]
         out.append(("flash_attn", flash, ["attn_implementation"]))

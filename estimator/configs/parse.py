@@ -4,6 +4,7 @@ nesting, no duplicate keys. Every failure is one :class:`ConfigError` naming the
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,14 @@ def _node_lines(node, prefix: str, out: dict[str, int]) -> None:
             continue
 
 
+_BRACKET_RUN = re.compile(r"(?:[\[{][ \t]*){%d}" % (MAX_DEPTH + 1))
+
+
 def parse_yaml(name: str, text: str) -> Doc:
+    run = _BRACKET_RUN.search(text)
+    if run:  # PyYAML's scanner looks ~1024 characters ahead inside flow brackets: refuse the runs before it does
+        raise ConfigError(f"{name} line {text.count(chr(10), 0, run.start()) + 1}: nested deeper than {MAX_DEPTH} "
+                          "levels; this is not a training config")
     loader = _Loader(text, name)
     try:
         node = loader.get_single_node()
@@ -115,9 +123,10 @@ def parse_yaml(name: str, text: str) -> Doc:
     except ConfigError:
         raise
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        mark = exc.context_mark or exc.problem_mark  # where the unclosed or broken construct starts
         line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{name}{line}: not valid YAML: {safe_text(exc.problem or exc.context, 200)}") from None
+        what = "; ".join(safe_text(t, 120) for t in (exc.context, exc.problem) if t)
+        raise ConfigError(f"{name}{line}: not valid YAML: {what}") from None
     except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
         raise ConfigError(f"{name}: not valid YAML: {safe_text(exc, 200)}") from None
     finally:
