@@ -571,3 +571,34 @@ def test_a_non_loopback_bind_warns(monkeypatch, capsys):
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
     mcp_server.run_http("0.0.0.0", 8765, offline=True, auth_token="a-token-long-enough-1234")
     assert "warning" in capsys.readouterr().err
+
+
+def test_a_lan_bind_serves_nobody_without_the_token(tmp_path):
+    """The finding: `--host 0.0.0.0` served a LAN client sending `Host: 127.0.0.1:PORT` with no authentication."""
+    from mcp_helpers import http_server
+
+    token = "a-long-enough-token-for-tests"
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+
+    def post(port: int, auth: str | None) -> bytes:
+        headers = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                   f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n"
+                   + (f"Authorization: Bearer {auth}\r\n" if auth else "") + "Connection: close\r\n\r\n")
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.settimeout(20)
+            s.sendall(headers.encode() + body.encode())
+            return s.recv(200).split(b"\r\n", 1)[0]
+
+    env_before = os.environ.pop("CANIFINETUNE_AUTH_TOKEN", None)
+    try:
+        with http_server(extra=["--host", "0.0.0.0", "--auth-token", token, "--offline"]) as (url, proc):
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            assert post(port, None) == b"HTTP/1.1 401 Unauthorized"
+            assert post(port, "wrong-token-of-some-length") == b"HTTP/1.1 401 Unauthorized"
+            assert post(port, token) == b"HTTP/1.1 200 OK"
+            proc.stderr_file.seek(0)
+            assert "warning: --host 0.0.0.0" in proc.stderr_file.read()
+    finally:
+        if env_before is not None:
+            os.environ["CANIFINETUNE_AUTH_TOKEN"] = env_before
