@@ -44,7 +44,8 @@ from canifinetune.server.mcp_server import build_server
 SCALE = float(os.environ.get("CANIFINETUNE_FUZZ_SCALE", "1"))
 EXAMPLES = {"estimate_memory": 2500, "suggest_cheaper_config": 1000, "make_recipe": 1500}
 TOOLS = tuple(EXAMPLES)
-PARAMETERS = {tool: set(PLAN_FIELDS) | ({"keep"} if tool == "suggest_cheaper_config" else set()) for tool in TOOLS}
+PARAMETERS = {tool: set(PLAN_FIELDS) | {"config", "config_format"} | ({"keep"} if tool == "suggest_cheaper_config" else set())
+              for tool in TOOLS}  # config: the user's own training config (issue 16, tests/test_configs.py)
 SENT: dict[str, int] = {}  # tool -> calls made in this run (checked against EXAMPLES)
 
 TINY_CONFIG = {
