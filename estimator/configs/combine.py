@@ -105,8 +105,11 @@ def _merge(readings: list[Reading]) -> dict[str, Any]:
     """Launcher soft values < training keys < launcher distribution keys (DeepSpeed JSON over accelerate)."""
     order = {"accelerate": 1, "deepspeed": 2}
     merged: dict[str, Any] = {}
+    own_precision = any(r.format in ("trl", "axolotl") for r in readings)  # SFTConfig bf16 / Axolotl bf16: auto
     for r in readings:
         if r.format in LAUNCHER_FORMATS:
+            if own_precision and "dtype" in r.soft and r.soft.pop("dtype") != "bf16":
+                r.warn(None, "the launcher's precision is not used: the trainer's own setting (bf16 by default) decides")
             merged.update({k: v for k, v in r.soft.items()})
     for r in readings:
         if r.format not in LAUNCHER_FORMATS:
@@ -172,7 +175,7 @@ def load_configs(files: list[tuple[str, bytes | str]], formats: list[str | None]
 
 def _report(readings, framework, defaults, fields, overrides, file_values) -> ConfigReport:
     used: list[KeyUse] = [u for r in readings for u in r.used]
-    ignored = [f"{r.doc.name}:{k}" if len(readings) > 1 else k for r in readings for k in r.ignored()]
+    ignored = [(f"{r.doc.name}:{k}" if len(readings) > 1 else k)[:120] for r in readings for k in r.ignored()]
     overridden = [ConfigOverride(field=k, file_value=file_values[k], value=v)
                   for k, v in overrides.items() if k in file_values]
     return ConfigReport(

@@ -24,7 +24,8 @@ def _changes(loaded: LoadedConfig, plan: TrainingPlan) -> dict[str, Any]:
     for name in base:
         if name in NOT_IN_CONFIGS:
             continue
-        file_value = loaded.file_values[name] if name in loaded.file_values else getattr(loaded.plan, name)
+        # what the files alone say (a flag the files cannot hold is written too, or said in a note)
+        file_value = loaded.file_values[name] if name in loaded.file_values else base[name].default
         new = getattr(plan, name)
         if _norm(new) != _norm(file_value):
             out[name] = new
