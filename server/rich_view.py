@@ -1,22 +1,26 @@
-"""The CLI's terminal rendering (rich): verdict, a stacked bar of the budget against the GPU, the breakdown table.
+"""The CLI's terminal rendering (rich): the verdict and its number, a stacked bar of the budget against the GPU, the
+breakdown table (estimate) or a legend (suggest).
 
 Used only when stdout is a terminal (:func:`terminal_console` returns None otherwise, and the CLI prints
 server/text.py's plain text instead), so pipes, files and tests always see plain text. Imported lazily:
 rich costs ~50 ms at startup.
+
+Colours: each component has one fixed colour by name, shared with the MCP App (server/palette.py), given as
+truecolor hex (rich reduces it on 256- or 16-colour terminals), never as named ANSI colours, which every
+terminal theme redefines. Only the verdict badge sets a background, with its own text colour (at least
+4.5:1); all other text is the terminal's own foreground (bold or dim). The GPU's usable memory is a ``┃``
+in the foreground colour, not a component's colour. Numbers are not highlighted (``highlight=False``).
+The bar takes the console's width, so it never wraps.
 """
 
 from __future__ import annotations
 
 from canifinetune.estimator.constants import GIB
 
-from .text import VERDICT_WORDS, default_next_move
+from .palette import MARGIN_COLOR, VERDICT_COLORS, component_color
+from .text import VERDICT_WORDS, default_next_move, verdict_line
 
-VERDICT_STYLES = {"fits": "bold white on green", "tight": "bold black on yellow",
-                  "does_not_fit": "bold white on red", "unknown": "bold white on grey50"}
-# One colour per component, in breakdown order; the safety margin is drawn dim.
-COLORS = ["blue", "dark_orange", "green", "magenta", "yellow", "red", "cyan", "chartreuse4",
-          "orange4", "slate_blue1", "hot_pink3", "sea_green3", "tan", "grey62"]
-BAR_WIDTH = 60
+MIN_BAR = 20
 
 
 def terminal_console():
@@ -29,37 +33,119 @@ def terminal_console():
         from rich.console import Console
     except ImportError:  # rich is a dependency, but never let its absence break the CLI
         return None
-    console = Console()
+    console = Console(highlight=False)
     return console if console.is_terminal else None
 
 
-def _color(name: str, i: int) -> str:
-    return "grey50" if name == "safety_margin" else COLORS[i % len(COLORS)]
+def verdict_style(verdict: str) -> str:
+    fg, bg = VERDICT_COLORS.get(verdict, VERDICT_COLORS["unknown"])
+    return f"bold {fg} on {bg}"
 
 
-def budget_bar(est, width: int = BAR_WIDTH):
-    """The budget as one stacked bar (a cell per 1/width of the scale), with a | at the GPU's usable memory."""
+def _style(name: str) -> str:
+    return MARGIN_COLOR if name == "safety_margin" else component_color(name)
+
+
+def _char(name: str) -> str:
+    return "░" if name == "safety_margin" else "█"
+
+
+def lead_number(est) -> str:
+    """The one number that decides: how much over, how much into the safety margin, or how much free."""
+    usable = est.gpu_usable_bytes
+    per = " per GPU" if est.per_gpu else ""
+    if not usable or est.verdict == "unknown":
+        return f"needs {est.budget_bytes / GIB:.2f} GiB{per}"
+    if est.verdict == "does_not_fit":
+        return f"{(est.total_bytes - usable) / GIB:.2f} GiB over{per}"
+    if est.verdict == "tight":
+        return f"{(est.budget_bytes - usable) / GIB:.2f} GiB into the safety margin{per}"
+    return f"{(usable - est.budget_bytes) / GIB:.2f} GiB free{per}"
+
+
+def lead(est, where: bool = True):
+    """' DOES NOT FIT  1.22 GiB over on RTX 4090': the verdict badge, then its number."""
+    from rich.text import Text
+
+    head = Text()
+    head.append(f" {VERDICT_WORDS[est.verdict]} ", style=verdict_style(est.verdict))
+    head.append(f" {lead_number(est)}", style="bold")
+    if where and est.gpu:
+        head.append(f" on {est.gpu.name}")
+    return head
+
+
+def budget_bar(est, width: int):
+    """The budget as one stacked bar ``width`` cells wide, on a scale from 0 to max(budget, GPU usable), with a
+    ``┃`` at the GPU's usable memory, and an axis line under it. Returns two rich Texts, each at most ``width``."""
     from rich.text import Text
 
     usable = est.gpu_usable_bytes or 0
+    inner = max(MIN_BAR, width - 2 - (1 if usable else 0))
     scale = max(est.budget_bytes, usable, 1)
     cells: list[tuple[str, str]] = []
-    for i, c in enumerate(est.breakdown):
-        n = round(width * c.bytes / scale)
-        char = "░" if c.name == "safety_margin" else "█"
-        cells += [(char, _color(c.name, i))] * n
-    cells = cells[:width] + [(" ", "")] * max(0, width - len(cells))
-    cap = min(width - 1, round(width * usable / scale)) if usable else None
+    cum = 0
+    for c in est.breakdown:
+        start, cum = round(inner * cum / scale), cum + c.bytes
+        cells += [(_char(c.name), _style(c.name))] * (round(inner * cum / scale) - start)
+    filled = len(cells)
+    cap = round(inner * usable / scale) if usable else None
+    cells += [("·" if cap is not None and i < cap else " ", "dim") for i in range(filled, inner)]
     bar = Text("▕")
     for j, (char, style) in enumerate(cells):
-        if cap is not None and j == cap:
-            bar.append("┃", style="bold red")
-        else:
-            bar.append(char, style=style)
+        if cap == j:
+            bar.append("┃", style="bold")
+        bar.append(char, style=style)
+    if cap == inner:
+        bar.append("┃", style="bold")
     bar.append("▏")
+
+    # axis: 0 at the left, the GPU line's label pointing at it, the scale's end (the larger value) at the right
+    axis = [" "] * len(bar.plain)
+    _put(axis, 1, "0")
+    right = f"{scale / GIB:.2f} GiB"
     if usable:
-        bar.append(f" GPU usable {usable / GIB:.2f} GiB", style="red")
-    return bar
+        col = 1 + cap  # where the ┃ is
+        label = f"↑ GPU usable {usable / GIB:.2f} GiB"
+        if col + len(label) > len(axis):
+            label = f"GPU usable {usable / GIB:.2f} GiB ↑"
+            col = col - len(label) + 1
+        _put(axis, max(col, 2), label)
+        _put(axis, len(axis) - 1 - len(right), right, only_if_free=True)
+    else:
+        _put(axis, len(axis) - 1 - len(right), right)
+    return bar, Text("".join(axis).rstrip(), style="dim")
+
+
+def _put(line: list[str], at: int, text: str, only_if_free: bool = False) -> bool:
+    at = max(0, min(at, len(line) - len(text)))
+    if only_if_free and any(ch != " " for ch in line[max(0, at - 1):at + len(text) + 1]):
+        return False
+    line[at:at + len(text)] = list(text)
+    return True
+
+
+def legend(est, width: int):
+    """Each component's colour, name and GiB (the suggest view has no table), wrapped to ``width``."""
+    from rich.text import Text
+
+    entries = [(f"{_char(c.name) * 2} ", _style(c.name), f"{c.name} {c.bytes / GIB:.2f}") for c in est.breakdown
+               if c.bytes > 0]
+    if est.gpu_usable_bytes:
+        entries.append(("┃ ", "bold", f"GPU usable {est.gpu_usable_bytes / GIB:.2f} GiB"))
+    out, line_len = Text(), 0
+    for sw, style, label in entries:
+        n = len(sw) + len(label)
+        if line_len and line_len + 2 + n > width:
+            out.append("\n")
+            line_len = 0
+        elif line_len:
+            out.append("  ")
+            line_len += 2
+        out.append(sw, style=style)
+        out.append(label)
+        line_len += n
+    return out
 
 
 def show_estimate(console, est) -> None:
@@ -67,37 +153,49 @@ def show_estimate(console, est) -> None:
     from rich.text import Text
 
     plan = est.plan
-    head = Text()
-    head.append(f" {VERDICT_WORDS[est.verdict]} ", style=VERDICT_STYLES[est.verdict])
-    head.append(f" {est.model}" + (f" on {est.gpu.name}" if est.gpu else "") + (" (per GPU)" if est.per_gpu else ""),
-                style="bold")
-    console.print(head)
-    console.print(f"{est.verdict_reason}", style="dim")
-    console.print(f"{est.params_total / 1e9:.3g}B params ({est.model_source}), {plan.method}, seq_len {plan.seq_len} x "
-                  f"batch {plan.batch_size}, {plan.dtype}, {plan.optim}, checkpointing "
-                  f"{'on' if plan.gradient_checkpointing else 'off'}; peak in {est.peak_phase}", style="dim")
-    console.print(budget_bar(est))
+    console.print(lead(est, where=False))
+    console.print(Text(f"{est.model}" + (f" on {est.gpu.name}" if est.gpu else "") + (" (per GPU)" if est.per_gpu else ""),
+                       style="bold"))
+    console.print(Text(est.verdict_reason, style="dim"))
+    console.print(Text(f"{est.params_total / 1e9:.3g}B params ({est.model_source}), {plan.method}, seq_len {plan.seq_len} "
+                       f"x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, checkpointing "
+                       f"{'on' if plan.gradient_checkpointing else 'off'}; peak in {est.peak_phase}", style="dim"))
+    console.print()
+    for line in budget_bar(est, console.width):
+        console.print(line, no_wrap=True, overflow="crop")
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     table.add_column("")
     table.add_column("component")
     table.add_column("GiB", justify="right")
     table.add_column("share", justify="right")
     table.add_column("why", overflow="fold")
-    for i, c in enumerate(est.breakdown):
-        table.add_row(Text("░░" if c.name == "safety_margin" else "██", style=_color(c.name, i)), c.name,
-                      f"{c.bytes / GIB:.3f}", f"{c.bytes / max(est.budget_bytes, 1):.0%}", c.explanation)
+    for c in est.breakdown:
+        table.add_row(Text(_char(c.name) * 2, style=_style(c.name)), c.name, f"{c.bytes / GIB:.3f}",
+                      f"{c.bytes / max(est.budget_bytes, 1):.0%}", c.explanation)
     table.add_row("", Text("budget", style="bold"), Text(f"{est.budget_bytes / GIB:.3f}", style="bold"), "",
                   f"peak allocated {est.peak_allocated_bytes / GIB:.2f} GiB, reserved {est.peak_reserved_bytes / GIB:.2f}"
                   f" GiB, process {est.total_bytes / GIB:.2f} GiB, plus the safety margin")
     console.print(table)
     for w in est.warnings:
-        console.print(f"warning: {w}", style="yellow")
+        console.print(Text.assemble(("warning: ", "bold"), w))
     move = default_next_move(est)
     if move:
-        console.print(f"next: {move}", style="dim")
+        console.print(Text(f"next: {move}", style="dim"))
 
 
 def show_suggestions(console, result, plain_text: str) -> None:
-    """suggest: the original plan's bar, then server/text.py's format_suggestions (the MCP tool's text)."""
-    console.print(budget_bar(result.original))
-    console.print(plain_text, highlight=False, markup=False)
+    """suggest: the plan's verdict and number, its bar with a legend, then server/text.py's format_suggestions
+    (the MCP tool's text) without its first line when that line only repeats the verdict."""
+    from rich.text import Text
+
+    o = result.original
+    console.print(lead(o))
+    for line in budget_bar(o, console.width):
+        console.print(line, no_wrap=True, overflow="crop")
+    console.print(legend(o, console.width))
+    console.print()
+    lines = plain_text.splitlines()
+    if lines and lines[0] == verdict_line(o):
+        console.print(Text(o.verdict_reason, style="dim"))
+        lines = lines[1:]
+    console.print("\n".join(lines), highlight=False, markup=False)

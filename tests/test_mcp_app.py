@@ -2,19 +2,26 @@
 
 The drawing tests feed a real tool result to the page in headless Chromium, two ways: inlined (the
 preview path), and through a stand-in host page that speaks the Apps postMessage protocol to the app in
-an iframe (ui/initialize -> ui/notifications/initialized -> ui/notifications/tool-result). They check
-the screenshot is not blank and that the labels are in the DOM. Chromium: Debian's `chromium` package
-(.ci/run installs it); without it these tests skip and say so.
+an iframe (ui/initialize -> ui/notifications/initialized -> ui/notifications/tool-result), with a host
+theme and style variables and a later host-context-changed. They check the screenshot is not blank and
+that the labels are in the DOM. The picture's own promises (issue 15, point 5) are checked on the 16
+screenshots of docs/screenshots/make_screenshots.py (four states, 900 and 420 px, light and dark), taken
+into a temporary folder: the verdict and its number first, an axis whose ticks and GPU line sit at their
+values, colours by component name, no sideways scroll at 420 px, cards stacked there and side by side at
+900, the recommended card marked, changes as flags and fields, no raw scores, the theme followed.
+Chromium: Debian's `chromium` package (.ci/run installs it); without it these tests skip and say so.
 """
 
 from __future__ import annotations
 
 import html
+import importlib.util
 import json
 import re
 import shutil
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -22,8 +29,10 @@ import pytest
 from mcp import Client
 from mcp.server.apps import APP_MIME_TYPE
 
+from canifinetune.estimator.constants import GIB
 from canifinetune.server.app import BUDGET_APP_URI, budget_app_html, preview_html
 from canifinetune.server.mcp_server import build_server, estimate_memory_impl, suggest_impl
+from canifinetune.server.palette import COMPONENT_COLORS, THEMES, VERDICT_COLORS, component_color
 
 pytestmark = pytest.mark.anyio
 
@@ -94,6 +103,11 @@ def _chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedPro
 
 def _png_colors(path: Path) -> int:
     """Distinct RGB colours of an 8-bit RGB/RGBA PNG (what Chromium writes), with a minimal decoder."""
+    return len(_png_pixels(path))
+
+
+def _png_pixels(path: Path) -> dict[bytes, int]:
+    """RGB colour -> pixel count of an 8-bit RGB/RGBA PNG (what Chromium writes), with a minimal decoder."""
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, width = 8, b"", 0
@@ -108,7 +122,7 @@ def _png_colors(path: Path) -> int:
             idat += body
         pos += 12 + length
     raw, stride = zlib.decompress(idat), width * bpp
-    prev, colors, i = bytearray(stride), set(), 0
+    prev, colors, i = bytearray(stride), {}, 0
     for _ in range(height):
         f, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
         i += 1 + stride
@@ -125,9 +139,11 @@ def _png_colors(path: Path) -> int:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        colors.update(bytes(line[x:x + 3]) for x in range(0, stride, bpp))
+        for x in range(0, stride, bpp):
+            px = bytes(line[x:x + 3])
+            colors[px] = colors.get(px, 0) + 1
         prev = line
-    return len(colors)
+    return colors
 
 
 def _render(tmp_path: Path, page: Path, size: str = "900,700") -> tuple[str, int]:
@@ -162,40 +178,58 @@ def test_suggestions_side_by_side_render(tmp_path):
     dom, colors = _render(tmp_path, page)
     assert 'data-rendered="suggestions"' in dom and "your plan" in dom and "DOES NOT FIT" in dom
     for i, s in enumerate(sug["suggestions"], 1):  # the SuggestResult: each card its changes, estimate and cost
-        assert f"suggestion {i}" in dom and s["cost"]["summary"] in dom
-        assert all(c["field"] in dom for c in s["changes"])
-    assert "apply the first: " in dom and "smallest catalog GPU for the plan unchanged: " + sug["smallest_gpu"] in dom
+        assert f'data-rank="{i}"' in dom
+        for c in s["changes"]:  # as the user would type them: the field with old -> new, and the CLI flag
+            assert f"{c['field']}: {c['old']} → {c['new']}" in dom
+            assert "--" + c["field"].replace("_", "-") in dom
+        for d in s["cost"]["details"]:
+            assert html.escape(d, quote=False) in dom or d in dom
+    assert "recommended: " in dom and "smallest catalog GPU for the plan unchanged: " + sug["smallest_gpu"] in dom
     assert "fewest GPUs for the plan unchanged: %d x RTX 4090" % sug["min_gpus"] in dom
+    assert "quality penalty" not in _text(dom) and "THAT FIT" not in _text(dom)
     assert colors > 8, f"the screenshot looks blank ({colors} colours)"
 
 
 @needs_chromium
 def test_nothing_fits_names_the_hardware(tmp_path):
-    args = {"model": "Qwen/Qwen2.5-7B", "method": "full", "gpu": "RTX 4090", "keep": ["method", "sharding"]}
+    args = {"model": "Qwen/Qwen2.5-7B", "method": "full", "gpu": "RTX 4090",
+            "keep": ["method", "sharding", "gpu", "num_gpus"]}
     sug = suggest_impl(args).structured_content
     assert sug["nothing_fits"] and not sug["suggestions"] and sug["smallest_gpu"]
     page = tmp_path / "nothing.html"
     page.write_text(preview_html(sug), encoding="utf-8")
     dom, _ = _render(tmp_path, page)
-    assert 'data-rendered="suggestions"' in dom and "NOTHING FITS" in dom and "pinned: method, sharding" in dom
+    assert 'data-rendered="suggestions"' in dom and "DOES NOT FIT" in dom and "pinned: method, sharding, gpu, num_gpus" in dom
     assert "nothing fits on the RTX 4090 with the allowed changes" in dom
     assert f"smallest catalog GPU for the plan unchanged: {sug['smallest_gpu']}" in dom
 
 
 HOST_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>body{margin:0}iframe{border:0;width:100%%;height:680px}</style></head>
-<body><iframe id="app"></iframe><pre id="log"></pre><pre id="mirror"></pre>
+<body><iframe id="app"></iframe><pre id="log"></pre><pre id="mirror"></pre><pre id="theme"></pre>
 <script>
-var app = document.getElementById("app"), log = document.getElementById("log");
+var app = document.getElementById("app"), log = document.getElementById("log"), sized = 0;
 var RESULT = %s;
+function look() {  // what the app's page paints with: its background, text colour and font
+  var d = app.contentDocument, s = app.contentWindow.getComputedStyle(d.body);
+  return s.backgroundColor + "|" + s.color + "|" + s.fontFamily + "|" + (d.documentElement.getAttribute("data-theme") || "");
+}
 window.addEventListener("message", function (e) {
   var m = e.data; log.textContent += m.method + (m.id !== undefined ? "#" + m.id : "") + "\\n";
   if (m.method === "ui/initialize") {
     app.contentWindow.postMessage({jsonrpc: "2.0", id: m.id, result: {protocolVersion: m.params.protocolVersion,
-      hostInfo: {name: "test-host", version: "1"}, hostCapabilities: {}, hostContext: {}}}, "*");
+      hostInfo: {name: "test-host", version: "1"}, hostCapabilities: {},
+      hostContext: {theme: "dark", styles: {variables: {"--color-background-primary": "rgb(1, 2, 3)",
+        "--font-sans": "HostSans, sans-serif"}}}}}, "*");
   } else if (m.method === "ui/notifications/initialized") {
     app.contentWindow.postMessage({jsonrpc: "2.0", method: "ui/notifications/tool-result", params: RESULT}, "*");
-  } else if (m.method === "ui/notifications/size-changed") {
+  } else if (m.method === "ui/notifications/size-changed" && !sized++) {
     document.getElementById("mirror").textContent = app.contentDocument.body.innerText;
+    var theme = document.getElementById("theme");
+    theme.textContent = look() + "\\n";
+    // the host switches to light and drops its background variable: the app's own light theme shows
+    app.contentWindow.postMessage({jsonrpc: "2.0", method: "ui/notifications/host-context-changed",
+      params: {theme: "light", styles: {variables: {"--color-background-primary": null}}}}, "*");
+    setTimeout(function () { theme.textContent += look() + "\\n"; }, 200);
   }
 });
 app.srcdoc = %s;
@@ -204,7 +238,8 @@ app.srcdoc = %s;
 
 @needs_chromium
 async def test_app_draws_a_result_a_host_sends(tmp_path):
-    """The real path: the host reads the ui:// resource over MCP and sends the tool result by postMessage."""
+    """The real path: the host reads the ui:// resource over MCP and sends the tool result by postMessage; the
+    app takes the host's theme and style variables from ui/initialize, and follows host-context-changed."""
     async with Client(build_server()) as client:
         app_html = (await client.read_resource(BUDGET_APP_URI)).contents[0].text
         result = await client.call_tool("estimate_memory", ESTIMATE_ARGS)
@@ -214,7 +249,134 @@ async def test_app_draws_a_result_a_host_sends(tmp_path):
     page.write_text(HOST_PAGE % (json.dumps(wire), json.dumps(app_html).replace("</", "<\\/")), encoding="utf-8")
     dom, colors = _render(tmp_path, page)
     log = dom.split('<pre id="log">', 1)[1].split("</pre>", 1)[0]
-    assert log.split() == ["ui/initialize#1", "ui/notifications/initialized", "ui/notifications/size-changed"]
+    assert log.split()[:3] == ["ui/initialize#1", "ui/notifications/initialized", "ui/notifications/size-changed"]
+    assert set(log.split()[3:]) <= {"ui/notifications/size-changed"}
     mirror = dom.split('<pre id="mirror">', 1)[1].split("</pre>", 1)[0]
     assert "FITS" in mirror and "GPU usable 23.88 GiB" in mirror and "activations" in mirror
+    first, second = dom.split('<pre id="theme">', 1)[1].split("</pre>", 1)[0].strip().splitlines()[:2]
+    assert first.startswith("rgb(1, 2, 3)|rgb(230, 233, 239)|HostSans") and first.endswith("|dark"), first  # dark text
+    assert second.startswith("rgb(255, 255, 255)|rgb(29, 36, 51)|HostSans") and second.endswith("|light"), second
     assert colors > 12, f"the screenshot looks blank ({colors} colours)"
+
+
+# ------------------------------------------------------------------------------ the 16 screenshots (issue 15, point 5)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _screenshot_module():
+    spec = importlib.util.spec_from_file_location("make_screenshots", ROOT / "docs" / "screenshots" / "make_screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """docs/screenshots/make_screenshots.py's 16 pictures, taken into a temporary folder: name -> Shot."""
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (apt-get install -y chromium; .ci/run does)")
+    made = _screenshot_module().render_all(tmp_path_factory.mktemp("screenshots"), CHROMIUM)
+    return {s.name: s for s in made}
+
+
+def _text(dom: str) -> str:
+    """The visible text of the app's DOM (tags and scripts dropped)."""
+    body = dom.split("<body", 1)[1].split(">", 1)[1]
+    body = re.sub(r"<script.*?</script>", " ", body, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", body))
+
+
+def _rgb(hex_color: str) -> str:
+    h = hex_color.lstrip("#")
+    return "rgb(%d, %d, %d)" % tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+
+
+STATES = ("fits", "tight", "does-not-fit", "suggestions")
+
+
+def test_sixteen_screenshots_are_taken(shots):
+    assert sorted(shots) == sorted(f"{st}-{w}-{th}" for st in STATES for w in (900, 420) for th in ("light", "dark"))
+    for name, s in shots.items():
+        pixels = _png_pixels(s.path)
+        assert len(pixels) > 12, f"{name} looks blank"
+        background = max(pixels, key=pixels.get)  # the most common colour is the page
+        theme = name.rsplit("-", 1)[1]
+        assert _rgb(THEMES[theme]["bg"]) == "rgb(%d, %d, %d)" % tuple(background), name
+        assert s.bg == _rgb(THEMES[theme]["bg"]), name
+
+
+def test_the_verdict_and_its_number_come_first(shots):
+    expected = {"fits": ("FITS", r"[\d.]+ GiB free"), "tight": ("TIGHT", r"[\d.]+ GiB into the safety margin"),
+                "does-not-fit": ("DOES NOT FIT", r"[\d.]+ GiB over"), "suggestions": ("DOES NOT FIT", r"[\d.]+ GiB over")}
+    for state, (word, number) in expected.items():
+        text = " ".join(_text(shots[f"{state}-900-light"].dom).split())
+        assert re.match(rf"{word} {number} ", text), text[:120]
+    over = re.search(r"([\d.]+) GiB over", _text(shots["does-not-fit-900-light"].dom)).group(1)
+    est = estimate_memory_impl(dict(SUGGEST_ARGS)).structured_content
+    assert over == f"{(est['total_bytes'] - est['gpu_usable_bytes']) / GIB:.2f}"
+
+
+def test_the_axis_ticks_and_the_gpu_line_sit_at_their_values(shots):
+    for state in ("fits", "tight", "does-not-fit"):
+        dom = shots[f"{state}-900-light"].dom
+        ticks = [(float(v), float(left)) for v, left in re.findall(r'data-tick="([\d.]+)" style="left:([\d.e-]+)%', dom)]
+        assert ticks[0] == (0.0, 0.0) and len(ticks) >= 3
+        scale = ticks[-1][0]
+        assert ticks[-1][1] == pytest.approx(100)
+        for value, left in ticks:  # every tick label where its value is
+            assert left == pytest.approx(100 * value / scale)
+        labels = re.findall(r'data-tick="[\d.]+"[^>]*>([^<]+)<', dom)
+        assert labels[-1].endswith(" GiB") and float(labels[-1].split()[0]) == scale
+        gpu = float(re.search(r'data-gpu-line="([\d.]+)"', dom).group(1))
+        left = float(re.search(r'data-gpu-line="[\d.]+" style="left:calc\(([\d.e-]+)%', dom).group(1))
+        assert left == pytest.approx(100 * gpu / scale, abs=0.01)  # the line at the GPU's usable memory...
+        assert f"GPU usable {gpu:.2f} GiB" in dom  # ...and labelled with it
+        segs = re.search(r'class="segs" style="width:([\d.e-]+)%', dom).group(1)
+        budget = float(re.search(r'aria-label="budget ([\d.]+) GiB', dom).group(1))
+        assert float(segs) == pytest.approx(100 * budget / scale, abs=0.05)  # the bar ends at the budget
+        assert scale >= max(budget, gpu) and scale < 1.5 * max(budget, gpu)
+
+
+def test_colours_follow_the_component_not_its_row(shots):
+    seen = {}
+    for name, s in shots.items():
+        for comp, style in re.findall(r'data-component="([a-z_]+)"[^>]*style="([^"]*)"', s.dom):
+            if comp == "safety_margin":
+                assert "background" not in style  # hatched by its class, never a component's colour
+                continue
+            color = re.search(r"background:(#[0-9A-Fa-f]{6})", style).group(1)
+            assert color == component_color(comp), (name, comp)
+            seen.setdefault(comp, set()).add(color)
+    # the QLoRA plan has quantization_constants in the second row, so activations moves down a row; same colour
+    assert {"weights", "activations", "quantization_constants", "backward_temporaries"} <= set(seen)
+    assert all(len(v) == 1 for v in seen.values())
+    assert len({COMPONENT_COLORS[c] for c in seen}) == len({c.split("_temporaries")[0] for c in seen})
+
+
+def test_no_sideways_scroll_and_cards_stack_on_narrow_hosts(shots):
+    for name, s in shots.items():
+        assert s.scroll_width <= s.client_width, f"{name} scrolls sideways ({s.scroll_width} > {s.client_width})"
+    for theme in ("light", "dark"):
+        narrow, wide = shots[f"suggestions-420-{theme}"], shots[f"suggestions-900-{theme}"]
+        assert len(narrow.card_lefts) >= 2 and len(set(narrow.card_lefts)) == 1  # stacked
+        assert len(set(wide.card_lefts)) == len(wide.card_lefts) >= 2  # side by side
+
+
+def test_suggestion_cards_mark_the_recommended_one_and_speak_flags(shots):
+    sug = suggest_impl(dict(SUGGEST_ARGS)).structured_content
+    dom = shots["suggestions-900-light"].dom
+    text = _text(dom)
+    assert dom.count('class="card recommended"') == 1 and text.count("RECOMMENDED") == 1
+    first = re.search(r'class="card recommended" data-rank="(\d+)"', dom).group(1)
+    assert first == "1"
+    for s in sug["suggestions"]:
+        for c in s["changes"]:
+            assert f"--{c['field'].replace('_', '-')} {c['new']}" in text
+            assert f"{c['field']}: {c['old']} → {c['new']}" in text
+    assert not re.search(r"\d+\.\d{4,}", text), "a raw float is shown"
+    assert "quality penalty" not in text and '"' not in " ".join(re.findall(r"→ \S+", text))
+    # the header's badge is the plan's verdict (it does not fit), not a green count of suggestions
+    badge = re.search(r'class="verdict v-([a-z_]+)" style="color:(#[0-9A-F]+);background:(#[0-9A-F]+)"', dom)
+    assert badge.group(1) == "does_not_fit" and (badge.group(2), badge.group(3)) == VERDICT_COLORS["does_not_fit"]
