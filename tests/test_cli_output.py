@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from canifinetune.server.cli import EXIT_DOES_NOT_FIT, EXIT_OK, EXIT_TIGHT, EXIT_USAGE, main
 from canifinetune.server.mcp_server import estimate_memory_impl, suggest_impl
+from canifinetune.server.palette import VERDICT_COLORS, component_color
 
 CLI = [sys.executable, "-m", "canifinetune.server.cli"]
 FITS = ["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "qlora", "--gpu-vram-gb", "16", "--seq-len", "2048"]
@@ -22,7 +24,7 @@ FITS = ["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "qlora", "--gpu-vra
 def _on_a_terminal(args: list[str], columns: int = 160) -> tuple[int, str]:
     """Run the CLI with stdout on a pseudo-terminal; return (exit code, what the terminal showed)."""
     master, slave = pty.openpty()
-    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm-256color"}
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen(CLI + args, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
     os.close(slave)
@@ -62,6 +64,75 @@ def test_terminal_output_has_the_verdict_the_bar_and_the_table():
     assert "FITS" in screen and "█" in screen and "┃" in screen and "GPU usable 16.00 GiB" in screen
     for name in ("weights", "activations", "cuda_context", "safety_margin", "budget"):
         assert name in screen
+
+
+SGR = re.compile(r"\x1b\[([0-9;]*)m")
+DOES_NOT_FIT = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--gpu", "RTX 4090", "--seq-len", "2048"]
+
+
+def _visible(screen: str) -> list[str]:
+    return SGR.sub("", screen).replace("\r", "").splitlines()
+
+
+def _colours(screen: str) -> set[tuple[str, str]]:
+    """('fg' or 'bg', '#RRGGBB') of every colour the terminal was told to draw; fails on a named or indexed colour."""
+    out = set()
+    for params in SGR.findall(screen):
+        p = [int(x) for x in params.split(";") if x] or [0]
+        i = 0
+        while i < len(p):
+            if p[i] in (38, 48):
+                assert p[i + 1] == 2, f"not a truecolor colour: {params}"
+                out.add(("fg" if p[i] == 38 else "bg", "#%02X%02X%02X" % tuple(p[i + 2:i + 5])))
+                i += 5
+                continue
+            assert not (30 <= p[i] <= 37 or 40 <= p[i] <= 47 or 90 <= p[i] <= 97 or 100 <= p[i] <= 107), \
+                f"a named ANSI colour (theme-dependent): {params}"
+            i += 1
+    return out
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_terminal_leads_with_the_verdict_and_sizes_the_bar_to_the_console(columns):
+    code, screen = _on_a_terminal(["estimate", *DOES_NOT_FIT, "--offline"], columns=columns)
+    assert code == EXIT_DOES_NOT_FIT, screen
+    lines = [line for line in _visible(screen) if line.strip()]
+    est = estimate_memory_impl(dict(model="Qwen/Qwen2.5-7B-Instruct", method="lora", gpu="RTX 4090",
+                                    seq_len=2048)).structured_content
+    over = (est["total_bytes"] - est["gpu_usable_bytes"]) / 2**30
+    assert lines[0].strip() == f"DOES NOT FIT  {over:.2f} GiB over"  # the verdict and its number, first
+    bar = next(line for line in lines if line.startswith("▕"))
+    assert len(bar) == columns and bar.endswith("▏") and bar.count("┃") == 1  # the console's width, never wrapped
+    assert all(len(line) <= columns for line in lines)
+    axis = lines[lines.index(bar) + 1]
+    assert axis.lstrip().startswith("0") and "GPU usable 23.88 GiB" in axis
+    cap = bar.index("┃")
+    assert cap in (axis.index("↑"), axis.index("GPU") - 2)  # the label points at the line
+    assert "7.62B params" in screen  # no number highlighting splitting it
+
+
+def test_terminal_colours_are_truecolor_by_component_name():
+    code, screen = _on_a_terminal(["estimate", *FITS, "--offline"])
+    assert code == EXIT_OK
+    colours = _colours(screen)
+    assert ("bg", VERDICT_COLORS["fits"][1]) in colours and ("fg", VERDICT_COLORS["fits"][0]) in colours
+    for name in ("weights", "quantization_constants", "activations", "cuda_context", "allocator_overhead"):
+        assert ("fg", component_color(name)) in colours, name
+    assert component_color("weights") != component_color("cuda_context")
+
+
+def test_terminal_suggest_leads_with_the_verdict_and_has_a_legend():
+    code, screen = _on_a_terminal(["suggest", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "RTX 4090",
+                                   "--seq-len", "2048", "--offline"], columns=80)
+    assert code == EXIT_OK, screen
+    lines = [line for line in _visible(screen) if line.strip()]
+    assert re.fullmatch(r" DOES NOT FIT  [\d.]+ GiB over on RTX 4090", lines[0])
+    assert lines[1].startswith("▕") and len(lines[1]) == 80
+    legend = " ".join(lines[3:7])
+    for name in ("weights", "activations", "cuda_context", "safety_margin", "GPU usable 23.88 GiB"):
+        assert name in legend, legend
+    assert all(len(line) <= 80 for line in lines)
+    _colours(screen)  # truecolor only
 
 
 def test_terminal_suggest_shows_the_bar_and_the_ranking():
