@@ -317,11 +317,11 @@ def _summary(tier: int, quality: float, extra: int, slow: float, lost: int) -> s
         return f"same training mathematics; {speed}"
     if tier == 1:
         extra_words = f", {lost} fewer tokens of context" if lost else ""
-        return f"changes what is learned (quality penalty {quality:g}{extra_words}); {speed}"
+        return f"changes what is learned (quality penalty {quality:.3g}{extra_words}); {speed}"
     if extra <= 0:
-        return "a larger GPU" + (f", quality penalty {quality:g}" if quality else "") + f"; {speed}"
+        return "a larger GPU" + (f", quality penalty {quality:.3g}" if quality else "") + f"; {speed}"
     return f"{extra} more GPU{'s' if extra != 1 else ''}" + (
-        f", quality penalty {quality:g}" if quality else "") + f"; {speed}"
+        f", quality penalty {quality:.3g}" if quality else "") + f"; {speed}"
 
 
 def sort_key(c: Cost) -> tuple:

@@ -117,8 +117,8 @@ KEEP_PARAMETER = inspect.Parameter(
             max_length=64,  # estimator/search.py MAX_KEEP: checked before any name is
             description=(
                 "Plan fields the search must not change. Default (null, same as []): nothing pinned; the "
-                "search never changes the model or the GPU, and ranks more GPUs last. Add e.g. 'seq_len', "
-                "'method' or 'num_gpus' to hold them."
+                "search never changes the model, and may offer a larger GPU or more GPUs. Add e.g. 'seq_len', "
+                "'method', 'gpu' or 'num_gpus' to hold them."
             ),
             examples=[["seq_len", "num_gpus"]],
         ),

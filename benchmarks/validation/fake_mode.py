@@ -243,6 +243,9 @@ def gpu_routing(route_sdpa: bool = True):
         return original_dropout(input, p, training, inplace)
 
     patches.append((F, "dropout", dropout))
+    # MoE experts in fp32/fp16 (kbit-prepared or mixed precision): torch's grouped_mm meta kernel is bf16-only where
+    # CUDA is not (benchmarks/validation/moe_fake.py)
+    patches.append(_beside("moe_fake").grouped_mm_meta_patch())
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     for obj, name, value in patches:
         setattr(obj, name, value)
@@ -343,6 +346,19 @@ def _optimizer_state_tensors(optimizer):
             if isinstance(v, torch.Tensor):
                 out.append(v)
     return out
+
+
+def _beside(name: str):
+    """benchmarks/validation/<name>.py, loaded by path beside this file (which runs as a script or by path)."""
+    import importlib.util
+    import os
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _peft_fake():
