@@ -45,7 +45,9 @@ def weight_bytes(r: ResolvedPlan) -> int:
     Unquantized: every parameter x bytes of the weight dtype (fp32 master weights when precision is
     'mixed'). 4-bit (bitsandbytes Params4bit): each block linear's weight packs two 4-bit codes per
     byte, ceil(n/2) bytes; 8-bit (Int8Params): one byte per weight. Embeddings, lm_head, norms,
-    biases and MoE experts stay in the weight dtype. Counts come from :class:`ModelSpec`, tensor by tensor.
+    biases and MoE experts stay in the weight dtype, or in fp32 after peft's prepare_model_for_kbit_training
+    (``r.frozen_dtype``: peft/utils/other.py 0.21 casts every bf16/fp16 parameter whose class is not
+    Params4bit to fp32). Counts come from :class:`ModelSpec`, tensor by tensor.
     """
     spec = r.spec
     per = r.weight_bytes_per_param
@@ -57,7 +59,7 @@ def weight_bytes(r: ResolvedPlan) -> int:
         packed = sum(_round_block(lin.weight_params) * n for lin, n in quantized)
     else:
         packed = sum(_round_block(math.ceil(lin.weight_params / 2)) * n for lin, n in quantized)
-    return (spec.total_params - quantized_params) * per + packed
+    return (spec.total_params - quantized_params) * DTYPE_BYTES[r.frozen_dtype] + packed
 
 
 def quantization_constant_bytes(r: ResolvedPlan) -> int:
@@ -241,6 +243,23 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
 # Activations: saved in forward, freed in backward
 
 
+def residual_bytes(r: ResolvedPlan) -> int:
+    """Bytes per element of the residual stream (embedding output, block inputs and outputs, the final
+    norm's input): ``r.residual_dtype``. After prepare_model_for_kbit_training the embedding weight is
+    fp32, so its output is fp32, and every residual add (fp32 + 16-bit) stays fp32; otherwise the
+    compute dtype."""
+    return DTYPE_BYTES[r.residual_dtype]
+
+
+def quantized_output_bytes(r: ResolvedPlan) -> int:
+    """Bytes per element of a quantized linear's output: bitsandbytes' Linear4bit.forward
+    (bitsandbytes/nn/modules.py 0.50) casts its input to the compute dtype and its result back to the
+    input's dtype (``.to(inp_dtype)``), so a block linear fed by the fp32 residual stream of a
+    kbit-prepared model returns fp32 (the gated MLP's gate, up and their product then are fp32 too);
+    otherwise the compute dtype."""
+    return residual_bytes(r) if r.quantization != "none" else r.act_bytes
+
+
 def _consumer_saved_bytes(r: ResolvedPlan, linears: tuple[LinearSpec, ...]) -> int:
     """What linears reading one shared input keep for backward: the input once if any base weight
     trains or is 8-bit, plus each adapter's own saved tensors (dropout mask, its input copy in the
@@ -347,6 +366,7 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
             total += _round_block(a * scores)
         if spec.num_kv_heads != spec.num_heads:
             total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
+    total += attention_mask_and_view_bytes(r)
     # o_proj: its input is the attention output already counted; only adapters add
     o_proj = attn[-1]
     if r.adapted(o_proj):
@@ -363,12 +383,46 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     return total
 
 
+def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
+    """What one block's attention saves beyond q, k, v, the output and the log-sum-exp, for two layouts
+    read from transformers 5.24 (integrations/sdpa_attention.py, models/phi3/modeling_phi3.py):
+
+    - a 4-D mask (``r.attention_mask``: a whole-model sliding window no longer than the sequence,
+      :func:`resolved.sliding_window_mask`): SDPA converts the boolean mask to an additive bias in the
+      compute dtype (a·B·S², one per call) that the memory-efficient kernel keeps for backward; and
+      ``use_gqa_in_sdpa`` is false with a mask, so for grouped-query attention ``repeat_kv`` expands k
+      and v to every head before the kernel, which keeps the copies: 2·a·T·(q_dim - kv_dim) more.
+    - a fused qkv_proj (Phi-3): q, k and v are slices of one output; the kernel keeps v as a view, and
+      that keeps the whole a·T·(q_dim + 2·kv_dim) output alive instead of a·T·kv_dim, unless v is
+      copied first (repeat_kv for grouped-query attention on the math path or with a mask; or, behind
+      a quantized qkv_proj on a kbit-prepared base, the fp32 output cast to the compute dtype by
+      autocast).
+    """
+    spec = r.spec
+    plan = r.plan
+    a = r.act_bytes
+    t = r.tokens
+    total = 0
+    gqa = spec.num_kv_heads != spec.num_heads
+    if r.attention_mask and r.attention_kernel == "efficient":
+        total += _round_block(a * plan.batch_size * plan.seq_len * plan.seq_len)
+        if gqa:
+            total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2
+    v_copied = (gqa and (r.attention_kernel == "math" or r.attention_mask or spec.head_dim > 256)) or (
+        quantized_output_bytes(r) != a
+    )
+    if spec.fused_qkv and not v_copied:
+        total += _round_block(a * t * (spec.q_dim + 2 * spec.kv_dim)) - _round_block(a * t * spec.kv_dim)
+    return total
+
+
 def _mlp_activation_bytes(r: ResolvedPlan, linears, width: int, tokens: int, consumers) -> int:
     a = r.act_bytes
     up_in = linears[:-1]
     down = linears[-1]
     saved = consumers(up_in)
-    saved += 3 * _round_block(a * tokens * width)  # gate (SiLU input), act and up (product inputs)
+    # gate (SiLU input), act and up (product inputs): fp32 behind quantized linears on a kbit-prepared base
+    saved += 3 * _round_block(quantized_output_bytes(r) * tokens * width)
     if r.full:
         saved += _round_block(a * tokens * width)  # product, kept by down_proj
     elif r.adapted(down):
@@ -443,17 +497,19 @@ def expert_adapter_saved_bytes(r: ResolvedPlan) -> int:
 
 
 def shared_activation_bytes(r: ResolvedPlan) -> int:
-    """Activations outside the blocks: the embedding output (a·T·H, plus Gemma's sqrt(H)-scaled copy),
-    RoPE's cos and sin (2 x a·T·head_dim, shared by all layers), the final norm (as in a block) and
-    the input ids and labels (int64, 2 x 8·T)."""
+    """Activations outside the blocks: the embedding output (e·T·H, plus Gemma's sqrt(H)-scaled copy),
+    RoPE's cos and sin (2 x e·T·head_dim, shared by all layers; transformers casts them to the hidden
+    states' dtype), the final norm (as in a block) and the input ids and labels (int64, 2 x 8·T).
+    e = :func:`residual_bytes` (a, or 4 after prepare_model_for_kbit_training: fp32 embedding)."""
     spec = r.spec
     t = r.tokens
     a = r.act_bytes
+    e = residual_bytes(r)
     h = spec.hidden_size
-    total = _round_block(a * t * h)
+    total = _round_block(e * t * h)
     if spec.embed_scale:
-        total += _round_block(a * t * h)
-    total += 2 * _round_block(a * t * spec.head_dim)
+        total += _round_block(e * t * h)
+    total += 2 * _round_block(e * t * spec.head_dim)
     total += _round_block(4 * t * h) + (_round_block(a * t * h) if r.full else 0)
     total += 2 * _round_block(8 * t)
     return total
@@ -461,8 +517,9 @@ def shared_activation_bytes(r: ResolvedPlan) -> int:
 
 def checkpoint_boundary_bytes(r: ResolvedPlan) -> int:
     """With gradient checkpointing (non-reentrant, transformers' GradientCheckpointingLayer), each
-    block keeps only its input hidden states: a·T·H per layer."""
-    return _round_block(r.act_bytes * r.tokens * r.spec.hidden_size)
+    block keeps only its input hidden states: e·T·H per layer, e = :func:`residual_bytes` (fp32 after
+    prepare_model_for_kbit_training)."""
+    return _round_block(residual_bytes(r) * r.tokens * r.spec.hidden_size)
 
 
 # ---------------------------------------------------------------------------
@@ -487,6 +544,20 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     t = r.tokens
     # + a trainable modules_to_save head's input (and cast): peft_knobs.head_copy_saved_bytes
     return _round_block(a * t * spec.vocab_size) + _round_block(4 * t * spec.vocab_size) + peft_knobs.head_copy_saved_bytes(r)
+
+
+def lm_head_cast_bytes(r: ResolvedPlan) -> int:
+    """The compute-dtype copy of an fp32 lm_head weight that autocast makes for the head's matmul.
+
+    After prepare_model_for_kbit_training the (unquantized) lm_head weight is fp32; under bf16/fp16
+    autocast ``F.linear`` casts it to the compute dtype (not cached: the weight does not require grad)
+    and autograd keeps that copy to form the gradient of the head's input: a·V·H from the head's
+    forward until its backward (the same lifetime as the loss's tensors). 0 when the head weight is
+    already in the compute dtype, when there is no autocast, or when the head trains (full fine-tuning).
+    """
+    if not (r.autocast and r.kbit_prepared and not r.full) or r.frozen_dtype == r.compute_dtype:
+        return 0
+    return _round_block(r.act_bytes * r.spec.vocab_size * r.spec.hidden_size)
 
 
 def loss_backward_bytes(r: ResolvedPlan) -> int:
@@ -548,11 +619,13 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
         width_tokens = t * moe.top_k * moe.expert_intermediate
     else:
         width_tokens = t * spec.intermediate_size
-    mlp = 3 * _round_block(a * width_tokens) + 2 * _round_block(a * t * h) - down_proj_saved_bytes(r, layer)
+    q = quantized_output_bytes(r)  # the MLP's tensors and their gradients: fp32 on a kbit-prepared base
+    e = residual_bytes(r)
+    mlp = 3 * _round_block(q * width_tokens) + 2 * _round_block(e * t * h) - down_proj_saved_bytes(r, layer)
     if spec.is_moe_layer(layer):
         mlp += expert_adapter_backward_bytes(r)
     attn = _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim) + _round_block(4 * t * spec.q_dim)
-    attn += 2 * _round_block(a * t * h)
+    attn += 2 * _round_block(e * t * h)
     return max(mlp, attn)
 
 

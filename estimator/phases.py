@@ -79,7 +79,7 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     else:
         saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
     shared = m.shared_activation_bytes(r)
-    loss_fwd = m.loss_forward_bytes(r)
+    loss_fwd = m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r)
     loss_fwd_tmp = m.loss_forward_transient_bytes(r)
     loss_bwd = m.loss_backward_bytes(r)
     dequant = m.dequantization_bytes(r)

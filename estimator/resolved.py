@@ -43,6 +43,7 @@ class ResolvedPlan:
     frozen_dtype: str = "bf16"  # dtype of the base's unquantized parameters (fp32 after kbit preparation)
     residual_dtype: str = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
     modules_to_save: tuple[str, ...] = ()  # modules PEFT trains in full beside the adapters
+    attention_mask: bool = False  # sdpa gets a 4-D mask (a sliding window no longer than the sequence)
     use_dora: bool = False
     # PEFT 0.21's ParamWrapper adapters on the fused MoE experts and router (estimator/moe_adapters.py); None: none
     expert_lora: ExpertLoRA | None = None
@@ -157,12 +158,24 @@ def _resolve_targets(
     return chosen, tuple(warnings), experts
 
 
-def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: str) -> str:
-    """The kernel PyTorch's SDPA dispatcher picks on an Ampere+ GPU for unpadded causal attention."""
+def sliding_window_mask(attn_implementation: str, spec: ModelSpec, seq_len: int) -> bool:
+    """Whether transformers passes sdpa a 4-D mask for an unpadded batch: with a whole-model sliding window
+    (``spec.sliding_window``), masking_utils.sdpa_mask can skip the mask (and use is_causal) only while
+    kv_length < local_size (``_ignore_causal_mask_sdpa``: ``if local_attention_size is not None and kv_length >=
+    local_attention_size: return False``), transformers 5.24. So Phi-3's window of 2047 materialises the mask
+    from seq_len 2047 on."""
+    return attn_implementation == "sdpa" and spec.sliding_window is not None and seq_len >= spec.sliding_window
+
+
+def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: str, masked: bool = False) -> str:
+    """The kernel PyTorch's SDPA dispatcher picks on an Ampere+ GPU for unpadded causal attention. With a
+    4-D mask (``masked``) flash is ruled out: the memory-efficient kernel takes it as an additive bias."""
     if attn_implementation == "eager":
         return "math"
     if attn_implementation == "flash_attention_2":
         return "flash"
+    if masked:
+        return "efficient"
     if compute_dtype in ("bf16", "fp16") and spec.head_dim <= 256 and spec.head_dim % 8 == 0:
         return "flash"
     return "efficient"
@@ -220,7 +233,8 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
             "(its attention logit softcapping is not available through sdpa); set attn_implementation to one of them",
             field="attn_implementation",
         )
-    kernel = _attention_kernel(attn, spec, compute_dtype)
+    masked = sliding_window_mask(attn, spec, plan.seq_len)
+    kernel = _attention_kernel(attn, spec, compute_dtype, masked)
     if spec.max_position_embeddings and plan.seq_len > spec.max_position_embeddings:
         warnings.append(
             f"seq_len {plan.seq_len} is beyond the model's max_position_embeddings "
@@ -246,6 +260,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         frozen_dtype=frozen_dtype,
         residual_dtype=residual_dtype,
         modules_to_save=peft_knobs.resolve_modules_to_save(plan, spec) if plan.uses_adapters else (),
+        attention_mask=masked,
         use_dora=plan.use_dora,
         expert_lora=expert_lora if expert_lora is not None and expert_lora.any else None,
     )

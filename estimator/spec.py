@@ -115,6 +115,9 @@ class ModelSpec:
     embed_scale: bool = False  # gemma multiplies the embeddings by sqrt(hidden) (one extra tensor)
     final_logit_softcapping: float | None = None  # gemma2: tanh softcap on the logits
     attn_logit_softcapping: bool = False  # gemma2: tanh softcap on the attention scores (eager only)
+    # every layer attends within this window (transformers builds create_sliding_window_causal_mask for the whole
+    # model: phi3, mistral, mixtral, qwen3_moe with use_sliding_window); None: causal attention only
+    sliding_window: int | None = None
     known_family: bool = True
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -447,6 +450,26 @@ def _spec_from_config(config: dict) -> ModelSpec:
         embed_scale=embed_scale,
         attn_logit_softcapping=attn_softcap,
         final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) else None,
+        sliding_window=_whole_model_sliding_window(config, model_type),
         known_family=known,
         warnings=tuple(warnings),
     )
+
+
+# transformers 5.24 families whose decoder builds ``create_sliding_window_causal_mask`` for every layer when
+# config.sliding_window is set (modeling_phi3.py, modeling_mistral.py, modeling_mixtral.py, modeling_qwen3_moe.py:
+# ``mask_function = create_causal_mask if self.config.sliding_window is None else create_sliding_window_causal_mask``)
+SLIDING_WINDOW_FAMILIES = frozenset({"phi3", "mistral", "mixtral", "qwen3_moe"})
+
+
+def _whole_model_sliding_window(config: dict, model_type: str) -> int | None:
+    """The sliding window every layer uses, or None. Qwen3-MoE's config keeps it only with use_sliding_window
+    (configuration_qwen3_moe.py: ``self.sliding_window = self.sliding_window if self.use_sliding_window else None``)."""
+    if model_type not in SLIDING_WINDOW_FAMILIES:
+        return None
+    if model_type == "qwen3_moe" and not config.get("use_sliding_window", False):
+        return None
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        return None
+    return window

@@ -53,6 +53,14 @@ def quantization_config(plan):
     from transformers import BitsAndBytesConfig
 
     if plan.quantized_4bit:
+        if plan.framework != "trl":
+            # the PEFT/bitsandbytes docs' config: bnb_4bit_quant_storage left at its default (uint8)
+            return BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_compute_dtype=torch_dtype(plan),
+                bnb_4bit_quant_type=plan.bnb_4bit_quant_type,
+                bnb_4bit_use_double_quant=plan.bnb_4bit_use_double_quant,
+            )
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_compute_dtype=torch_dtype(plan),
@@ -239,6 +247,8 @@ def build_model(plan, config: dict, *, pretrained_path: str | None = None):
 
     if plan.method == "full":
         model.requires_grad_(True)
+    if plan.framework != "trl" or plan.effective_kbit_preparation:
+        return _build_transformers_stack(plan, model, quantized)
     if plan.uses_adapters:
         from peft import get_peft_model
 
@@ -257,6 +267,65 @@ def build_model(plan, config: dict, *, pretrained_path: str | None = None):
         for name, param in model.named_parameters():
             if param.requires_grad and "lora_magnitude_vector" not in name:
                 param.data = param.data.to(torch.bfloat16)
+    model.train()
+    return model
+
+
+def _prepare_model_for_kbit_training(model, use_gradient_checkpointing: bool):
+    """peft.prepare_model_for_kbit_training, with the fake path's packed 4-bit weights kept as Params4bit keeps them.
+
+    PEFT casts every bf16/fp16 parameter whose class is not ``Params4bit`` to fp32. Under fake tensors the packed
+    weight is a plain Parameter carrying ``quant_state`` (see :func:`_quantize_model`): with a 16-bit quant storage
+    it would be cast, which a real Params4bit is not, so those are put back after the call."""
+    from peft import prepare_model_for_kbit_training
+
+    packed = {
+        id(p): (p, p.data)
+        for p in model.parameters()
+        if getattr(p, "quant_state", None) is not None and type(p).__name__ != "Params4bit"
+    }
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=use_gradient_checkpointing)
+    for param, data in packed.values():
+        if param.dtype != data.dtype:
+            param.data = data
+    return model
+
+
+def _build_transformers_stack(plan, model, quantized: bool):
+    """transformers' Trainer + PEFT as the PEFT and bitsandbytes docs teach it (peft 0.21, transformers 5.24):
+
+    - on a quantized base, ``prepare_model_for_kbit_training(model, use_gradient_checkpointing=...)`` (it freezes
+      the base, casts every bf16/fp16 parameter but the packed 4-bit weights to fp32 and enables checkpointing),
+      when the plan or its framework asks for it (``plan.effective_kbit_preparation``);
+    - ``get_peft_model`` (adapters in fp32 by PEFT's autocast_adapter_dtype=True), then cast to the plan's
+      ``adapter_dtype`` or its framework's default when either sets one (none for ``transformers``);
+    - Trainer(gradient_checkpointing=True): ``activation_checkpointing_enable`` with ``use_reentrant=False``,
+      re-applied over what prepare_model_for_kbit_training set.
+    The loss (transformers' ForCausalLMLoss over full logits) and bf16 autocast are the caller's (Trainer/accelerate)."""
+    import torch
+
+    if quantized and plan.effective_kbit_preparation:
+        model = _prepare_model_for_kbit_training(model, plan.gradient_checkpointing)
+    if plan.method == "full":
+        model.requires_grad_(True)
+    if plan.uses_adapters:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config(plan))
+        # the adapter dtype as estimator/resolved.py resolves it: the plan's, else its framework's, else PEFT's
+        stack = plan.stack
+        wanted = plan.adapter_dtype or (stack.adapter_dtype_quantized if quantized else stack.adapter_dtype_unquantized)
+        if wanted is not None:
+            dtype = getattr(torch, _DTYPES[wanted])
+            for name, param in model.named_parameters():
+                if param.requires_grad:
+                    param.data = param.data.to(dtype)
+    if plan.gradient_checkpointing:
+        base = model.get_base_model() if plan.uses_adapters else model
+        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
+        if plan.uses_adapters:
+            model.enable_input_require_grads()
     model.train()
     return model
 

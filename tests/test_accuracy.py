@@ -2,7 +2,9 @@
 
 Each case in accuracy_cases.json runs the real transformers (+ PEFT, + bitsandbytes) model through
 two training steps under PyTorch fake tensors, in its own process, with attention and dropout routed
-as a GPU runs them and TRL's chunked loss (benchmarks/validation/fake_mode.py). The estimate's
+as a GPU runs them and the plan's stack: TRL's chunked loss by default; for ``framework: transformers``
+transformers' loss over full logits and, on a 4-bit base, peft's prepare_model_for_kbit_training
+(benchmarks/validation/fake_mode.py, recipes/setup.py). The estimate's
 peak_allocated_bytes must never be below that measurement by more than 2% nor above it by more
 than 10%.
 """
@@ -26,8 +28,11 @@ LOWER, UPPER = -2.0, 10.0
 
 
 def _label(plan: dict) -> str:
+    framework = plan.get("framework", "trl")
+    loss = plan.get("loss_implementation") or ("standard" if framework == "transformers" else "chunked")
     return (f"{plan['model'].split('/')[-1]}-{plan['method']}-s{plan['seq_len']}-b{plan['batch_size']}-"
-            f"ckpt{int(plan.get('gradient_checkpointing', True))}-{plan.get('loss_implementation', 'chunked')}")
+            f"ckpt{int(plan.get('gradient_checkpointing', True))}-{loss}"
+            + ("" if framework == "trl" else f"-{framework}"))
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +50,10 @@ def test_cohort_covers_methods_families_and_checkpointing():
     assert len(families) >= 4
     assert {c["method"] for c in CASES} == {"full", "lora", "qlora"}
     assert {c.get("gradient_checkpointing", True) for c in CASES} == {True, False}
+    # transformers' Trainer + PEFT with prepare_model_for_kbit_training, with and without checkpointing
+    prepared = [c for c in CASES if c.get("framework") == "transformers" and c["method"] == "qlora"]
+    assert len({resolve_model(c["model"]).spec.model_type for c in prepared}) >= 3
+    assert {c.get("gradient_checkpointing", True) for c in prepared} == {True, False}
 
 
 @pytest.mark.slow

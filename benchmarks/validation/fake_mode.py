@@ -164,6 +164,14 @@ def routed_sdpa(original):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        # autocast (CUDA's and CPU's) lists scaled_dot_product_attention as a lower-precision op: fp32 q/k/v (the
+        # fp32 residual stream of a kbit-prepared model) are cast to the autocast dtype before the kernel is chosen
+        device = query.device.type
+        if torch.is_autocast_enabled(device) and query.dtype == torch.float32:
+            low = torch.get_autocast_dtype(device)
+            query, key, value = (t.to(low) for t in (query, key, value))
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(low)
         d = query.shape[-1]
         half = query.dtype in (torch.bfloat16, torch.float16)
         same = key.dtype == query.dtype == value.dtype and value.shape[-1] == d

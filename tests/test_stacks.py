@@ -1,0 +1,125 @@
+"""The memory model of each training stack, component by component (pure estimator, no torch).
+
+transformers' Trainer + PEFT with prepare_model_for_kbit_training (peft/utils/other.py 0.21) keeps every
+non-quantized parameter in fp32, so the residual stream, the checkpointed block inputs and the outputs of the
+4-bit linears are fp32, and autocast keeps a compute-dtype copy of the fp32 lm_head; TRL 1.16's stack does
+none of that. Also: the loss each framework defaults to, and Phi-3's sliding-window mask and fused qkv_proj.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from canifinetune.estimator import memory as m
+from canifinetune.estimator.constants import DTYPE_BYTES
+from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.resolved import resolve
+
+LLAMA = "meta-llama/Llama-3.2-1B"
+PHI3 = "microsoft/Phi-3-mini-4k-instruct"
+
+
+def _resolved(**fields):
+    plan = TrainingPlan(**fields)
+    return resolve(plan, resolve_model(plan.model).spec)
+
+
+def test_kbit_preparation_makes_the_unquantized_weights_fp32():
+    trl = _resolved(model=LLAMA, method="qlora")
+    prepared = _resolved(model=LLAMA, method="qlora", framework="transformers")
+    assert (trl.frozen_dtype, trl.residual_dtype) == ("bf16", "bf16")
+    assert (prepared.frozen_dtype, prepared.residual_dtype) == ("fp32", "fp32")
+    spec = trl.spec
+    quantized = sum(lin.weight_params * n for lin, n in m.quantized_linears(trl))
+    unquantized = spec.total_params - quantized
+    # the packed 4-bit weights are untouched; every other parameter goes from 2 to 4 bytes
+    assert m.weight_bytes(prepared) - m.weight_bytes(trl) == unquantized * (4 - 2)
+    assert m.quantization_constant_bytes(prepared) == m.quantization_constant_bytes(trl)
+
+
+def test_kbit_preparation_runs_the_residual_stream_in_fp32():
+    kw = dict(model=LLAMA, method="qlora", seq_len=1024, batch_size=2)
+    trl = _resolved(**kw)
+    prepared = _resolved(**kw, framework="transformers")
+    t, h = trl.tokens, trl.spec.hidden_size
+    assert m.checkpoint_boundary_bytes(trl) == 2 * t * h
+    assert m.checkpoint_boundary_bytes(prepared) == 4 * t * h
+    assert m.residual_bytes(prepared) == 4 and m.quantized_output_bytes(prepared) == 4
+    # the gated MLP's gate, act and up come out of fp32-returning 4-bit linears: 3 x (4 - 2) x T x I more
+    diff = m.layer_activation_bytes(prepared, 0) - m.layer_activation_bytes(trl, 0)
+    extra_mlp = 3 * (4 - 2) * t * trl.spec.intermediate_size
+    assert diff >= extra_mlp
+    # autocast's bf16 copy of the fp32 lm_head is kept until the head's backward
+    assert m.lm_head_cast_bytes(trl) == 0
+    assert m.lm_head_cast_bytes(prepared) == 2 * trl.spec.vocab_size * h
+
+
+def test_an_unquantized_base_is_not_prepared():
+    lora = _resolved(model=LLAMA, method="lora", framework="transformers")
+    assert not lora.kbit_prepared
+    assert (lora.frozen_dtype, lora.residual_dtype, lora.adapter_dtype) == ("bf16", "bf16", "fp32")
+    assert m.lm_head_cast_bytes(lora) == 0
+
+
+def test_the_trl_stack_is_the_default_and_unchanged_by_the_new_fields():
+    kw = dict(model=LLAMA, method="qlora", seq_len=2048, batch_size=2, target_modules="all-linear")
+    default = estimate(TrainingPlan(**kw))
+    explicit = estimate(TrainingPlan(**kw, framework="trl", prepare_model_for_kbit_training=False,
+                                     loss_implementation="chunked", adapter_dtype="bf16"))
+    assert default.peak_allocated_bytes == explicit.peak_allocated_bytes
+    r = _resolved(**kw)
+    assert (r.framework, r.kbit_prepared, r.adapter_dtype, r.loss_implementation) == ("trl", False, "bf16", "chunked")
+    assert m.residual_bytes(r) == m.quantized_output_bytes(r) == r.act_bytes == DTYPE_BYTES["bf16"]
+
+
+def test_kbit_preparation_under_trl_costs_what_it_costs_under_transformers():
+    kw = dict(model=LLAMA, method="qlora", seq_len=1024, batch_size=2)
+    trl_prepared = _resolved(**kw, prepare_model_for_kbit_training=True, adapter_dtype="fp32", loss_implementation="standard")
+    transformers = _resolved(**kw, framework="transformers")
+    for component in (m.weight_bytes, m.checkpoint_boundary_bytes, m.shared_activation_bytes, m.lm_head_cast_bytes,
+                      m.loss_forward_bytes, m.adapter_bytes, m.optimizer_state_bytes):
+        assert component(trl_prepared) == component(transformers), component.__name__
+
+
+@pytest.mark.parametrize("framework, loss", [("trl", "chunked"), ("transformers", "standard")])
+def test_loss_default_per_framework(framework, loss):
+    plan = TrainingPlan(model=LLAMA, method="lora", framework=framework)
+    assert plan.effective_loss_implementation == loss
+    assert _resolved(model=LLAMA, method="lora", framework=framework).loss_implementation == loss
+    other = "standard" if loss == "chunked" else "chunked"
+    assert TrainingPlan(model=LLAMA, method="lora", framework=framework, loss_implementation=other).effective_loss_implementation == other
+
+
+def test_standard_loss_keeps_the_full_logits():
+    r = _resolved(model=LLAMA, method="lora", framework="transformers", seq_len=1024, batch_size=2)
+    t, v = r.tokens, r.spec.vocab_size
+    # bf16 logits and log_softmax's fp32 output until backward; two fp32 T x V gradients in the loss backward
+    assert m.loss_forward_bytes(r) == 2 * t * v + 4 * t * v
+    assert m.loss_backward_bytes(r) == 2 * 4 * t * v
+
+
+def test_phi3_sliding_window_mask_from_seq_len_2047():
+    spec = resolve_model(PHI3).spec
+    assert spec.sliding_window == 2047
+    assert resolve_model("Qwen/Qwen2.5-0.5B").spec.sliding_window is None  # use_sliding_window false
+    short = _resolved(model=PHI3, method="lora", target_modules=["qkv_proj"], seq_len=2046)
+    at = _resolved(model=PHI3, method="lora", target_modules=["qkv_proj"], seq_len=2047)
+    long = _resolved(model=PHI3, method="lora", target_modules=["qkv_proj"], seq_len=2048, batch_size=2)
+    assert (short.attention_mask, short.attention_kernel) == (False, "flash")
+    assert (at.attention_mask, at.attention_kernel) == (True, "efficient")
+    assert (long.attention_mask, long.attention_kernel) == (True, "efficient")
+    # the additive bias the efficient kernel keeps, a x B x S^2 per block (Phi-3-mini has no GQA), plus the
+    # fused qkv output the kernel's v view keeps alive
+    qkv_extra = 2 * long.tokens * (spec.q_dim + 2 * spec.kv_dim) - 2 * long.tokens * spec.kv_dim
+    assert m.attention_mask_and_view_bytes(long) == 2 * 2 * 2048 * 2048 + qkv_extra
+
+
+def test_fused_qkv_view_is_not_kept_behind_an_fp32_cast():
+    lora = _resolved(model=PHI3, method="lora", target_modules=["qkv_proj"], seq_len=512)
+    prepared = _resolved(model=PHI3, method="qlora", target_modules=["qkv_proj"], seq_len=512, framework="transformers")
+    assert m.attention_mask_and_view_bytes(lora) > 0
+    assert m.attention_mask_and_view_bytes(prepared) == 0  # autocast casts the fp32 q, k, v: v is a copy
+    llama = _resolved(model=LLAMA, method="lora", seq_len=512)
+    assert m.attention_mask_and_view_bytes(llama) == 0
