@@ -335,3 +335,20 @@ def dora_forward_transient_bytes(r: "ResolvedPlan") -> int:
         (dora_linear_forward_transient_bytes(r, lin) for i, _ in r.spec.layer_groups for lin in r.adapted_linears(i)),
         default=0,
     )
+
+
+def standard_head_copy_start(r: "ResolvedPlan", loss_start: int, head_grad: int) -> tuple[int, int]:
+    """(loss bytes, head-gradient bytes) of the larger of two moments at the loss end of backward, under the standard
+    loss with a modules_to_save head: nll_loss's and log_softmax's fp32 gradients with every forward loss tensor
+    (``loss_start``, no head gradient yet), or lm_head's own backward, which writes the head gradient once those are
+    freed: the logits a·T·V (held by the model output), their gradient cast back to the compute dtype a·T·V, the
+    head's saved input (:func:`head_copy_saved_bytes`) and, on a kbit-prepared base, the head weight's cast."""
+    from . import memory
+
+    a = r.act_bytes
+    vocab = r.tokens * r.spec.vocab_size
+    frozen_head_cast = getattr(memory, "lm_head_cast_bytes", None)
+    moment = 2 * _round_block(a * vocab) + head_copy_saved_bytes(r) + (frozen_head_cast(r) if frozen_head_cast else 0)
+    if loss_start >= moment + head_grad:
+        return loss_start, 0
+    return moment, head_grad

@@ -125,11 +125,15 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
         head_grad = int(peft_knobs.head_copy_grad_bytes(r) * grad_factor)
     # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
     start_head = head_grad if r.loss_implementation == "standard" else 0
+    loss_start = loss_fwd + loss_bwd
+    if start_head and not r.full:
+        # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_knobs)
+        loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head)
     start_gather = sh.gather_backward_start if fsdp else gather_bwd
     best_gather = start_gather
-    start = static_bytes + start_gather + saved_layers + shared + loss_fwd + loss_bwd + start_head
+    start = static_bytes + start_gather + saved_layers + shared + loss_start + start_head
     best = start
-    best_parts = (saved_layers + shared, loss_fwd + loss_bwd, start_head, 0)
+    best_parts = (saved_layers + shared, loss_start, start_head, 0)
     # Block-by-block: at block i (from the top), blocks below keep their saved tensors, blocks above
     # have produced their gradients. Blocks of one kind are identical, so evaluate each kind's top-most
     # and bottom-most position (the live set changes linearly in between).
