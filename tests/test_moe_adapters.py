@@ -126,3 +126,42 @@ def test_trainable_params_match_peft(model, targets):
     trainable = [p for p in peft_model.parameters() if p.requires_grad]
     assert r.trainable_params == sum(p.numel() for p in trainable)
     assert r.trainable_tensors == len(trainable)
+
+
+# ---------------------------------------------------------------------------
+# against a fake-tensor training step (2-layer configs of the catalog models)
+
+
+@pytest.mark.slow  # a 2-layer step under fake tensors: about 5-15 s each
+@pytest.mark.parametrize(
+    "model, fields",
+    [
+        (QWEN3_MOE, dict(method="lora", gradient_checkpointing=False)),
+        (MIXTRAL, dict(method="qlora", gradient_checkpointing=True)),
+    ],
+)
+def test_estimate_matches_a_fake_step(model, fields):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("trl")
+    import importlib.util
+    import os
+    import sys
+
+    from canifinetune.estimator.phases import step_peaks
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("fake_mode", os.path.join(root, "benchmarks", "validation", "fake_mode.py"))
+    fake_mode = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fake_mode", fake_mode)
+    spec.loader.exec_module(fake_mode)
+
+    r, plan, config = _resolved(model, layers=2, target_modules="all-linear", lora_dropout=0.0, seq_len=512,
+                                batch_size=1, **fields)
+    assert r.expert_adapters
+    estimate = max(p.bytes for p in step_peaks(r)[:3])
+    measured = fake_mode.run_steps(plan, config, fake=True, loss="trl_fused")["peak_allocated_bytes"]
+    error = 100 * (estimate - measured) / measured
+    assert -2.0 <= error <= 10.0, f"estimate {estimate} vs measured {measured}: {error:+.2f}%"
