@@ -202,7 +202,7 @@ _HTML = r"""<!DOCTYPE html>
         style: "width:" + (100 * c.bytes / budget) + "%" + (c.name === "safety_margin" ? "" : ";background:" + colorOf(c.name)) }));
     });
     if (!components.length && budget > 0) {
-      segs.appendChild(el("div", { "class": "seg", "data-component": "budget", style: "width:100%;background:" + (fallbackColor || "var(--accent)") }));
+      segs.appendChild(el("div", { "class": "seg", "data-component": "budget", style: "width:100%;background:" + (fallbackColor || "var(--muted)") }));
     } else if (used < budget) {
       segs.appendChild(el("div", { "class": "seg margin", "data-component": "rest", style: "width:" + (100 * (budget - used) / budget) + "%" }));
     }
@@ -289,9 +289,10 @@ _HTML = r"""<!DOCTYPE html>
       var est = s.estimate || {}, cost = s.cost || {}, rec = i === 0;
       var l = lead(est);
       var flags = (s.changes || []).map(flag).filter(function (f) { return f; });
-      var notes = [speed(cost), cost.extra_gpus ? "+" + cost.extra_gpus + " GPU" + (cost.extra_gpus > 1 ? "s" : "") : null,
+      var hasDetails = !!(cost.details && cost.details.length);  // else the summary says the speed itself
+      var notes = [hasDetails ? speed(cost) : null, cost.extra_gpus ? "+" + cost.extra_gpus + " GPU" + (cost.extra_gpus > 1 ? "s" : "") : null,
         est.host_memory_bytes ? "needs " + gib(est.host_memory_bytes) + " of host RAM" : null].filter(function (n) { return n; });
-      var details = (cost.details && cost.details.length ? cost.details : [cost.summary]).map(tidy).filter(function (d) { return d; });
+      var details = (hasDetails ? cost.details : [cost.summary]).map(tidy).filter(function (d) { return d; });
       return el("div", { "class": "card" + (rec ? " recommended" : ""), "data-rank": String(s.rank || i + 1) }, [
         el("h2", {}, [rec ? el("span", { "class": "tag", text: "RECOMMENDED" }) : null,
           el("span", { text: (s.rank || i + 1) + ". " + (TIERS[cost.tier] || String(cost.tier || "").replace(/_/g, " ")) })]),

@@ -204,6 +204,26 @@ def test_nothing_fits_names_the_hardware(tmp_path):
     assert f"smallest catalog GPU for the plan unchanged: {sug['smallest_gpu']}" in dom
 
 
+@needs_chromium
+def test_a_slimmer_result_still_draws(tmp_path):
+    """The structured content may shrink (no plan, no per-suggestion breakdown or cost details): the page still
+    draws the verdict, the cards and the changes, and shows no raw score from the cost's summary."""
+    sug = suggest_impl(dict(SUGGEST_ARGS)).structured_content
+    sug.pop("plan", None)
+    sug["original"].pop("plan", None)
+    for s in sug["suggestions"]:
+        s.pop("plan", None)
+        s["estimate"].pop("breakdown", None)
+        s["cost"].pop("details", None)
+    page = tmp_path / "slim.html"
+    page.write_text(preview_html(sug), encoding="utf-8")
+    dom, _ = _render(tmp_path, page, "420,900")
+    text = _text(dom)
+    assert 'data-rendered="suggestions"' in dom and "RECOMMENDED" in text and "DOES NOT FIT" in text
+    assert all(f"--{c['field'].replace('_', '-')}" in text for s in sug["suggestions"] for c in s["changes"])
+    assert "quality penalty" not in text and not re.search(r"\d+\.\d{4,}", text)
+
+
 HOST_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>body{margin:0}iframe{border:0;width:100%%;height:680px}</style></head>
 <body><iframe id="app"></iframe><pre id="log"></pre><pre id="mirror"></pre><pre id="theme"></pre>
 <script>
