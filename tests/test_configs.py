@@ -577,3 +577,48 @@ def test_the_package_installs_as_canifinetune_estimator_configs(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0 and proc.stdout.strip() == "canifinetune.estimator.configs", proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- random shapes
+
+
+def test_random_values_of_every_known_key_never_crash():
+    """Every key the readers know, with values of every shape: a plan or a ConfigError, never another exception;
+    and any edit of a plan that was read gives text that parses again."""
+    import random
+
+    import yaml
+
+    from canifinetune.estimator.configs import detect, parse
+
+    keys = sorted({k for markers in detect.MARKERS.values() for k in markers} | {
+        "zero_optimization.stage", "zero_optimization.offload_optimizer.device", "deepspeed_config.zero_stage",
+        "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_offload_params", "lora_r", "lora_alpha", "load_in_4bit",
+        "load_in_8bit", "lora_target_modules", "gradient_accumulation_steps", "gradient_checkpointing", "bf16.enabled"})
+    pool = [None, True, False, "x", "auto", "all", "cpu", "lora", "qlora", "FULL_SHARD", 3, -1, 0, 1.5, 8, 10**12, [],
+            {}, ["q_proj"], {"stage": 3}, "q_proj,v_proj", "bf16", "DEEPSPEED", "FSDP", "sft", "pt", "full", 2]
+    rng = random.Random(16)
+    plans = 0
+    for _ in range(600):
+        data: dict = {}
+        for key in rng.sample(keys, rng.randint(1, 10)):
+            node = data
+            *parents, last = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+            node[last] = rng.choice(pool)
+        text = json.dumps(data) if rng.random() < 0.3 else yaml.safe_dump(data)
+        fmt = rng.choice([None, "axolotl", "llama_factory", "trl", "transformers", "peft", "accelerate", "deepspeed"])
+        try:
+            cfg = load_configs([("f.json" if text.startswith("{") else "f.yaml", text)], formats=[fmt],
+                               overrides={"model": "Qwen/Qwen2.5-0.5B"})
+        except ConfigError:
+            continue
+        plans += 1
+        try:
+            new = cfg.plan.replace(batch_size=1, seq_len=256, optim="paged_adamw_8bit", num_gpus=2, sharding="zero3")
+        except ValueError:
+            new = cfg.plan.replace(batch_size=1)
+        for name, edited in apply_edits(cfg, config_edits(cfg, new)).items():
+            parse.parse(name, edited)
+    assert plans > 50

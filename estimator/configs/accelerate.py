@@ -20,7 +20,7 @@ def _deepspeed(r: Reading) -> None:
         r.refs.append(("deepspeed_config.deepspeed_config_file", file))
         return
     stage = r.get("deepspeed_config.zero_stage")
-    if isinstance(stage, bool) or stage not in ZERO:
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage not in ZERO:
         raise r.fail("deepspeed_config.zero_stage", f"expected 0, 1, 2 or 3; got {stage!r}")
     r.use("deepspeed_config.zero_stage", "sharding", stage, ZERO[stage])
     for key, field in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):

@@ -135,8 +135,9 @@ def read(r: Reading) -> None:
                        ("gradient_accumulation_steps", "gradient_accumulation_steps")):
         if r.has(key):
             r.use(key, field, r.integer(key, None, 1, 1_048_576))
-    if "batch_size" not in r.fields and r.integer("batch_size") and r.get("gradient_accumulation_steps"):
-        r.use("batch_size", "batch_size", r.get("batch_size"), max(1, r.get("batch_size") // r.get("gradient_accumulation_steps")))
+    total, steps = r.integer("batch_size", None, 1, 1_048_576), r.integer("gradient_accumulation_steps", 1, 1, 65536)
+    if "batch_size" not in r.fields and total:  # Axolotl: micro_batch_size = batch_size // gradient_accumulation_steps
+        r.use("batch_size", "batch_size", total, max(1, total // steps))
     if r.has("sample_packing"):
         r.use("sample_packing", "packing", r.boolean("sample_packing", False))
     if r.boolean("pad_to_sequence_len"):

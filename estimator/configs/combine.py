@@ -53,7 +53,10 @@ def _read_files(files: list[tuple[str, bytes | str]], formats: list[str | None])
         doc = parse.parse(name, raw)
         fmt = detect.check_format(name, fmt) if fmt else detect.detect(doc)
         reading = Reading(doc, fmt)
-        READERS[fmt].read(reading)
+        try:
+            READERS[fmt].read(reading)
+        except (TypeError, AttributeError) as exc:  # a value of a shape no framework accepts (a mapping for a number)
+            raise ConfigError(f"{name}: a value has a shape {fmt} configs never have ({safe_text(exc, 200)})") from None
         readings.append(reading)
     _check_combination(readings)
     return readings

@@ -30,7 +30,7 @@ def _stage(r: Reading) -> None:
         r.use("zero_optimization.stage", "sharding", None, "ddp")
         r.warn("zero_optimization", "no zero_optimization.stage: DeepSpeed runs ZeRO stage 0 (plain data parallel)")
         return
-    if isinstance(stage, bool) or stage not in STAGES:
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage not in STAGES:
         raise r.fail("zero_optimization.stage", f"expected 0, 1, 2 or 3; got {stage!r}")
     r.use("zero_optimization.stage", "sharding", stage, STAGES[stage])
     for sub, field in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
