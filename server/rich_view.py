@@ -183,9 +183,25 @@ def show_estimate(console, est) -> None:
         console.print(Text(f"next: {move}", style="dim"))
 
 
+def cli_flag(field: str, value) -> str | None:
+    """A change as the flag the user would type: ``--seq-len 1408``, ``--no-gradient-checkpointing``, ``--gpu "A100 80GB"``."""
+    import shlex
+
+    name = "--" + field.replace("_", "-")
+    if value is True:
+        return name
+    if value is False:
+        return "--no-" + field.replace("_", "-")
+    if value is None:
+        return None
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return f"{name} {shlex.quote(text)}"
+
+
 def show_suggestions(console, result, plain_text: str) -> None:
-    """suggest: the plan's verdict and number, its bar with a legend, then server/text.py's format_suggestions
-    (the MCP tool's text) without its first line when that line only repeats the verdict."""
+    """suggest: the plan's verdict and number, its bar with a legend, the recommended (first) suggestion as flags,
+    then server/text.py's format_suggestions (the MCP tool's text) without its first line when that line only
+    repeats the verdict."""
     from rich.text import Text
 
     o = result.original
@@ -193,6 +209,10 @@ def show_suggestions(console, result, plain_text: str) -> None:
     for line in budget_bar(o, console.width):
         console.print(line, no_wrap=True, overflow="crop")
     console.print(legend(o, console.width))
+    if result.suggestions:
+        flags = [f for c in result.suggestions[0].changes if (f := cli_flag(c.field, c.new))]
+        if flags:
+            console.print(Text.assemble(("recommended: ", "bold"), " ".join(flags)))
     console.print()
     lines = plain_text.splitlines()
     if lines and lines[0] == verdict_line(o):

@@ -133,6 +133,9 @@ def test_terminal_suggest_leads_with_the_verdict_and_has_a_legend():
         assert name in legend, legend
     assert all(len(line) <= 80 for line in lines)
     _colours(screen)  # truecolor only
+    first = suggest_impl(dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048)).structured_content
+    flags = " ".join(f"--{c['field'].replace('_', '-')} {c['new']}" for c in first["suggestions"][0]["changes"])
+    assert f"recommended: {flags}" in lines  # the change as the flags to type
 
 
 def test_terminal_suggest_shows_the_bar_and_the_ranking():
