@@ -56,6 +56,9 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                                 help="your training config (Axolotl, LLaMA-Factory, TRL, TrainingArguments JSON, PEFT "
                                      "adapter_config.json), plus its accelerate/DeepSpeed files (repeatable); flags "
                                      "given beside it win over its values (docs/configs.md)")
+            parser.add_argument("--config-format", action="append", default=[], metavar="FORMAT", dest="config_format",
+                                help="the format of each --config, in order, when its keys do not say: axolotl, "
+                                     "llama_factory, trl, transformers, peft, accelerate, deepspeed")
             continue
         kwargs: dict = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         base = _unwrap_optional(annotation)
@@ -115,7 +118,7 @@ def _plan_from_args(args: argparse.Namespace):
     if getattr(args, "config", None):  # the user's own config, with the flags over it (server/config_face.py)
         from .config_face import load_from_paths
 
-        args.loaded_config = load_from_paths(args.config, data)
+        args.loaded_config = load_from_paths(args.config, data, args.config_format)
         return args.loaded_config.plan
     if "model" not in data:
         raise UsageError("the following arguments are required: --model (or --config FILE)")

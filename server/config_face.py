@@ -36,8 +36,10 @@ def read_config_file(path: str) -> tuple[str, bytes]:
     return path, raw
 
 
-def load_from_paths(paths: list[str], overrides: dict[str, Any]) -> LoadedConfig:
-    return load_configs([read_config_file(p) for p in paths], overrides=overrides)
+def load_from_paths(paths: list[str], overrides: dict[str, Any], formats: list[str] | None = None) -> LoadedConfig:
+    if formats and len(formats) > len(paths):
+        raise ConfigError(f"--config-format: {len(formats)} formats for {len(paths)} --config files")
+    return load_configs([read_config_file(p) for p in paths], formats=list(formats or []), overrides=overrides)
 
 
 def _value(value: Any) -> str:

@@ -622,3 +622,18 @@ def test_random_values_of_every_known_key_never_crash():
         for name, edited in apply_edits(cfg, config_edits(cfg, new)).items():
             parse.parse(name, edited)
     assert plans > 50
+
+
+def test_cli_config_format(capsys, tmp_path):
+    bare = tmp_path / "x.yaml"
+    bare.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\n")
+    code, out, err = run_cli(capsys, "estimate", "--config", str(bare), "--json", "--offline")
+    assert code == 2 and "cannot tell which framework" in err and "--config-format" in err  # TRL or LLaMA-Factory?
+    code, out, err = run_cli(capsys, "estimate", "--config", str(bare), "--config-format", "llama_factory", "--json",
+                             "--offline")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["framework"] == "llama_factory" and json.loads(out)["plan"]["lora_r"] == 8
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("foo: 1\n")
+    code, out, err = run_cli(capsys, "estimate", "--config", str(odd))
+    assert code == 2 and "--config-format" in err

@@ -52,7 +52,7 @@ def detect(doc: Doc) -> str:
     shown = ", ".join(sorted(keys)[:8])
     raise ConfigError(
         f"{doc.name} line 1: cannot tell which framework this config is for (keys: {safe_text(shown, 200)}); "
-        f"give its format ({', '.join(CONFIG_FORMATS)})")
+        f"give its format (--config-format, or config_format in MCP: {', '.join(CONFIG_FORMATS)})")
 
 
 def check_format(name: str, fmt: str) -> str:
