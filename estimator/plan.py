@@ -47,6 +47,23 @@ FRAMEWORKS: tuple[str, ...] = Framework.__args__  # type: ignore[attr-defined]
 # Fields whose choices are lower-case words: their string values are lower-cased before validation.
 ENUM_FIELDS: tuple[str, ...] = ("method", "dtype", "precision", "optim", "attn_implementation", "bnb_4bit_quant_type",
                                 "loss_implementation", "framework", "adapter_dtype", "sharding")
+# Fields that are lists of module names: a comma-separated string is split.
+LIST_FIELDS: tuple[str, ...] = ("target_modules", "modules_to_save")
+
+
+def normalize_raw(field: str, value):
+    """A raw value as people write it, made what the field expects (before validation; the MCP tools' argument
+    check calls it too): every choice is lower-case, so 'QLoRA', 'BF16', 'AdamW_Torch_Fused' mean one choice
+    each; 'q_proj,v_proj' (as a command line or a chat writes it) is ['q_proj', 'v_proj']; 'all-linear' stays."""
+    if not isinstance(value, str):
+        return value
+    if field in ENUM_FIELDS:
+        return value.strip().lower()
+    if field in LIST_FIELDS and value.strip():
+        if value.strip().lower() == "all-linear":
+            return "all-linear"
+        return [name for name in re.split(r"[,\s]+", value) if name]
+    return value
 
 # Upper bounds that keep every number finite and every search bounded; no real run is near them.
 MAX_SEQ_LEN = 1_048_576
@@ -221,21 +238,10 @@ class TrainingPlan(BaseModel):
             raise ValueError(f"must be a finite number; got {value}")
         return value
 
-    @field_validator(*ENUM_FIELDS, mode="before")
+    @field_validator(*ENUM_FIELDS, *LIST_FIELDS, mode="before")
     @classmethod
-    def _enum_case(cls, value):
-        # every choice is lower-case, so 'QLoRA', 'BF16', 'AdamW_Torch_Fused' mean one choice each
-        return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("target_modules", "modules_to_save", mode="before")
-    @classmethod
-    def _comma_separated(cls, value):
-        # 'q_proj,v_proj' (as a command line or a chat writes it) is ['q_proj', 'v_proj']; 'all-linear' stays
-        if not isinstance(value, str) or not value.strip():
-            return value
-        if value.strip().lower() == "all-linear":
-            return "all-linear"
-        return [name for name in re.split(r"[,\s]+", value) if name]
+    def _as_people_write_it(cls, value, info):
+        return normalize_raw(info.field_name, value)
 
     @field_validator("target_modules", "modules_to_save")
     @classmethod

@@ -13,6 +13,7 @@ Run it with ``canifinetune serve`` (stdio) or ``canifinetune serve --http`` (str
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import json
 import logging
@@ -28,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error, safe_text
 from canifinetune.server.config_face import RAW_ARGUMENTS, config_parameters, mcp_structured, mcp_text, output_model
 from canifinetune.estimator.estimate import Estimate, Verdict
-from canifinetune.estimator.plan import PLAN_FIELDS, TrainingPlan
+from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, PLAN_FIELDS, TrainingPlan, normalize_raw
 
 logger = logging.getLogger("canifinetune.mcp")
 
@@ -100,6 +101,8 @@ def plan_parameters() -> list[inspect.Parameter]:
         if field.examples:
             extra["examples"] = field.examples
         checks = (BeforeValidator(_no_bool_number),) if _number_field(field.annotation) else ()
+        if name in ENUM_FIELDS + LIST_FIELDS:  # 'QLoRA', 'q_proj,v_proj': as the plan itself reads them
+            checks += (BeforeValidator(functools.partial(normalize_raw, name)),)
         annotation = Annotated[(field.annotation, *field.metadata, Field(description=field.description, **extra), *checks)]
         default = inspect.Parameter.empty if field.is_required() else field.default
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default))

@@ -151,18 +151,20 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
             shapes.append(st.sampled_from(["/etc", "/tmp/x", "..", "../x", "a/../../b", "~/x", "~root",
                                            "C:\\Windows", "C:x", "\\\\server\\share", "a\\..\\..\\b"]))
         return valid, st.one_of(*shapes)
-    if name == "target_modules":
-        valid = st.one_of(st.none(), st.just("all-linear"),
+    if name in ("target_modules", "modules_to_save"):
+        valid = st.one_of(st.none(), *([st.just("all-linear")] if name == "target_modules" else []),
                           st.lists(st.sampled_from(MODULE_NAMES), min_size=1, max_size=7))
-        invalid = st.one_of(st.just([]), st.sampled_from(["q_proj", "ALL-LINEAR", "all_linear", ""]),
+        # a comma-separated string is a list ('q_proj,v_proj'; issue 15): only names no module has stay invalid
+        invalid = st.one_of(st.just([]), st.sampled_from(["q;proj", "$(x)", "../q", ""]),
                             st.lists(st.sampled_from(["a b", "q;proj", "$(x)", "../q", ""]), min_size=1, max_size=3),
                             st.lists(_with_control(), min_size=1, max_size=2), st.integers(), st.just({"q_proj": 1}))
         return valid, invalid
     if get_origin(base) is typing.Literal:
         choices = get_args(base)
-        valid = st.sampled_from(choices)
-        wrong_text = st.one_of(st.text(max_size=20), st.sampled_from([c.upper() for c in choices] + [f" {c}" for c in choices]))
-        invalid = st.one_of(wrong_text.filter(lambda s: s not in choices and not _json_literal(s, choices)),
+        # choices are case-insensitive ('QLoRA', ' BF16'; issue 15): those spellings are valid, other text is not
+        valid = st.one_of(st.sampled_from(choices), st.sampled_from([c.upper() for c in choices] + [f" {c}" for c in choices]))
+        wrong_text = st.text(max_size=20)
+        invalid = st.one_of(wrong_text.filter(lambda s: s.strip().lower() not in choices and not _json_literal(s, choices)),
                             st.integers(), st.floats(allow_nan=False, allow_infinity=False), WRONG_SHAPES, *none_invalid)
         return (st.one_of(st.none(), valid) if optional else valid), invalid
     if base is bool:

@@ -198,3 +198,16 @@ def test_a_misspelt_choice_is_still_refused():
 
     with pytest.raises(ValidationError):
         TrainingPlan(model="Qwen/Qwen2.5-0.5B", method="qlor")
+
+
+def test_the_mcp_tools_read_them_the_same_way():
+    """The tools' own argument check (built from the plan's fields) lower-cases choices and splits lists too."""
+    mcp_server = pytest.importorskip("canifinetune.server.mcp_server")
+    from pydantic import TypeAdapter
+
+    params = {p.name: p.annotation for p in mcp_server.plan_parameters()}
+    assert TypeAdapter(params["method"]).validate_python("QLoRA") == "qlora"
+    assert TypeAdapter(params["optim"]).validate_python("AdamW_Torch_Fused") == "adamw_torch_fused"
+    assert TypeAdapter(params["dtype"]).validate_python("BF16") == "bf16"
+    assert TypeAdapter(params["target_modules"]).validate_python("q_proj,v_proj") == ["q_proj", "v_proj"]
+    assert TypeAdapter(params["target_modules"]).validate_python("all-linear") == "all-linear"
