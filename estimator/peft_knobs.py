@@ -62,7 +62,11 @@ HEAD = "lm_head"
 MODELLED_MODULES_TO_SAVE = (EMBEDDING, HEAD)
 # Module names of a decoder outside its linears that PEFT's suffix match can reach (peft/utils/other.py _set_trainable
 # matches ``key.endswith(name)``): trained in full by PEFT, not modelled here yet.
-_OTHER_MODULES = ("norm", "input_layernorm", "post_attention_layernorm", "self_attn", "mlp", "layers", "model", "rotary_emb")
+_OTHER_MODULES = (
+    "norm", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+    "self_attn", "mlp", "layers", "model", "rotary_emb", "experts", "gate", "router", "shared_expert",
+    "shared_expert_gate",
+)
 
 
 def _round_block(nbytes: float) -> int:
@@ -352,3 +356,17 @@ def standard_head_copy_start(r: "ResolvedPlan", loss_start: int, head_grad: int)
     if loss_start >= moment + head_grad:
         return loss_start, 0
     return moment, head_grad
+
+
+def adapter_note_suffix(r: "ResolvedPlan") -> str:
+    """What the lora_adapters item holds beside the LoRA matrices, for its explanation ('' without the knobs)."""
+    parts = []
+    if dora(r):
+        mags = sum(n * lin.out_features for i, n in r.spec.layer_groups for lin in r.adapted_linears(i))
+        parts.append(f"DoRA magnitude vectors ({mags / 1e6:.3g}M, {magnitude_dtype(r)})")
+    copies = [n for n in r.modules_to_save if n in MODELLED_MODULES_TO_SAVE]
+    if copies and not r.full:
+        each = r.spec.vocab_size * r.spec.hidden_size
+        parts.append(f"trainable copies of {', '.join(copies)} (modules_to_save: {len(copies) * each / 1e6:.4g}M, "
+                     f"{saved_copy_dtype(r)})")
+    return "; plus " + " and ".join(parts) if parts else ""

@@ -262,7 +262,7 @@ def _adapter_note(r: ResolvedPlan) -> str:
         targets.append(f"every expert ({', '.join(parts)}; PEFT's ParamWrapper)")
     return (
         f"LoRA r={r.plan.lora_r} on {', '.join(targets)}: {r.adapter_params / 1e6:.3g}M parameters "
-        f"in {r.adapter_dtype}"
+        f"in {r.adapter_dtype}" + peft_knobs.adapter_note_suffix(r)
     )
 
 
