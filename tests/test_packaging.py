@@ -83,7 +83,8 @@ def test_wheel_contents(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("canifinetune/server/cli.py", "canifinetune/server/app.py", "canifinetune/server/memory_model.md",
                    "canifinetune/estimator/data/models.json", "canifinetune/estimator/data/gpus.json",
-                   "canifinetune/recipes/render.py"):
+                   "canifinetune/recipes/render.py", "canifinetune/estimator/configs/combine.py",
+                   "canifinetune/server/config_face.py"):
         assert needed in names
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
