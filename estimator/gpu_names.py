@@ -102,6 +102,7 @@ class GPULookup:
     entry: "CatalogGPU | None"
     status: Literal["found", "ambiguous", "no_such_size", "unknown", "apple", "laptop", "empty"]
     candidates: tuple[str, ...] = ()
+    memory_gb: float | None = None  # the size the name stated (no_such_size)
 
     def message(self) -> str:
         """One sentence for the user, starting with the quoted name ('' when found)."""
@@ -116,10 +117,12 @@ class _GPUNames:
         self.exact: dict[str, set[int]] = {}
         self.keys: dict[tuple, set[int]] = {}
         self.parsed: list[list[ParsedName]] = []
+        for g in gpus:
+            self.parsed.append([parse_gpu_name(n) for n in (g.name, *g.aliases)])
+        # an alias ending in a bare size ('a100 80') is read as a query is: that size, of the family before it
+        self.parsed = [[_bare_size(p, self.family) or p for p in names] for names in self.parsed]
         for i, g in enumerate(gpus):
-            names = [g.name, *g.aliases]
-            self.parsed.append([parse_gpu_name(n) for n in names])
-            for n, p in zip(names, self.parsed[-1]):
+            for n, p in zip((g.name, *g.aliases), self.parsed[i]):
                 self.exact.setdefault(n.strip().lower(), set()).add(i)
                 if p.model:
                     self.keys.setdefault(p.key, set()).add(i)
@@ -134,6 +137,13 @@ class _GPUNames:
 
     def has_form(self, i: int, form: str) -> bool:
         return any(p.form == form for p in self.parsed[i])
+
+
+def _bare_size(p: ParsedName, family) -> ParsedName | None:
+    """'rtx 4090 24' as 'rtx 4090' with 24 GB, when the words before the number name a family; else None."""
+    if p.memory_gb is not None or len(p.model) < 2 or not p.model[-1].isdigit() or not family(p.model[:-1]):
+        return None
+    return ParsedName(p.model[:-1], float(p.model[-1]), p.form)
 
 
 @lru_cache(maxsize=None)
@@ -164,6 +174,12 @@ def lookup_gpu(name: str) -> GPULookup:
     hit = idx.keys.get(q.key)
     if hit and len(hit) == 1:
         return GPULookup(name, idx.gpus[next(iter(hit))], "found")
+    bare = _bare_size(q, idx.family)  # 'rtx 4090 24': a size without its GB
+    if bare is not None:
+        q = bare
+        hit = idx.keys.get(q.key)
+        if hit and len(hit) == 1:
+            return GPULookup(name, idx.gpus[next(iter(hit))], "found")
     family = idx.family(q.model)
     if not family:
         status = "apple" if _is_apple(q.model) else "laptop" if set(q.model) & _LAPTOP_WORDS else "unknown"
@@ -175,7 +191,7 @@ def lookup_gpu(name: str) -> GPULookup:
         return GPULookup(name, idx.gpus[fits[0]], "found")
     if fits:
         return GPULookup(name, None, "ambiguous", tuple(idx.gpus[i].name for i in fits))
-    return GPULookup(name, None, "no_such_size", tuple(idx.gpus[i].name for i in family))
+    return GPULookup(name, None, "no_such_size", tuple(idx.gpus[i].name for i in family), q.memory_gb)
 
 
 def _token_similarity(a: str, b: str) -> float:
@@ -241,9 +257,8 @@ def _message(r: GPULookup) -> str:
         return (f"{name} is ambiguous: it could be {listed}; name one (with its memory, e.g. '{r.candidates[0]}'), "
                 f"{escape}.")
     if r.status == "no_such_size":
-        q = parse_gpu_name(r.query)
-        return (f"{name}: the catalog has no {q.memory_gb:g} GB version of it (it has {listed}); "
-                f"for your card give gpu_vram_gb={q.memory_gb:g}.")
+        return (f"{name}: the catalog has no {r.memory_gb:g} GB version of it (it has {listed}); "
+                f"for your card give gpu_vram_gb={r.memory_gb:g}.")
     if r.status == "apple":
         return (f"{name} is Apple silicon, which the GPU catalog leaves out: the estimate is for CUDA/ROCm "
                 "training stacks (bitsandbytes, DeepSpeed, flash attention). To size a plan against its unified "

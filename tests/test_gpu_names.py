@@ -80,6 +80,11 @@ RESOLVES = [
     ("B200 180GB", "B200"),
     ("V100 32GB", "Tesla V100 32GB"),
     ("A10 24GB", "A10"),
+    # a size without its GB, after a name the catalog knows
+    ("h100 80", "H100 SXM"),
+    ("rtx 4090 24", "RTX 4090"),
+    ("A100 PCIe 40", "A100 40GB PCIe"),
+    ("a100 80", "A100 80GB SXM"),
     # loose case, spacing and punctuation
     ("rtx4090", "RTX 4090"),
     ("RTX_4090", "RTX 4090"),
@@ -112,6 +117,7 @@ REFUSED = [
     ("RTX 4090 16GB", "no 16 GB version", None),
     ("RTX 3060 8GB", "no 8 GB version", None),
     ("RTX 4060 Ti 8GB", "gpu_vram_gb=8", None),
+    ("RTX 4090 16", "no 16 GB version", None),
     ("RTX 4090 Laptop GPU", "laptop GPU", None),
     ("M2 Max", "Apple silicon", None),
     ("Apple M3 Ultra", "Apple silicon", None),
