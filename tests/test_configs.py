@@ -112,6 +112,10 @@ def test_llama_factory_qlora_and_defaults():
                                       "lora_rank: 32\nflash_attn: fa2\ndisable_gradient_checkpointing: true\n")]).plan
     assert eight.load_in_8bit and eight.lora_alpha == 64 and eight.attn_implementation == "flash_attention_2"
     assert eight.gradient_checkpointing is False
+    q = load_configs([("lf.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nquantization_bit: 4\n"
+                                  "lora_rank: 32\nlora_target: q_proj,v_proj\ndouble_quantization: false\n")]).plan
+    assert (q.method, q.lora_r, q.lora_alpha, q.target_modules, q.bnb_4bit_use_double_quant) == (
+        "qlora", 32, 64, ["q_proj", "v_proj"], False)
     pt = load_configs([("pt.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: pt\nfinetuning_type: full\n")]).plan
     assert pt.packing and pt.method == "full"
 
@@ -120,6 +124,7 @@ def test_llama_factory_qlora_and_defaults():
     ("model_name_or_path: m\nstage: dpo\n", "dpo trainer is not estimated"),
     ("model_name_or_path: m\nstage: sft\nfinetuning_type: freeze\n", "freeze"),
     ("model_name_or_path: m\nstage: sft\nquantization_bit: 3\n", "3-bit"),
+    ("model_name_or_path: m\nstage: sft\nfinetuning_type: full\nquantization_bit: 4\n", "finetuning_type lora"),
 ])
 def test_llama_factory_refusals(text, needle):
     with pytest.raises(ConfigError) as err:

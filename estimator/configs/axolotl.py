@@ -50,6 +50,8 @@ def _method(r: Reading) -> None:
         raise r.fail("adapter", f"'{adapter}' is not estimated; lora, qlora or none (full fine-tuning) are")
     if adapter == "qlora" or four:
         r.use("adapter", "method", adapter, "qlora")
+        if not four:
+            r.warn("adapter", "Axolotl requires load_in_4bit: true with adapter qlora; estimated with a 4-bit base")
         if four:
             r.use("load_in_4bit", None, True)
     else:

@@ -49,6 +49,8 @@ def _quantization(r: Reading) -> None:
     bits = r.get("quantization_bit")
     if bits is None:
         return
+    if r.fields.get("method") == "full":
+        raise r.fail("quantization_bit", "a quantized base trains only adapters; use finetuning_type lora")
     method = r.text("quantization_method", "bnb")
     if method != "bnb":
         r.warn("quantization_method", f"'{method}' quantization is not modelled; estimated as bitsandbytes")
@@ -97,7 +99,7 @@ def read(r: Reading) -> None:
     if r.text("model_name_or_path"):
         r.use("model_name_or_path", "model", r.text("model_name_or_path"))
     _quantization(r)
-    if r.fields.get("method", "lora") == "lora":
+    if r.fields.get("method", "lora") in ("lora", "qlora"):
         _lora(r)
     for key, field in (("cutoff_len", "seq_len"), ("per_device_train_batch_size", "batch_size"),
                        ("gradient_accumulation_steps", "gradient_accumulation_steps")):
