@@ -197,8 +197,12 @@ def test_axolotl_with_its_deepspeed_json():
     assert used(cfg)["zero_optimization.stage"] == ("sharding", "zero3")
     assert used(cfg)["train_micro_batch_size_per_gpu"][0] is None  # "auto": the trainer's value
     assert [f.format for f in cfg.report.files] == ["axolotl", "deepspeed"]
-    with_gpus = load("axolotl_full_ds.yml", "zero3_bf16.json", overrides={"num_gpus": 8}).plan
-    assert with_gpus.num_gpus == 8 and with_gpus.sharding == "zero3"
+    with_gpus = load("axolotl_full_ds.yml", "zero3_bf16.json", overrides={"num_gpus": 8})
+    assert with_gpus.plan.num_gpus == 8 and with_gpus.plan.sharding == "zero3"
+    assert "how many GPUs" not in warnings(with_gpus)
+    stage0 = load_configs([("a.yml", "base_model: Qwen/Qwen2.5-0.5B\nmicro_batch_size: 1\ndeepspeed: ds.json\n"),
+                           ("ds.json", '{"zero_optimization": {"stage": 0}}')], overrides={"num_gpus": 4})
+    assert (stage0.plan.sharding, stage0.plan.num_gpus) == ("ddp", 4)
 
 
 def test_trl_with_accelerate_fsdp():

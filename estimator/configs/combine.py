@@ -127,9 +127,11 @@ def _merge(readings: list[Reading]) -> dict[str, Any]:
     return merged
 
 
-def _distribution(values: dict[str, Any], readings: list[Reading]) -> None:
+def _distribution(values: dict[str, Any], readings: list[Reading], overrides: dict[str, Any]) -> None:
     first = readings[0]
-    sharding, gpus = values.get("sharding"), values.get("num_gpus")
+    sharding, gpus = values.get("sharding"), overrides.get("num_gpus", values.get("num_gpus"))
+    if "sharding" in overrides:
+        return
     if sharding == "ddp" and gpus in (None, 1):
         values["sharding"] = "none"
         if gpus is None:
@@ -137,7 +139,7 @@ def _distribution(values: dict[str, Any], readings: list[Reading]) -> None:
     elif sharding not in (None, "none", "ddp") and gpus is None:
         first.warn(None, f"{sharding}, but no file says how many GPUs: estimated for 1 GPU (give --num-gpus, or pass "
                          "the accelerate config as another --config)")
-    elif sharding in (None, "none") and gpus and gpus > 1:
+    elif sharding in (None, "none") and values.get("num_gpus", 1) > 1:  # accelerate: several processes, no sharding
         values["sharding"] = "ddp"
 
 
@@ -167,7 +169,7 @@ def load_configs(files: list[tuple[str, bytes | str]], formats: list[str | None]
     _resolve_refs(readings)
     framework, defaults = _defaults(readings)
     fields = _merge(readings)
-    _distribution(fields, readings)
+    _distribution(fields, readings, overrides)
     if "model" not in fields and "model" not in overrides:
         raise _no_model(readings)
     file_values = {**defaults, "framework": framework, **fields}
