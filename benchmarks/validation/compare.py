@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     for row in rows:
         p = row["plan"]
         label = f"{p['model']} {p.get('method', 'lora')} s{p.get('seq_len')} b{p.get('batch_size')} ckpt={p.get('gradient_checkpointing', True)}"
+        knobs = [f"{k}={p[k]}" for k in ("framework", "modules_to_save", "use_dora") if p.get(k) not in (None, False, "trl")]
+        label += "".join(" " + k for k in knobs)
         if "error" in row:
             print(f"{label}: ERROR {row['error'][:200]}")
         else:
