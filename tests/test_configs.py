@@ -539,6 +539,8 @@ async def test_mcp_tools_take_the_config_text():
         fmt = await client.call_tool("estimate_memory", {"config": "model_name_or_path: Qwen/Qwen2.5-0.5B\n",
                                                          "config_format": "llama_factory"})
         assert fmt.structured_content["plan"]["lora_r"] == 8
+        recipe = await client.call_tool("make_recipe", {"config": (DATA / "trl_qlora.yaml").read_text(), "gpu": "RTX 4090"})
+        assert not recipe.is_error and recipe.structured_content["config"]["framework"] == "trl"
         plain = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B"})
         assert plain.structured_content.get("config") is None
 
