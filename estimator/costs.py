@@ -10,6 +10,7 @@ hardware. Within a tier, a documented quality penalty, then the slowdown the thr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -117,157 +118,191 @@ def _targets_of(p: TrainingPlan, rm: ResolvedModel) -> set[str]:
     return set(t or ())
 
 
+@dataclass
+class _Tally:
+    """What cost_of adds up while it reads the changes: tier, quality penalty, words, fields it has read."""
+
+    original: TrainingPlan
+    plan: TrainingPlan
+    tier: int = 0
+    quality: float = 0.0
+    lost: int = 0
+    details: list[str] = field(default_factory=list)
+    handled: set[str] = field(default_factory=set)
+
+    def learning(self, penalty: float, words: str | None = None) -> None:
+        """A change of what is learned: tier 1 at least, its penalty, its words."""
+        self.tier = max(self.tier, 1)
+        self.quality += penalty
+        if words:
+            self.details.append(words)
+
+
 def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
             base_tp: Throughput | None = None, tp: Throughput | None = None) -> Cost:
     """The cost of going from ``original`` to ``plan`` under the documented cost model."""
     base_tp = base_tp or throughput(original, model=rm)
     tp = tp or throughput(plan, model=rm)
-    w = QUALITY_WEIGHTS
-    tier = 0
-    quality = 0.0
-    details: list[str] = []
-    changed = [f for f in PLAN_FIELDS if getattr(original, f) != getattr(plan, f)]
-    handled = set()
-    lost = 0
-    # learning changes
-    if plan.seq_len < original.seq_len:
-        lost = original.seq_len - plan.seq_len
-        quality += w["seq_len_per_halving"] * math.log2(original.seq_len / plan.seq_len)
-        tier = max(tier, 1)
-        details.append(f"{lost} fewer tokens of context ({original.seq_len} -> {plan.seq_len}): longer samples "
-                       "are truncated or must be split")
-    elif plan.seq_len != original.seq_len:
-        quality += w["other"]
-        tier = max(tier, 1)
-        details.append(f"seq_len {original.seq_len} -> {plan.seq_len}")
-    handled.add("seq_len")
-    if original.method != plan.method:
-        tier = max(tier, 1)
-        if original.method == "full" and plan.method == "lora":
-            quality += w["full_to_lora"]
-            details.append(f"LoRA (r={plan.lora_r}) instead of full fine-tuning: only adapters train, the base "
-                           "stays frozen")
-        elif original.method == "lora" and plan.method == "qlora":
-            quality += w["lora_to_qlora"]
-            details.append("4-bit NF4 base (QLoRA): quality risk of quantizing the frozen weights (QLoRA reports "
-                           f"parity with 16-bit on its benchmarks, not on every task); about "
-                           f"{_pct(tp, base_tp)} in time")
-        elif original.method == "full" and plan.method == "qlora":
-            quality += w["full_to_lora"] + w["lora_to_qlora"]
-            details.append(f"QLoRA (4-bit NF4 base + LoRA r={plan.lora_r}) instead of full fine-tuning: only "
-                           "adapters train, and the quality risk of 4-bit quantization")
-        else:
-            quality += w["other"] * 2
-            details.append(f"method {original.method} -> {plan.method}")
-    handled |= {"method", "load_in_4bit", "load_in_8bit"}
-    if plan.uses_adapters and original.uses_adapters and plan.lora_r != original.lora_r:
-        tier = max(tier, 1)
-        if plan.lora_r < original.lora_r:
-            quality += w["lora_r_per_halving"] * math.log2(original.lora_r / plan.lora_r)
-            details.append(f"LoRA rank {original.lora_r} -> {plan.lora_r}: fewer adapter parameters, less capacity")
-        else:
-            details.append(f"LoRA rank {original.lora_r} -> {plan.lora_r}")
-    elif plan.lora_r != original.lora_r:
-        details.append(f"lora_r {original.lora_r} -> {plan.lora_r} (no effect without adapters)")
-        quality += 0.01  # a pointless change is never free
-    handled.add("lora_r")
-    if plan.target_modules != original.target_modules:
-        before, after = _targets_of(original, rm), _targets_of(plan, rm)
-        if plan.uses_adapters and original.uses_adapters:
-            tier = max(tier, 1)
-            if after < before:
-                quality += w["fewer_targets"]
-                details.append(f"adapters on {', '.join(sorted(after))} only, not {', '.join(sorted(before))}: "
-                               "fewer adapted modules, less capacity")
-            else:
-                quality += w["other"] if after != before else 0.01
-                details.append(f"target_modules {original.target_modules} -> {plan.target_modules}")
-        else:
-            quality += 0.01
-    handled.add("target_modules")
-    eb0, eb1 = _effective_batch(original), _effective_batch(plan)
-    if eb0 != eb1:
-        quality += w["effective_batch"]
-        tier = max(tier, 1)
-        details.append(f"effective batch {eb0} -> {eb1} sequences per optimizer step (retune the learning rate)")
-    elif plan.batch_size != original.batch_size or plan.gradient_accumulation_steps != original.gradient_accumulation_steps:
-        details.append(f"micro-batch {original.batch_size} -> {plan.batch_size} per GPU with gradient accumulation "
-                       f"{original.gradient_accumulation_steps} -> {plan.gradient_accumulation_steps}"
-                       + (f" on {plan.num_gpus} GPUs" if plan.num_gpus != original.num_gpus else "")
-                       + f": same effective batch of {eb1} sequences")
-    handled |= {"batch_size", "gradient_accumulation_steps"}
-    # hardware
-    extra = plan.num_gpus - original.num_gpus
-    if extra:
-        tier = 2
-        details.append(f"{extra} more GPU{'s' if extra != 1 else ''} ({original.num_gpus} -> {plan.num_gpus} x "
-                       f"{tp.gpu}) with {plan.sharding}")
-    handled |= {"num_gpus"}
-    larger = plan.gpu != original.gpu or plan.gpu_vram_gb != original.gpu_vram_gb
-    if larger:
-        tier = 2
-        was = original.gpu or f"{original.gpu_vram_gb:g} GB GPU"
-        details.append(f"a larger GPU: {plan.gpu or f'{plan.gpu_vram_gb:g} GB GPU'} instead of the {was}")
-    handled |= {"gpu", "gpu_vram_gb"}
-    # same-math changes
-    if plan.gradient_checkpointing != original.gradient_checkpointing:
-        details.append("gradient checkpointing: recompute each block in backward instead of keeping its "
-                       "activations" if plan.gradient_checkpointing else "gradient checkpointing off")
-    if plan.effective_loss_implementation != original.effective_loss_implementation:
-        details.append(f"loss {original.effective_loss_implementation} -> {plan.effective_loss_implementation}: the same loss, "
-                       "scored in tiles without the full fp32 logits"
-                       + ("" if original.framework == "trl" else
-                          f" (TRL's SFTTrainer does this; with {original.stack.title} it needs a fused/chunked "
-                          "cross-entropy such as TRL's or Liger's)"))
-    if plan.effective_kbit_preparation != original.effective_kbit_preparation:
-        details.append("skip prepare_model_for_kbit_training: embeddings, norms and lm_head stay in "
-                       f"{plan.dtype} instead of fp32, so the residual stream is {plan.dtype} (what TRL's "
-                       "SFTTrainer does; PEFT's docs call the fp32 upcast a stability aid)")
-    if plan.framework != original.framework:
-        details.append(f"train with {plan.stack.title} instead of {original.stack.title}")
-    if plan.attn_implementation != original.attn_implementation:
-        details.append(f"attention {original.attn_implementation or 'default'} -> {plan.attn_implementation}: the same attention, "
-                       "a memory-efficient kernel")
-    if plan.optim != original.optim:
-        word = {"adamw_bnb_8bit": "8-bit AdamW states (bitsandbytes block-wise; matched 32-bit Adam in Dettmers "
-                                  "et al. 2022)",
-                "paged_adamw_8bit": "paged 8-bit AdamW states (block-wise 8-bit, evictable to CPU under pressure)",
-                "paged_adamw_32bit": "paged 32-bit AdamW states (evictable to CPU under pressure)"}.get(plan.optim)
-        details.append(f"optimizer {original.optim} -> {plan.optim}" + (f": {word}" if word else ""))
-    if plan.offload_optimizer != original.offload_optimizer or plan.offload_params != original.offload_params:
-        what = []
-        if plan.offload_optimizer and not original.offload_optimizer:
-            what.append("optimizer states")
-        if plan.offload_params and not original.offload_params:
-            what.append("parameters")
-        details.append(f"CPU offload of {' and '.join(what) or 'nothing'} ({plan.sharding})")
-    elif plan.sharding != original.sharding and not extra:
-        details.append(f"sharding {original.sharding} -> {plan.sharding}")
-    if original.use_dora and not plan.use_dora:
-        tier = max(tier, 1)
-        quality += w["other"]
-        details.append("plain LoRA instead of DoRA: no magnitude vectors, no per-step weight norms")
-    if original.modules_to_save and plan.modules_to_save != original.modules_to_save:
-        tier = max(tier, 1)
-        quality += w["other"]
-        details.append(f"{', '.join(original.modules_to_save)} frozen instead of trained in full "
-                       "(modules_to_save dropped)")
-    handled |= {"use_dora", "modules_to_save", "prepare_model_for_kbit_training", "framework"}
-    handled |= {"gradient_checkpointing", "loss_implementation", "attn_implementation", "optim",
-                "offload_optimizer", "offload_params", "sharding"}
-    for f in changed:
-        if f not in handled:
-            quality += w["other"]
-            tier = max(tier, 1)
-            details.append(f"{f} {getattr(original, f)!r} -> {getattr(plan, f)!r}")
+    t = _Tally(original, plan)
+    _context_cost(t)
+    _method_cost(t, _pct(tp, base_tp))
+    _adapter_cost(t, rm)
+    eb0, eb1 = _batch_cost(t)
+    extra = _hardware_cost(t, tp.gpu)
+    _same_math_words(t, extra)
+    _peft_extras_cost(t)
+    for f in PLAN_FIELDS:
+        if getattr(original, f) != getattr(plan, f) and f not in t.handled:
+            t.learning(QUALITY_WEIGHTS["other"], f"{f} {getattr(original, f)!r} -> {getattr(plan, f)!r}")
     slow = tp.seconds_per_million_tokens / base_tp.seconds_per_million_tokens - 1.0
-    summary = _summary(tier, quality, extra, slow, lost)
     kind = kind_of(original, plan, rm)
-    return Cost(tier=TIER_NAMES[tier], tier_rank=tier, kind=kind,
-                user_cost=round(user_cost(kind, quality, slow, original.num_gpus, plan.num_gpus), 4),
-                quality_penalty=round(quality, 4), extra_gpus=extra,
-                slowdown_fraction=round(slow, 4), context_tokens_lost=lost, effective_batch_before=eb0,
-                effective_batch_after=eb1, summary=summary, details=details)
+    return Cost(tier=TIER_NAMES[t.tier], tier_rank=t.tier, kind=kind,
+                user_cost=round(user_cost(kind, t.quality, slow, original.num_gpus, plan.num_gpus), 4),
+                quality_penalty=round(t.quality, 4), extra_gpus=extra,
+                slowdown_fraction=round(slow, 4), context_tokens_lost=t.lost, effective_batch_before=eb0,
+                effective_batch_after=eb1, summary=_summary(t.tier, t.quality, extra, slow, t.lost),
+                details=t.details)
+
+
+def _context_cost(t: _Tally) -> None:
+    o, p, w = t.original, t.plan, QUALITY_WEIGHTS
+    if p.seq_len < o.seq_len:
+        t.lost = o.seq_len - p.seq_len
+        t.learning(w["seq_len_per_halving"] * math.log2(o.seq_len / p.seq_len),
+                   f"{t.lost} fewer tokens of context ({o.seq_len} -> {p.seq_len}): longer samples "
+                   "are truncated or must be split")
+    elif p.seq_len != o.seq_len:
+        t.learning(w["other"], f"seq_len {o.seq_len} -> {p.seq_len}")
+    t.handled.add("seq_len")
+
+
+def _method_cost(t: _Tally, time_words: str) -> None:
+    o, p, w = t.original, t.plan, QUALITY_WEIGHTS
+    if o.method != p.method:
+        if o.method == "full" and p.method == "lora":
+            t.learning(w["full_to_lora"], f"LoRA (r={p.lora_r}) instead of full fine-tuning: only adapters train, the "
+                                          "base stays frozen")
+        elif o.method == "lora" and p.method == "qlora":
+            t.learning(w["lora_to_qlora"], "4-bit NF4 base (QLoRA): quality risk of quantizing the frozen weights "
+                                           "(QLoRA reports parity with 16-bit on its benchmarks, not on every task); "
+                                           f"about {time_words} in time")
+        elif o.method == "full" and p.method == "qlora":
+            t.learning(w["full_to_lora"] + w["lora_to_qlora"],
+                       f"QLoRA (4-bit NF4 base + LoRA r={p.lora_r}) instead of full fine-tuning: only adapters train, "
+                       "and the quality risk of 4-bit quantization")
+        else:
+            t.learning(w["other"] * 2, f"method {o.method} -> {p.method}")
+    t.handled |= {"method", "load_in_4bit", "load_in_8bit"}
+
+
+def _adapter_cost(t: _Tally, rm: ResolvedModel) -> None:
+    """LoRA rank and target modules."""
+    o, p, w = t.original, t.plan, QUALITY_WEIGHTS
+    if p.uses_adapters and o.uses_adapters and p.lora_r != o.lora_r:
+        if p.lora_r < o.lora_r:
+            t.learning(w["lora_r_per_halving"] * math.log2(o.lora_r / p.lora_r),
+                       f"LoRA rank {o.lora_r} -> {p.lora_r}: fewer adapter parameters, less capacity")
+        else:
+            t.learning(0.0, f"LoRA rank {o.lora_r} -> {p.lora_r}")
+    elif p.lora_r != o.lora_r:
+        t.details.append(f"lora_r {o.lora_r} -> {p.lora_r} (no effect without adapters)")
+        t.quality += 0.01  # a pointless change is never free
+    t.handled.add("lora_r")
+    if p.target_modules != o.target_modules:
+        before, after = _targets_of(o, rm), _targets_of(p, rm)
+        if p.uses_adapters and o.uses_adapters:
+            if after < before:
+                t.learning(w["fewer_targets"], f"adapters on {', '.join(sorted(after))} only, not "
+                                               f"{', '.join(sorted(before))}: fewer adapted modules, less capacity")
+            else:
+                t.learning(w["other"] if after != before else 0.01,
+                           f"target_modules {o.target_modules} -> {p.target_modules}")
+        else:
+            t.quality += 0.01
+    t.handled.add("target_modules")
+
+
+def _batch_cost(t: _Tally) -> tuple[int, int]:
+    """The effective batch before and after; a different one changes what is learned."""
+    o, p = t.original, t.plan
+    eb0, eb1 = _effective_batch(o), _effective_batch(p)
+    if eb0 != eb1:
+        t.learning(QUALITY_WEIGHTS["effective_batch"],
+                   f"effective batch {eb0} -> {eb1} sequences per optimizer step (retune the learning rate)")
+    elif p.batch_size != o.batch_size or p.gradient_accumulation_steps != o.gradient_accumulation_steps:
+        t.details.append(f"micro-batch {o.batch_size} -> {p.batch_size} per GPU with gradient accumulation "
+                         f"{o.gradient_accumulation_steps} -> {p.gradient_accumulation_steps}"
+                         + (f" on {p.num_gpus} GPUs" if p.num_gpus != o.num_gpus else "")
+                         + f": same effective batch of {eb1} sequences")
+    t.handled |= {"batch_size", "gradient_accumulation_steps"}
+    return eb0, eb1
+
+
+def _hardware_cost(t: _Tally, gpu_name: str) -> int:
+    """More GPUs or a larger GPU: tier 2. Returns the GPUs added."""
+    o, p = t.original, t.plan
+    extra = p.num_gpus - o.num_gpus
+    if extra:
+        t.tier = 2
+        t.details.append(f"{extra} more GPU{'s' if extra != 1 else ''} ({o.num_gpus} -> {p.num_gpus} x "
+                         f"{gpu_name}) with {p.sharding}")
+    if p.gpu != o.gpu or p.gpu_vram_gb != o.gpu_vram_gb:
+        t.tier = 2
+        was = o.gpu or f"{o.gpu_vram_gb:g} GB GPU"
+        t.details.append(f"a larger GPU: {p.gpu or f'{p.gpu_vram_gb:g} GB GPU'} instead of the {was}")
+    t.handled |= {"num_gpus", "gpu", "gpu_vram_gb"}
+    return extra
+
+
+_OPTIMIZER_WORDS = {
+    "adamw_bnb_8bit": "8-bit AdamW states (bitsandbytes block-wise; matched 32-bit Adam in Dettmers et al. 2022)",
+    "paged_adamw_8bit": "paged 8-bit AdamW states (block-wise 8-bit, evictable to CPU under pressure)",
+    "paged_adamw_32bit": "paged 32-bit AdamW states (evictable to CPU under pressure)",
+}
+
+
+def _same_math_words(t: _Tally, extra: int) -> None:
+    """Changes that keep the mathematics: no penalty, only their words."""
+    o, p, say = t.original, t.plan, t.details.append
+    if p.gradient_checkpointing != o.gradient_checkpointing:
+        say("gradient checkpointing: recompute each block in backward instead of keeping its activations"
+            if p.gradient_checkpointing else "gradient checkpointing off")
+    if p.effective_loss_implementation != o.effective_loss_implementation:
+        say(f"loss {o.effective_loss_implementation} -> {p.effective_loss_implementation}: the same loss, "
+            "scored in tiles without the full fp32 logits"
+            + ("" if o.framework == "trl" else
+               f" (TRL's SFTTrainer does this; with {o.stack.title} it needs a fused/chunked "
+               "cross-entropy such as TRL's or Liger's)"))
+    if p.effective_kbit_preparation != o.effective_kbit_preparation:
+        say("skip prepare_model_for_kbit_training: embeddings, norms and lm_head stay in "
+            f"{p.dtype} instead of fp32, so the residual stream is {p.dtype} (what TRL's "
+            "SFTTrainer does; PEFT's docs call the fp32 upcast a stability aid)")
+    if p.framework != o.framework:
+        say(f"train with {p.stack.title} instead of {o.stack.title}")
+    if p.attn_implementation != o.attn_implementation:
+        say(f"attention {o.attn_implementation or 'default'} -> {p.attn_implementation}: the same attention, "
+            "a memory-efficient kernel")
+    if p.optim != o.optim:
+        word = _OPTIMIZER_WORDS.get(p.optim)
+        say(f"optimizer {o.optim} -> {p.optim}" + (f": {word}" if word else ""))
+    if p.offload_optimizer != o.offload_optimizer or p.offload_params != o.offload_params:
+        what = (["optimizer states"] if p.offload_optimizer and not o.offload_optimizer else []) + (
+            ["parameters"] if p.offload_params and not o.offload_params else [])
+        say(f"CPU offload of {' and '.join(what) or 'nothing'} ({p.sharding})")
+    elif p.sharding != o.sharding and not extra:
+        say(f"sharding {o.sharding} -> {p.sharding}")
+    t.handled |= {"prepare_model_for_kbit_training", "framework", "gradient_checkpointing", "loss_implementation",
+                  "attn_implementation", "optim", "offload_optimizer", "offload_params", "sharding"}
+
+
+def _peft_extras_cost(t: _Tally) -> None:
+    o, p = t.original, t.plan
+    if o.use_dora and not p.use_dora:
+        t.learning(QUALITY_WEIGHTS["other"], "plain LoRA instead of DoRA: no magnitude vectors, no per-step weight norms")
+    if o.modules_to_save and p.modules_to_save != o.modules_to_save:
+        t.learning(QUALITY_WEIGHTS["other"], f"{', '.join(o.modules_to_save)} frozen instead of trained in full "
+                                             "(modules_to_save dropped)")
+    t.handled |= {"use_dora", "modules_to_save"}
 
 
 def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> str:

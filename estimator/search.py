@@ -485,17 +485,12 @@ def validate_keep(keep: Iterable[str]) -> list[str]:
 
 def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int = 5,
             training_tokens: int | None = None, model: ResolvedModel | None = None) -> SuggestResult:
-    """The cheapest fitting variations of ``plan``, ranked by the cost model, each with its cost.
+    """The best fitting configuration of each kind for ``plan``, ranked by the cost model, each with its cost.
 
     ``keep`` pins plan fields (never changed). ``training_tokens`` adds the approximate training time of
     each plan. Raises PlanError for an unknown pinned field or a plan without a GPU.
     """
-    pins = validate_keep(keep)
-    if not 1 <= max_suggestions <= MAX_SUGGESTIONS:
-        raise PlanError(f"max_suggestions: must be between 1 and {MAX_SUGGESTIONS}", field="max_suggestions")
-    if training_tokens is not None and not 1 <= training_tokens <= MAX_TRAINING_TOKENS:
-        raise PlanError(f"training_tokens: must be a positive number of tokens, at most {MAX_TRAINING_TOKENS:.0e}",
-                        field="training_tokens")
+    pins = _checked_arguments(keep, max_suggestions, training_tokens)
     rm = model or resolve_model(plan.model)
     original = estimate(plan, model=rm)
     if original.verdict == "unknown":
@@ -512,23 +507,49 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
         result.notes.append("the plan fits as it is: nothing to change")
         result.plans_evaluated = len(ev.cache)
         return result
+    _rank(search, result, max_suggestions, training_tokens)
+    _least_memory_on_this_gpu(search, result)
+    _other_hardware_for_the_plan(search, result, pins)
+    if result.nothing_fits:
+        result.notes.append(
+            "nothing fits on this GPU with the allowed changes: the least memory reachable is "
+            f"{(result.min_reachable_bytes or 0) / 2**30:.2f} GiB of {original.gpu_usable_bytes / 2**30:.2f} GiB"  # type: ignore[operator]
+            + (f"; the original plan fits a {result.smallest_gpu}" if result.smallest_gpu else "")
+            + (f", or {result.min_gpus} GPUs with {result.min_gpus_sharding}" if result.min_gpus else ""))
+    result.plans_evaluated = len(ev.cache)
+    return result
 
-    raw = search.run()
+
+def _checked_arguments(keep: Iterable[str], max_suggestions: int, training_tokens: int | None) -> list[str]:
+    pins = validate_keep(keep)
+    if not 1 <= max_suggestions <= MAX_SUGGESTIONS:
+        raise PlanError(f"max_suggestions: must be between 1 and {MAX_SUGGESTIONS}", field="max_suggestions")
+    if training_tokens is not None and not 1 <= training_tokens <= MAX_TRAINING_TOKENS:
+        raise PlanError(f"training_tokens: must be a positive number of tokens, at most {MAX_TRAINING_TOKENS:.0e}",
+                        field="training_tokens")
+    return pins
+
+
+def _rank(search: _Search, result: SuggestResult, max_suggestions: int, training_tokens: int | None) -> None:
+    """Run the search, keep the best fitting plan of each kind, rank them, and fill the result."""
+    ev, plan = search.ev, search.plan
     uniq: dict[frozenset, dict] = {}
-    for ch in raw:
+    for ch in search.run():
         if ch and ev.fits(ch):
             uniq.setdefault(ev.key(ch), ch)
     ranked = sorted(uniq.values(), key=lambda ch: (sort_key(search.cost(ch)), len(ch), sorted(map(str, ch))))
     ranked = _best_of_each_kind(ranked, search)
-    suggestions = []
     for i, ch in enumerate(ranked[:max_suggestions]):
         new_plan, est = ev.get(ch)  # type: ignore[misc]
-        suggestions.append(Suggestion(rank=i + 1, changes=_changes_list(plan, new_plan), cost=search.cost(ch),
-                                      estimate=est, throughput=ev.throughput(ch, training_tokens), plan=new_plan))
-    result.suggestions = suggestions
+        result.suggestions.append(Suggestion(rank=i + 1, changes=_changes_list(plan, new_plan), cost=search.cost(ch),
+                                             estimate=est, throughput=ev.throughput(ch, training_tokens),
+                                             plan=new_plan))
     result.nothing_fits = not any(search.cost(ch).kind not in ("more_gpus", "larger_gpu") for ch in ranked)
 
-    # the minimum reachable on this GPU: every same-hardware knob at its strongest
+
+def _least_memory_on_this_gpu(search: _Search, result: SuggestResult) -> None:
+    """The minimum reachable on this GPU: every same-hardware knob at its strongest (and all plans tried)."""
+    ev, plan = search.ev, search.plan
     strongest: dict = {}
     for knob in search.knobs:
         if knob.tier < 2:
@@ -538,34 +559,33 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
     result.min_reachable_bytes = ev.min_bytes
     result.min_reachable_changes = _changes_list(plan, plan.replace(**ev.min_changes)) if ev.min_changes else []
 
-    # the smallest catalog GPU for the original plan (the budget does not depend on the GPU's size)
+
+def _smallest_gpu_for(plan: TrainingPlan, budget_bytes: int) -> catalog.CatalogGPU | None:
+    """The smallest catalog GPU (fastest among equal sizes) that holds ``budget_bytes`` (bf16 plans: with bf16)."""
     best = None
     for g in catalog.load_gpus():
         if plan.dtype == "bf16" and not g.bf16:
             continue
-        if original.budget_bytes <= g.total_memory_bytes:
+        if budget_bytes <= g.total_memory_bytes:
             if best is None or (g.total_memory_bytes, -(g.tflops_bf16_dense or g.tflops_fp16_dense)) < (
                     best.total_memory_bytes, -(best.tflops_bf16_dense or best.tflops_fp16_dense)):
                 best = g
+    return best
+
+
+def _other_hardware_for_the_plan(search: _Search, result: SuggestResult, pins: list[str]) -> None:
+    """The smallest catalog GPU and the fewest GPUs of this kind on which the original plan fits unchanged."""
+    best = _smallest_gpu_for(search.plan, result.original.budget_bytes)  # the budget does not depend on the GPU
     if best is not None:
         result.smallest_gpu, result.smallest_gpu_usable_bytes = best.name, best.total_memory_bytes
     if "gpu" in pins or "gpu_vram_gb" in pins:
         result.notes.append("gpu is pinned: smallest_gpu is reported for information only")
-    # the fewest GPUs of this kind for the original plan (sharding only)
     if "num_gpus" in pins:
         result.notes.append("num_gpus is pinned: no multi-GPU alternative was searched")
-    else:
-        hw = [k for k in search.knobs if k.tier == 2]
-        for lv in (hw[0].levels if hw else []):
-            if "gradient_accumulation_steps" not in lv and ev.fits(lv):
-                got = ev.get(lv)
-                result.min_gpus, result.min_gpus_sharding = got[0].num_gpus, got[0].sharding  # type: ignore[index]
-                break
-    if result.nothing_fits:
-        result.notes.append(
-            "nothing fits on this GPU with the allowed changes: the least memory reachable is "
-            f"{(result.min_reachable_bytes or 0) / 2**30:.2f} GiB of {original.gpu_usable_bytes / 2**30:.2f} GiB"  # type: ignore[operator]
-            + (f"; the original plan fits a {result.smallest_gpu}" if result.smallest_gpu else "")
-            + (f", or {result.min_gpus} GPUs with {result.min_gpus_sharding}" if result.min_gpus else ""))
-    result.plans_evaluated = len(ev.cache)
-    return result
+        return
+    hw = [k for k in search.knobs if k.tier == 2]
+    for lv in (hw[0].levels if hw else []):  # sharding only
+        if "gradient_accumulation_steps" not in lv and search.ev.fits(lv):
+            got = search.ev.get(lv)
+            result.min_gpus, result.min_gpus_sharding = got[0].num_gpus, got[0].sharding  # type: ignore[index]
+            break
