@@ -158,7 +158,7 @@ _HTML = r"""<!DOCTYPE html>
     var per = est.per_gpu ? " per GPU" : "";
     if (!usable || est.verdict === "unknown") return { text: "needs " + gib(budget) + per, cls: "" };
     if (est.verdict === "does_not_fit") return { text: gib(total - usable) + " over" + per, cls: "t-danger" };
-    if (est.verdict === "tight") return { text: gib(budget - usable) + " into the safety margin" + per, cls: "t-warning" };
+    if (est.verdict === "tight") return { text: gib(budget - usable) + " into the margin" + per, cls: "t-warning" };
     return { text: gib(usable - budget) + " free" + per, cls: "t-success" };
   }
   function leadNodes(est, title) {

@@ -59,7 +59,7 @@ def lead_number(est) -> str:
     if est.verdict == "does_not_fit":
         return f"{(est.total_bytes - usable) / GIB:.2f} GiB over{per}"
     if est.verdict == "tight":
-        return f"{(est.budget_bytes - usable) / GIB:.2f} GiB into the safety margin{per}"
+        return f"{(est.budget_bytes - usable) / GIB:.2f} GiB into the margin{per}"
     return f"{(usable - est.budget_bytes) / GIB:.2f} GiB free{per}"
 
 
