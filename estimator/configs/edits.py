@@ -38,6 +38,8 @@ def _norm(value: Any) -> Any:
 
 def _edit(r: Reading, item: tuple) -> ConfigEdit:
     key, new, fields = item[0], item[1], item[2]
+    if isinstance(new, float) and new.is_integer() and fields != ["lora_dropout"]:
+        new = int(new)  # lora_alpha: 32, as people write it
     note = item[3] if len(item) > 3 else None
     old = r.get(key, None) if key else None
     return ConfigEdit(file=r.doc.name, format=r.format, key=key, old=old, new=new, fields=fields, note=note)
@@ -81,6 +83,11 @@ def config_edits(loaded: LoadedConfig, plan: TrainingPlan) -> list[ConfigEdit]:
             edits += _deepspeed_batch(ds, rest)
     covered = {f for e in edits for f in e.fields}
     target = main or loaded.readings[0]
+    for name in ("gpu", "gpu_vram_gb"):
+        value = getattr(plan, name)
+        if value is not None and value != getattr(loaded.plan, name):
+            edits.append(_edit(target, (None, value, [name], f"on a different GPU: {name}={value!r} (no config "
+                                        "key: the GPU is where you run it)")))
     for name, value in rest.items():
         if name not in covered:
             edits.append(_edit(target, (None, value, [name], f"{name}={value!r}: no key of {target.format} configs "
