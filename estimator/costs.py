@@ -1,9 +1,8 @@
 """The cost model of suggest_cheaper_config: what a change costs the user, and how costs rank.
 
-Three tiers, in this order: changes that leave the training mathematics unchanged (checkpointing, the
-chunked loss, accumulation instead of batch, paged or 8-bit optimizer states, offload), changes that
-alter what is learned (shorter context, lower rank, fewer targets, a quantized base), and more
-hardware. Within a tier, a documented quality penalty, then the slowdown the throughput model gives.
+Each change has a tier (what happens to the mathematics: unchanged, learning changed, more hardware), a
+kind (the user's choice: KINDS), a quality penalty (QUALITY_WEIGHTS), the GPUs added and the slowdown
+the throughput model gives; suggestions rank by ``user_cost``, which adds them up (USER_COST_WEIGHTS).
 ``docs/search.md`` explains every weight.
 """
 

@@ -1,17 +1,13 @@
-"""suggest(): the fitting configurations that cost the user least, each with what it costs.
+"""suggest(): the best fitting configuration of each kind the user could choose, each with what it costs.
 
-When a plan does not fit, the search looks for the smallest changes that make it fit and ranks them
-by a documented cost model (``docs/search.md``):
-
-* tier 0, ``same_math``: changes that leave the training mathematics unchanged: gradient
-  checkpointing, the chunked (fused) loss, the attention kernel, a smaller micro-batch with more
-  gradient accumulation (same effective batch), 8-bit or paged optimizer states, CPU offload. Ranked
-  among themselves by how much slower they make training (a figure from :mod:`.throughput`).
-* tier 1, ``changes_learning``: changes that alter what is learned: a shorter context, a lower LoRA
-  rank, fewer adapted modules, LoRA instead of full fine-tuning, a 4-bit (QLoRA) base. Ranked by a
-  quality penalty (:data:`QUALITY_WEIGHTS`), then by slowdown.
-* tier 2, ``more_hardware``: more GPUs with a sharding strategy (DDP, ZeRO-2/3, FSDP), with
-  tier-0 changes only. Ranked by how many GPUs are added, then the quality penalty, then slowdown.
+When a plan does not fit, the search looks for the smallest changes that make it fit, classifies each by
+the kind of choice it is (:data:`~.costs.KINDS`: same mathematics; lower precision, a 4-bit base or
+8-bit optimizer states; fewer trainable parameters; a shorter context; CPU offload; more GPUs; a larger
+catalog GPU), keeps the cheapest of each kind and ranks them by one number, the user cost
+(:func:`~.costs.user_cost`: the quality penalty of changes that alter what is learned, plus the
+slowdown the throughput model gives, the hardware added and offload; ``docs/search.md``). Each change
+also has a tier (``same_math``, ``changes_learning``, ``more_hardware``) that says what happens to the
+mathematics.
 
 The search is bounded: single-knob moves first (the mildest level of each knob that fits), then
 greedy combinations that add knobs in cost order until the plan fits, then a minimality pass that
