@@ -1,10 +1,10 @@
 """The MCP server: canifinetune's tools, resources, prompt and completions for AI assistants.
 
-A thin adapter over the core. Each tool takes the :class:`TrainingPlan` fields flat (their names,
-types, defaults and descriptions are copied from ``TrainingPlan.model_fields`` when the server is
-built, so the plan stays the single source of truth), builds a plan, calls the core and returns
-validated structured content plus a short text for people. Every failure reaches the client as a
-``ToolError`` whose text names the field, the bad value and what to do instead.
+A thin adapter over the core. Each tool takes flat the :class:`TrainingPlan` fields that change memory (their
+names, types, constraints and defaults copied from ``TrainingPlan.model_fields``; make_recipe adds the run's own)
+and every other field in one ``plan`` object (server/mcp_views.py), builds a plan, calls the core and returns
+small validated structured content plus a short text. Every failure reaches the client as a ``ToolError``
+whose text names the field, the bad value and the valid choices; protocol errors carry JSON-RPC codes.
 
 Run it with ``canifinetune serve`` (stdio) or ``canifinetune serve --http`` (streamable HTTP on
 127.0.0.1, DNS-rebinding protection on). Logs go to stderr only.
@@ -23,13 +23,17 @@ from typing import Annotated, Any, Literal, Optional
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
-from mcp.types import CallToolResult, Completion, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, Completion, ResourceLink, TextContent, ToolAnnotations
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error, safe_text
-from canifinetune.server.config_face import RAW_ARGUMENTS, config_parameters, mcp_structured, mcp_text, output_model
+from canifinetune.server.config_face import RAW_ARGUMENTS, config_parameters, mcp_structured, mcp_text
 from canifinetune.estimator.estimate import Estimate, Verdict
 from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, PLAN_FIELDS, TrainingPlan, normalize_raw
+from canifinetune.server.mcp_views import (MEMORY_FIELDS, PLAN_SCHEMA_URI, RECIPE_FIELDS, RECIPE_URI_PREFIX,
+                                           EstimateView, RecipeView, SuggestView, compact_schema, estimate_view,
+                                           explain_validation_error, output_model, plan_data, suggest_view,
+                                           tool_parameters)
 
 logger = logging.getLogger("canifinetune.mcp")
 
@@ -42,15 +46,13 @@ MAX_REQUEST_BODY_BYTES = 1024 * 1024
 
 INSTRUCTIONS = """\
 canifinetune estimates the peak GPU memory of fine-tuning a Hugging Face causal LM (full, LoRA or
-QLoRA) from its config.json alone, offline, and says whether it fits a GPU.
-Loop: call estimate_memory with a model and a gpu (catalog name) or gpu_vram_gb; read the verdict
-(fits / tight / does_not_fit / unknown) and the breakdown. If it does not fit, call
-suggest_cheaper_config with the same arguments and apply the first suggestion's changes (a list of
-{field, old, new}; its plan holds them all). When it fits, call make_recipe for a runnable recipe.
-Change one argument at a time; every argument has a default. The estimate is for the trainer named by
-framework (default trl: TRL's SFTTrainer, what make_recipe writes); when the user trains with a script
-or tool of their own, ask which (transformers Trainer + PEFT, Axolotl, LLaMA-Factory, Unsloth) and set
-framework: the same plan can need 20-30% more under another stack. Resources: canifinetune://catalog/gpus,
+QLoRA) from its config.json alone (never the weights) and says whether it fits a GPU.
+Loop: estimate_memory with model and gpu (or gpu_vram_gb); if it does not fit, suggest_cheaper_config
+with the same arguments and apply the first suggestion's changes (a list of {field, old, new}); when it
+fits, make_recipe. Every argument has a default; fields not listed as arguments go in the plan object
+(canifinetune://schema/plan lists them). The estimate is for the trainer named by framework (default trl,
+what make_recipe writes): when the user trains with a script or tool of their own, ask which and set
+framework; the same plan can need 20-30% more under another stack. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
 
 def _annotations(offline: bool) -> ToolAnnotations:
@@ -68,14 +70,7 @@ _ANNOTATIONS = _annotations(_HUB_OFFLINE)
 # --------------------------------------------------------------------------------------------- outputs
 
 
-class Recipe(BaseModel):
-    """make_recipe's answer: the recipe plus the verdict of the plan it trains."""
-
-    verdict: Verdict
-    verdict_reason: str
-    plan: TrainingPlan
-    files: dict[str, str] = Field(description="file name -> content of the recipe's files")
-    recipe: Optional[dict[str, Any]] = Field(None, description="the recipe as the recipe renderer returned it, as a JSON object")
+Recipe = RecipeView  # make_recipe's structured content (server/mcp_views.py)
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -133,7 +128,8 @@ KEEP_PARAMETER = inspect.Parameter(
 def _plan_from(arguments: dict[str, Any]) -> TrainingPlan:
     from .config_face import plan_from_config  # the user's own config, with the arguments over it
 
-    data = {k: v for k, v in arguments.items() if k in TrainingPlan.model_fields}
+    data, sent = plan_data(arguments, RAW_ARGUMENTS.get())  # the plan object, the flat arguments sent over it
+    RAW_ARGUMENTS.set(sent)
     plan = plan_from_config(arguments, data)
     if plan is not None:
         return plan
@@ -157,13 +153,10 @@ def _literal_hints(exc: ValidationError) -> list[str]:
 
 
 def describe_error(exc: BaseException) -> str:
-    """The text a model reads for a failed call: field, bad value, what to do instead."""
+    """The text a model reads for a failed call: the field, the bad value and the valid choices, read from the
+    error's structured form (server/mcp_views.py explain_validation_error)."""
     if isinstance(exc, ValidationError):
-        text = describe_validation_error(exc)
-        hints = _literal_hints(exc)
-        if any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("model",) for e in exc.errors()):
-            hints.append("give model, e.g. 'Qwen/Qwen2.5-7B-Instruct' (canifinetune://catalog/models lists the catalog)")
-        return text + ("; " + " ".join(hints) if hints else "")
+        return explain_validation_error(exc)
     return str(exc)
 
 
@@ -202,7 +195,7 @@ def _estimate(plan: TrainingPlan) -> Estimate:
 
 
 def estimate_memory_impl(arguments: dict[str, Any]) -> CallToolResult:
-    from .text import format_estimate
+    from .text import format_estimate_brief
 
     def run():
         plan = _plan_from(arguments)
@@ -210,8 +203,8 @@ def estimate_memory_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     est = _guard("estimate_memory", run)
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(format_estimate(est, next_move=_next_move(est))))],
-        structured_content=mcp_structured(est.model_dump(mode="json")),
+        content=[TextContent(type="text", text=mcp_text(format_estimate_brief(est, next_move=_next_move(est))))],
+        structured_content=mcp_structured(estimate_view(est)),
     )
 
 
@@ -253,7 +246,7 @@ def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
     """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text."""
     from canifinetune.estimator.search import SuggestResult, suggest
 
-    from .text import format_suggestions
+    from .text import format_suggestions_brief
 
     def run() -> SuggestResult:
         plan = _plan_from(arguments)
@@ -263,39 +256,18 @@ def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     result = _guard("suggest_cheaper_config", run)
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(format_suggestions(result), result))],
-        structured_content=mcp_structured(result.model_dump(mode="json"), result),
+        content=[TextContent(type="text", text=mcp_text(format_suggestions_brief(result), result))],
+        structured_content=mcp_structured(suggest_view(result), result),
     )
 
 
-def _as_object(value: Any) -> dict[str, Any] | None:
-    return value if isinstance(value, dict) or value is None else {"value": value}
-
-
-def _recipe_files(raw: Any) -> dict[str, str]:
-    if isinstance(raw, str):
-        return {"recipe.yaml": raw}
-    files = _get(raw, "files")
-    if isinstance(files, dict):
-        return {str(k): str(v) for k, v in files.items()}
-    if isinstance(raw, dict) and raw and all(isinstance(v, str) for v in raw.values()):
-        return {str(k): v for k, v in raw.items()}
-    for attr in ("yaml", "text", "content", "to_yaml", "render"):
-        value = _get(raw, attr)
-        if callable(value):
-            try:
-                value = value()
-            except TypeError:
-                continue
-        if isinstance(value, str):
-            return {"recipe.yaml": value}
-    return {}
-
-
 def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
-    from .text import format_recipe
+    """The recipe's files as resource links (canifinetune://recipe/<plan>/<file>): the text says what they are
+    and how to run them; a client reads a file only when it needs it."""
+    from .mcp_views import cli_command, mime_of, recipe_key
+    from .text import format_recipe_brief
 
-    def run() -> Recipe:
+    def run() -> tuple[dict, dict[str, int]]:
         plan = _plan_from(arguments)
         est = _estimate(plan)
         try:
@@ -306,19 +278,41 @@ def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
                 f"(canifinetune.recipes.render: {exc}); estimate_memory and suggest_cheaper_config work"
             ) from None
         hub = est.model_source not in ("catalog", "local")  # a Hub model: the renderer reuses this estimate
-        raw = make_recipe(plan, est) if hub else make_recipe(plan)
-        return Recipe(verdict=est.verdict, verdict_reason=est.verdict_reason, plan=plan,
-                      files=_recipe_files(raw), recipe=_as_object(_jsonable(raw)))
+        made = make_recipe(plan, est) if hub else make_recipe(plan)
+        key = recipe_key(plan)  # the plan asked for: reading a link makes the very same files again
+        files = {name: f"{RECIPE_URI_PREFIX}{key}/{name}" for name in made.files}
+        view = RecipeView(verdict=est.verdict, verdict_reason=est.verdict_reason, budget_bytes=est.budget_bytes,
+                          gpu_usable_bytes=est.gpu_usable_bytes, launch_command=made.launch_command,
+                          cli_command=cli_command(plan), files=files, framework_note=made.framework_note)
+        return view.model_dump(mode="json"), {name: len(text.encode()) for name, text in made.files.items()}
 
-    result = _guard("make_recipe", run)
+    view, sizes = _guard("make_recipe", run)
+    links = [ResourceLink(type="resource_link", uri=uri, name=name, mime_type=mime_of(name), size=sizes[name])
+             for name, uri in view["files"].items()]
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(format_recipe(result)))],
-        structured_content=mcp_structured(result.model_dump(mode="json")),
+        content=[TextContent(type="text", text=mcp_text(format_recipe_brief(view))), *links],
+        structured_content=mcp_structured(view),
     )
 
 
-def _tool_function(name: str, impl, extra: list[inspect.Parameter], output: type[BaseModel], doc: str):
-    """A tool function whose signature is TrainingPlan's fields (plus ``extra``), built from the plan."""
+def recipe_file(key: str, name: str) -> str:
+    """One file of the recipe a canifinetune://recipe/<key>/<name> link names, made again from its plan."""
+    from .mcp_views import plan_from_key
+
+    plan = plan_from_key(key)
+    from canifinetune.recipes.render import make_recipe
+
+    est = _estimate(plan)
+    made = make_recipe(plan, est) if est.model_source not in ("catalog", "local") else make_recipe(plan)
+    if name not in made.files:
+        raise ResourceNotFoundError(f"recipe: no file {safe_text(repr(name), 80)}; the recipe's files: "
+                                    + ", ".join(made.files))
+    return made.files[name]
+
+
+def _tool_function(name: str, impl, params: list[inspect.Parameter], output: type[BaseModel], doc: str):
+    """A tool function with the given parameters (server/mcp_views.py tool_parameters) and output model (plus the
+    optional config report)."""
 
     def fn(**arguments):
         return impl(arguments)
@@ -326,40 +320,52 @@ def _tool_function(name: str, impl, extra: list[inspect.Parameter], output: type
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        config_parameters(plan_parameters()) + extra, return_annotation=Annotated[CallToolResult, output_model(output)]
+        params, return_annotation=Annotated[CallToolResult, output_model(output)]
     )
     return fn
 
 
 ESTIMATE_DOC = """\
-Estimate the peak GPU memory of fine-tuning a Hugging Face causal LM and judge it against a GPU.
-Give model plus gpu (catalog name, e.g. 'RTX 4090', 'A100 80GB') or gpu_vram_gb (e.g. 24); every other
-argument has TRL SFTTrainer's default (method lora, seq_len 1024, batch_size 8, bf16, gradient
-checkpointing on). framework names the trainer the user runs (trl, transformers, axolotl,
-llama_factory, unsloth): if the user has their own training script or config, ask which one. Returns verdict (fits / tight / does_not_fit / unknown), verdict_reason, the
-per-component breakdown in bytes, the peak phase, warnings and assumptions. model: a catalog name, a
-local folder with config.json, or any Hub id (its config.json and safetensors headers are read, never
-the weights; not when the server runs offline)."""
+Peak GPU memory of fine-tuning a Hugging Face causal LM, judged against a GPU: verdict (fits, tight,
+does_not_fit, unknown), need vs have, the budget by component. Give model and gpu (or gpu_vram_gb); the rest
+defaults to TRL SFTTrainer with LoRA. Ask which trainer the user runs (framework)."""
 
 SUGGEST_DOC = """\
-Find the cheapest configurations that fit the GPU when a plan does not: same arguments as
-estimate_memory (plus keep: fields to hold fixed; default none). Returns the search's result:
-suggestions, best first (same training mathematics, then changes to what is learned, then more GPUs),
-each with changes (a list of {field, old, new}: apply them all), cost (tier, summary, slowdown), its
-estimate (verdict fits) and the whole plan. nothing_fits says no change on this GPU fits; then
-smallest_gpu names the smallest catalog GPU, and min_gpus (with min_gpus_sharding) the fewest of these
-GPUs, on which the plan fits unchanged. Needs gpu or gpu_vram_gb."""
+Configurations that fit, best first (one per kind: same mathematics, lower precision, shorter context,
+offload, more or larger GPUs), each with its changes to apply and what it costs; or the GPU on which the
+plan fits unchanged. Same arguments as estimate_memory."""
 
 RECIPE_DOC = """\
-Make a runnable fine-tuning recipe (TRL SFTTrainer) for a plan: same arguments as estimate_memory.
-Returns the recipe's files and the plan's verdict; run a short probe before a long run."""
+A runnable TRL recipe for the plan: its files as resource links, the command that writes them, the launch
+command and the plan's verdict. Same arguments as estimate_memory plus the run's own."""
 
 
 # --------------------------------------------------------------------------------------------- server
 
 
 class CanIFinetuneServer(MCPServer):
-    """MCPServer whose argument errors name the field, the bad value and the nearest valid choice."""
+    """MCPServer whose argument errors name the field, the bad value and the nearest valid choice, and whose
+    protocol errors carry JSON-RPC codes (an unknown prompt or a bad prompt argument: -32602 invalid params)."""
+
+    async def get_prompt(self, name, arguments=None, context=None):
+        from mcp import MCPError
+        from mcp.types import INVALID_PARAMS
+
+        prompt = self._prompt_manager.get_prompt(name)
+        if prompt is None:
+            known = [p.name for p in self._prompt_manager.list_prompts()]
+            close = difflib.get_close_matches(str(name), known, n=1)
+            raise MCPError(INVALID_PARAMS, f"prompt: {safe_text(repr(name), 80)} is not a prompt of this server"
+                           + (f"; did you mean '{close[0]}'?" if close else "") + f" (prompts: {', '.join(known)})")
+        given = arguments or {}
+        missing = [a.name for a in prompt.arguments or () if a.required and a.name not in given]
+        unknown = [k for k in given if k not in {a.name for a in prompt.arguments or ()}]
+        if missing or unknown:
+            what = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required" if missing
+                    else f"{safe_text(repr(unknown[0]), 80)} is not an argument")
+            raise MCPError(INVALID_PARAMS, f"{name}: {what} (arguments: "
+                           + ", ".join(f"{a.name}{'' if a.required else '?'}" for a in prompt.arguments or ()) + ")")
+        return await super().get_prompt(name, arguments, context)
 
     async def call_tool(self, name, arguments, context=None):
         tool = self._tool_manager.get_tool(name)
@@ -368,13 +374,19 @@ class CanIFinetuneServer(MCPServer):
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ToolError(f"unknown tool {safe_text(repr(name), 80)}{hint} Tools: estimate_memory, suggest_cheaper_config, make_recipe")
         known = list(tool.parameters.get("properties", {}))
-        for key in arguments or {}:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
-                                f"(arguments: {', '.join(known)})")
-        RAW_ARGUMENTS.set(frozenset(arguments or {}))  # which arguments were sent (server/config_face.py)
+        arguments = dict(arguments or {})
+        for key in list(arguments):
+            if key in known:
+                continue
+            if key in TrainingPlan.model_fields and "plan" in known and isinstance(arguments.get("plan") or {}, dict):
+                # a plan field the schema leaves to the plan object, given flat: taken as if inside plan
+                arguments["plan"] = {**(arguments.get("plan") or {}), key: arguments.pop(key)}
+                continue
+            close = difflib.get_close_matches(key, known + list(TrainingPlan.model_fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
+                            f"(arguments: {', '.join(known)}; other plan fields: {PLAN_SCHEMA_URI})")
+        RAW_ARGUMENTS.set(frozenset(arguments))  # which arguments were sent (server/config_face.py)
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
@@ -523,14 +535,21 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     apps.add_html_resource(BUDGET_APP_URI, budget_app_html(), name="budget-picture", title="GPU memory budget",
                            description="The budget as a stacked bar against the GPU, and suggestions side by side.")
     apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=_ANNOTATIONS)(
-        _tool_function("estimate_memory", estimate_memory_impl, [], Estimate, ESTIMATE_DOC))
+        _tool_function("estimate_memory", estimate_memory_impl, tool_parameters(MEMORY_FIELDS), EstimateView,
+                       ESTIMATE_DOC))
     apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=_ANNOTATIONS)(
-        _tool_function("suggest_cheaper_config", suggest_impl, [KEEP_PARAMETER], SuggestResult, SUGGEST_DOC))
+        _tool_function("suggest_cheaper_config", suggest_impl, tool_parameters(MEMORY_FIELDS, keep=True),
+                       SuggestView, SUGGEST_DOC))
     mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
                              instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
 
-    mcp.add_tool(_tool_function("make_recipe", recipe_impl, [], Recipe, RECIPE_DOC),
+    mcp.add_tool(_tool_function("make_recipe", recipe_impl, tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS),
+                                RecipeView, RECIPE_DOC),
                  title="Make a runnable fine-tuning recipe", annotations=_ANNOTATIONS)
+    for tool in mcp._tool_manager.list_tools():  # what tools/list sends: small (server/mcp_views.py)
+        compact_schema(tool.parameters, arguments=True)
+        if tool.fn_metadata.output_schema is not None:
+            compact_schema(tool.fn_metadata.output_schema, arguments=False)
 
     @mcp.resource("canifinetune://catalog/gpus", name="gpu-catalog", title="GPU catalog", mime_type="application/json",
                   description="Every catalog GPU: name, aliases, memory as sold and usable bytes, bf16 support, throughput.")
@@ -561,9 +580,33 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     def memory_model() -> str:
         return memory_model_document()
 
+    @mcp.resource(PLAN_SCHEMA_URI, name="plan-schema", title="The training plan's fields",
+                  mime_type="application/schema+json",
+                  description="Every plan field (what the tools' plan argument takes): type, default, description.")
+    def plan_schema() -> str:
+        from .mcp_views import plan_schema_json
+
+        return plan_schema_json()
+
+    @mcp.resource(RECIPE_URI_PREFIX + "{key}/{name}", name="recipe-file", title="A file of a recipe",
+                  mime_type="text/plain",
+                  description="One file of a recipe make_recipe made (its links name them); made again from the plan.")
+    def recipe_resource(key: str, name: str) -> str:
+        try:
+            return recipe_file(key, name)
+        except ResourceError:
+            raise
+        except CanIFinetuneError as exc:
+            raise ResourceNotFoundError(safe_text(exc)) from exc
+
     @mcp.prompt(name="fit_finetune", title="Fit a fine-tune on a GPU",
                 description="Walks the assistant through estimate -> suggest -> recipe for one model and GPU.")
-    def fit_finetune(model: str, gpu: str, goal: str = "") -> str:
+    def fit_finetune(
+        model: Annotated[str, Field(description="the model: a Hugging Face id or catalog name, e.g. "
+                                                "'Qwen/Qwen2.5-7B-Instruct'")],
+        gpu: Annotated[str, Field(description="the GPU as the user names it, e.g. 'RTX 4090' or 'A100 80GB'")],
+        goal: Annotated[str, Field(description="optional: what the fine-tune is for, the data, the sample length")] = "",
+    ) -> str:
         return FIT_PROMPT.format(model=model, gpu=gpu, goal=f" Goal: {goal}" if goal else "")
 
     @mcp.completion()

@@ -153,3 +153,112 @@ def format_recipe(result) -> str:
         lines += ["", f"--- {name}", content.rstrip()]
     lines += ["", "next: run a short probe first (a few steps) and compare its peak memory with the estimate"]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the MCP tools' text: short (issue 15.4)
+
+BRIEF_PARTS = 3
+
+
+def need_vs_have(est: Estimate) -> str:
+    """'need 26.35 GiB with margin, have 23.88 GiB usable (110%): 2.47 GiB over'."""
+    per = " per GPU" if est.per_gpu else ""
+    need = f"need {gib(est.budget_bytes)} with margin{per}"
+    if not est.gpu_usable_bytes:
+        return need + " (no GPU given)"
+    have = f"have {gib(est.gpu_usable_bytes)} usable ({est.used_fraction:.0%})"
+    if est.verdict == "does_not_fit":
+        return f"{need}, {have}: {gib(est.total_bytes - est.gpu_usable_bytes)} over even without the margin"
+    if est.verdict == "tight":
+        return f"{need}, {have}: {gib(est.budget_bytes - est.gpu_usable_bytes)} into the safety margin"
+    return f"{need}, {have}: {gib(est.gpu_usable_bytes - est.budget_bytes)} free"
+
+
+def plan_line(est: Estimate) -> str:
+    plan = est.plan
+    return (f"{est.model} ({est.params_total / 1e9:.3g}B params, {est.model_source}), {plan.method}, "
+            f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
+            f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}"
+            + (f", {plan.num_gpus} GPUs {plan.sharding}" if plan.num_gpus > 1 else ""))
+
+
+def stack_line(est: Estimate) -> str:
+    return next((a for a in est.assumptions if a.startswith("stack: ")), f"stack: {est.plan.stack.title}")
+
+
+def top_parts(est: Estimate, n: int = BRIEF_PARTS, explain: bool = True) -> str:
+    parts = sorted((c for c in est.breakdown if c.name != "safety_margin"), key=lambda c: -c.bytes)[:n]
+    return "largest: " + "; ".join(f"{c.name} {gib(c.bytes)}" + (f" ({c.explanation})" if explain else "")
+                                   for c in parts)
+
+
+def format_estimate_brief(est: Estimate, next_move: str | None = None) -> str:
+    """estimate_memory's text: verdict, need vs have, the plan, the stack, the three largest parts, warnings,
+    the next step (the whole breakdown is in the structured content; `canifinetune estimate` prints it)."""
+    lines = [verdict_line(est), need_vs_have(est), plan_line(est), stack_line(est), top_parts(est)]
+    lines += [f"warning: {w}" for w in est.warnings]
+    lines.append(f"next: {next_move or default_next_move(est)}")
+    return "\n".join(lines)
+
+
+MAX_BRIEF_SUGGESTIONS = 5
+
+
+def format_suggestions_brief(result) -> str:
+    """suggest_cheaper_config's text: the verdict, the answer, one line per suggestion (changes, budget, speed,
+    host RAM, cost), the hardware on which the plan fits unchanged, the next step."""
+    o = result.original
+    first = result.suggestions[0] if result.suggestions else None
+    lines = [verdict_line(o)]
+    if result.fits_already:
+        lines.append(f"it fits on {_on(o)} as it is: nothing to change")
+    elif first is not None:
+        lines.append(f"{len(result.suggestions)} configuration(s) fit"
+                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)" if result.nothing_fits else "")
+                     + f"; apply the first: {changes_summary(first.changes)}")
+    else:
+        lines.append(f"nothing fits on {_on(o)} with the allowed changes")
+    lines.append(need_vs_have(o) + f"; ~{result.original_throughput.tokens_per_second:,.0f} tokens/s as planned")
+    if result.keep:
+        lines.append("pinned (never changed): " + ", ".join(result.keep))
+    for s in result.suggestions[:MAX_BRIEF_SUGGESTIONS]:
+        e, t = s.estimate, s.throughput
+        share = f" ({e.used_fraction:.0%})" if e.used_fraction is not None else ""
+        host = f", needs {gib(e.host_memory_bytes)} of host RAM" if e.host_memory_bytes else ""
+        lines.append(f"{s.rank}. [{s.cost.kind}] {changes_summary(s.changes)}: {gib(e.budget_bytes)}{share}{host}, "
+                     f"~{t.tokens_per_second:,.0f} tokens/s ({1e3 / t.tokens_per_second:.3g} ms per training token); "
+                     f"{s.cost.summary}")
+    if len(result.suggestions) > MAX_BRIEF_SUGGESTIONS:
+        lines.append(f"({len(result.suggestions) - MAX_BRIEF_SUGGESTIONS} more in the structured content)")
+    if not result.fits_already:
+        if result.nothing_fits and result.min_reachable_bytes is not None:
+            lines.append(f"least memory reachable on {_on(o)}: {gib(result.min_reachable_bytes)} with margin")
+        if result.smallest_gpu:
+            lines.append(f"smallest catalog GPU for the plan unchanged: {result.smallest_gpu}")
+        if result.min_gpus:
+            lines.append(f"fewest GPUs for the plan unchanged: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
+                         f"with sharding '{result.min_gpus_sharding}'")
+    if first is not None:
+        move = "apply the first suggestion's changes to the arguments, confirm with estimate_memory, then make_recipe"
+    elif result.fits_already:
+        move = "make_recipe with the same arguments"
+    else:
+        named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus)) if there]
+        move = (f"pick {' or '.join(named)} named above, or unpin a field (keep) and ask again" if named
+                else "unpin a field (keep) and ask again: no catalog GPU holds the plan unchanged")
+    return "\n".join(lines + [f"next: {move}"])
+
+
+def format_recipe_brief(view: dict) -> str:
+    """make_recipe's text: the verdict, the files (sent as resource links), how to run it, the next step."""
+    lines = [f"{VERDICT_WORDS[view['verdict']]}: {view['verdict_reason']}"]
+    if view["verdict"] in ("does_not_fit", "tight"):
+        lines.append("warning: this plan does not fit with margin; suggest_cheaper_config finds one that does")
+    if view.get("framework_note"):
+        lines.append(f"note: {view['framework_note']}")
+    lines.append("files (resource links; read one with resources/read): " + ", ".join(view["files"]))
+    lines.append(f"write them into a folder: {view['cli_command']}")
+    lines.append(f"run: {view['launch_command']} (in that folder)")
+    lines.append("next: run a short probe first (canifinetune train recipe.yaml --probe 3) and compare its peak "
+                 "memory with the estimate")
+    return "\n".join(lines)

@@ -7,16 +7,18 @@ import json
 import sys
 import types
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.types import PromptReference, ResourceTemplateReference
 
-from canifinetune.estimator.estimate import Estimate
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.server import mcp_server
+from canifinetune.server import mcp_server, mcp_views
 from canifinetune.server.hub import env_offline
-from canifinetune.estimator.search import SuggestResult, suggest
-from canifinetune.server.mcp_server import Recipe, build_server, suggest_impl
+from canifinetune.estimator.search import suggest
+from canifinetune.server.mcp_server import build_server, suggest_impl
+from canifinetune.server.mcp_views import (MEMORY_FIELDS, PLAN_SCHEMA_URI, RECIPE_FIELDS, EstimateView, RecipeView,
+                                           SuggestView, suggest_view)
 
 pytestmark = pytest.mark.anyio
 
@@ -62,31 +64,75 @@ async def test_tools_listed_with_annotations_and_output_schemas():
         assert tool.output_schema and tool.output_schema.get("type") == "object"
         assert tool.description and tool.title
     # plus what reading the user's own config gave (issue 16, tests/test_configs.py)
-    assert set(tools["estimate_memory"].output_schema["properties"]) == set(Estimate.model_fields) | {"config"}
+    assert set(tools["estimate_memory"].output_schema["properties"]) == set(EstimateView.model_fields) | {"config"}
     assert set(tools["suggest_cheaper_config"].output_schema["properties"]) == (
-        set(SuggestResult.model_fields) | {"config", "config_edits"})
-    assert set(tools["make_recipe"].output_schema["properties"]) == set(Recipe.model_fields) | {"config"}
+        set(SuggestView.model_fields) | {"config", "config_edits"})
+    assert set(tools["make_recipe"].output_schema["properties"]) == set(RecipeView.model_fields) | {"config"}
 
 
 async def test_tool_inputs_are_the_plan_fields():
-    """The plan is the single source of truth: names, types, defaults, constraints, descriptions."""
-    plan_schema = TrainingPlan.model_json_schema()
+    """The flat arguments are plan fields with the plan's types, choices and defaults; every other field goes in
+    the plan object, which the plan resource documents (issue 15.4: one plan, not 31 fields three times)."""
+    plan_schema = mcp_views.compact_schema(TrainingPlan.model_json_schema(), arguments=True)  # as tools/list sends it
     async with Client(build_server()) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    config = {"config", "config_format"}  # the user's own config (issue 16): model is then optional
-    plan_props = {k: v for k, v in plan_schema["properties"].items() if k != "model"}
-    for name in ("estimate_memory", "make_recipe"):
-        schema = tools[name].input_schema
-        assert {k: v for k, v in schema["properties"].items() if k not in config | {"model"}} == plan_props
-        assert set(schema["properties"]) == set(plan_schema["properties"]) | config
-        assert plan_schema.get("required") == ["model"] and not schema.get("required")
-    suggest = tools["suggest_cheaper_config"].input_schema
-    assert set(suggest["properties"]) == set(plan_schema["properties"]) | {"keep"} | config
-    assert {k: v for k, v in suggest["properties"].items() if k not in config | {"keep", "model"}} == plan_props
-    keep = suggest["properties"]["keep"]
-    assert "model" in json.dumps(keep) and keep.get("default") is None and keep.get("description")
-    for prop in plan_schema["properties"].values():
-        assert prop.get("description"), prop
+        doc = json.loads((await client.read_resource(PLAN_SCHEMA_URI)).contents[0].text)
+    assert set(doc["properties"]) == set(TrainingPlan.model_fields)
+    assert all(p.get("description") for p in doc["properties"].values())
+    extra = {"plan", "config", "config_format"}  # every other plan field; the user's own config (issue 16)
+    expected = {"estimate_memory": set(MEMORY_FIELDS) | extra, "suggest_cheaper_config": set(MEMORY_FIELDS) | extra | {"keep"},
+                "make_recipe": set(MEMORY_FIELDS) | set(RECIPE_FIELDS) | extra}
+    assert {"dataset", "learning_rate", "output_dir"}.isdisjoint(MEMORY_FIELDS)
+    for name, schema in ((n, t.input_schema) for n, t in tools.items()):
+        assert set(schema["properties"]) == expected[name], name
+        assert not schema.get("required")  # model too is optional: a config can name it
+        for field, prop in schema["properties"].items():
+            if field not in TrainingPlan.model_fields:
+                continue
+            plan_prop = plan_schema["properties"][field]
+            for key in ("enum", "type", "const"):
+                assert prop.get(key) == plan_prop.get(key), (name, field, key)
+            if field != "model" and plan_prop.get("default") is not None:
+                assert prop["default"] == plan_prop["default"], (name, field)
+        assert "canifinetune://schema/plan" in schema["properties"]["plan"]["description"]
+        assert "ask" in schema["properties"]["framework"]["description"]
+    keep = tools["suggest_cheaper_config"].input_schema["properties"]["keep"]
+    assert keep.get("description") and keep["type"] == "array"
+
+
+async def test_every_plan_field_is_reachable_through_the_plan_object_or_flat():
+    """Every plan field not among a tool's arguments is accepted in plan, and also flat (taken as if in plan)."""
+    values = {"lora_alpha": 64, "lora_dropout": 0.0, "use_dora": True, "gradient_accumulation_steps": 4,
+              "lora_r": 32, "attn_implementation": "eager", "precision": "mixed", "num_gpus": 2, "sharding": "ddp"}
+    async with Client(build_server()) as client:
+        schema = {t.name: t.input_schema for t in (await client.list_tools()).tools}["estimate_memory"]
+        assert set(values).isdisjoint(schema["properties"])
+        inside = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "plan": values})
+        flat = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", **values})
+        both = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "seq_len": 512,
+                                                          "plan": {"seq_len": 4096, "lora_r": 8}})
+        default = {k: f.default for k, f in TrainingPlan.model_fields.items() if not f.is_required()}
+        everything = await client.call_tool("make_recipe", {"model": "Qwen/Qwen2.5-0.5B", "gpu": "RTX 4090",
+                                                            "plan": {k: v for k, v in default.items() if k not in schema["properties"]}})
+    for result in (inside, flat):
+        assert not result.is_error, text_of(result)
+        assert result.structured_content["plan"] == {"model": "Qwen/Qwen2.5-0.5B", **values}  # only what differs
+    assert both.structured_content["plan"] == {"model": "Qwen/Qwen2.5-0.5B", "seq_len": 512, "lora_r": 8}  # flat wins
+    assert not everything.is_error, text_of(everything)
+
+
+async def test_what_an_assistant_pays():
+    """issue 15.4, over stdio as a host sees it: tools/list <= 16 KB, input schemas <= 6 KB, a typical answer's
+    text <= 600 tokens, small structured content (no plan echoed), the recipe's files as resource links."""
+    from benchmarks.bench_mcp_tokens import INPUT_SCHEMAS_GOAL, TEXT_TOKENS_GOAL, TOOLS_LIST_GOAL, measure
+
+    m = await anyio.to_thread.run_sync(measure)
+    assert m["tools_list_bytes"] <= TOOLS_LIST_GOAL and m["input_schemas_bytes"] <= INPUT_SCHEMAS_GOAL, m
+    for name, t in m["tools"].items():
+        assert not t["is_error"] and t["text_tokens"] <= TEXT_TOKENS_GOAL and t["text_bytes"] <= 2400, (name, t)
+        assert t["structured_bytes"] <= 4096, (name, t)
+        assert t["description_bytes"] <= 400, (name, t)
+    assert set(m["tools"]["make_recipe"]["other_content"]) == {"resource_link"}
 
 
 # ------------------------------------------------------------------------------------------- estimate_memory
@@ -95,13 +141,18 @@ async def test_tool_inputs_are_the_plan_fields():
 async def test_estimate_fits_structured_and_text():
     result = await call("estimate_memory", model="Qwen/Qwen2.5-1.5B-Instruct", gpu="RTX 4090")
     assert not result.is_error
-    est = Estimate.model_validate(result.structured_content)
+    est = EstimateView.model_validate(result.structured_content)
     assert est.verdict == "fits" and est.gpu.name == "RTX 4090"
+    assert est.plan == {"model": "Qwen/Qwen2.5-1.5B-Instruct", "gpu": "RTX 4090"}  # only what differs from defaults
+    assert sum(p.bytes for p in est.breakdown) == est.budget_bytes and all(p.explanation for p in est.breakdown)
     text = text_of(result)
     lines = text.splitlines()
-    assert lines[0].startswith("FITS on RTX 4090")
-    for c in est.breakdown:  # one line per component, with a bar
-        assert any(line.strip().startswith(c.name) and ("#" in line or "." in line) for line in lines), c.name
+    assert len(text) <= 2400
+    assert lines[0].startswith("FITS on RTX 4090")  # the verdict, need vs have, the plan, the stack, the top three
+    assert lines[1].startswith("need ") and "have 23.88 GiB usable" in lines[1] and lines[1].endswith("free")
+    assert lines[3].startswith("stack: ")
+    top = sorted((p for p in est.breakdown if p.name != "safety_margin"), key=lambda p: -p.bytes)[:3]
+    assert lines[4].startswith("largest: ") and all(p.name in lines[4] for p in top)
     assert lines[-1].startswith("next:") and "make_recipe" in lines[-1]
 
 
@@ -131,10 +182,10 @@ async def test_every_plan_field_is_accepted():
                 max_steps=100, output_dir="out")
     r = await call("estimate_memory", **args)
     assert not r.is_error, text_of(r)
-    plan = r.structured_content["plan"]
+    plan = r.structured_content["plan"]  # the fields that differ from the defaults
+    defaults = {k: f.default for k, f in TrainingPlan.model_fields.items()}
     for key, value in args.items():
-        if key not in ("gpu", "model"):
-            assert plan[key] == value, key
+        assert plan.get(key, defaults[key]) == value, key
     assert r.structured_content["per_gpu"] is True
 
 
@@ -172,6 +223,13 @@ ERROR_CASES = [
     ({}, ["model", "required", "Qwen/Qwen2.5-7B-Instruct"]),
     ({"model": "microsoft/Phi-3-mini-4k-instruct"}, ["target_modules", "qkv_proj", "all-linear"]),
     ({"model": "/nonexistent/folder"}, ["model", "/nonexistent/folder"]),
+    # issue 15.6: the field, the bad value and the valid choices, from pydantic's structured errors
+    ({"model": "Qwen/Qwen2.5-7B", "target_modules": 5}, ["target_modules", "5", "'all-linear'", "a list", "q_proj,v_proj"]),
+    ({"model": "Qwen/Qwen2.5-7B", "dtype": "bf17"}, ["dtype", "'bf17'", "'bf16', 'fp16', 'fp32'", "did you mean 'bf16'"]),
+    ({"model": "Qwen/Qwen2.5-7B", "seq_len": "long"}, ["seq_len", "'long'", "whole number"]),
+    ({"model": "Qwen/Qwen2.5-7B", "plan": {"lora_rnk": 8}}, ["plan", "'lora_rnk'", "lora_r", "canifinetune://schema/plan"]),
+    ({"model": "Qwen/Qwen2.5-7B", "plan": {"sharding": "zero9"}}, ["sharding", "'zero9'", "'zero3'"]),
+    ({"model": "Qwen/Qwen2.5-7B", "plan": 5}, ["plan", "5", "an object"]),
 ]
 
 
@@ -205,29 +263,41 @@ async def test_a_crash_in_the_core_is_reported_with_its_message(monkeypatch):
 
 
 async def test_an_invalid_structured_result_is_reported(monkeypatch):
-    monkeypatch.setattr(mcp_server, "_recipe_files", lambda raw: {"a": 1})  # not dict[str, str]
-    fake = types.ModuleType(RENDER)
-    fake.make_recipe = lambda plan: "x"
-    monkeypatch.setitem(sys.modules, RENDER, fake)
-    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
-    assert result.is_error and "make_recipe" in text_of(result)
-    assert text_of(result) != "Error executing tool make_recipe"
+    monkeypatch.setattr(mcp_server, "estimate_view", lambda est: {"verdict": "nope"})  # not an EstimateView
+    result = await call("estimate_memory", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
+    assert result.is_error and "estimate_memory" in text_of(result)
+    assert text_of(result) != "Error executing tool estimate_memory"
+
+
+@pytest.mark.parametrize("arguments,expected", [
+    ({"model": "Qwen/Qwen2.5-7B", "method": "QLoRA"}, {"method": "qlora"}),
+    ({"model": "Qwen/Qwen2.5-7B", "target_modules": "q_proj,v_proj,o_proj"}, {"target_modules": ["o_proj", "q_proj", "v_proj"]}),
+    ({"model": "Qwen/Qwen2.5-7B", "optim": " PAGED_ADAMW_8BIT"}, {"optim": "paged_adamw_8bit"}),
+    ({"model": "Qwen/Qwen2.5-7B", "plan": {"sharding": "ZeRO3", "num_gpus": 2}}, {"sharding": "zero3", "num_gpus": 2}),
+])
+async def test_arguments_are_read_as_people_write_them(arguments, expected):
+    result = await call("estimate_memory", **arguments)
+    assert not result.is_error, text_of(result)
+    assert expected.items() <= result.structured_content["plan"].items()
 
 
 # ------------------------------------------------------------------------------------------- suggest (adapter)
 
 
-def _same(tool_content: dict, result: SuggestResult) -> bool:
-    return tool_content == json.loads(result.model_dump_json())
+def _same(tool_content: dict, result) -> bool:
+    return tool_content == json.loads(json.dumps(suggest_view(result)))
 
 
 async def test_suggest_returns_the_search_result_unchanged():
-    """A thin adapter: the structured content is estimator.search.suggest's SuggestResult, nothing added."""
+    """A thin adapter: the structured content is estimator.search.suggest's SuggestResult, made small (no plan
+    repeated, the suggestions' changes rather than their plans; server/mcp_views.py suggest_view)."""
     args = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048)
     result = await call("suggest_cheaper_config", **args)
     assert not result.is_error, text_of(result)
     assert _same(result.structured_content, suggest(TrainingPlan(**args)))
-    out = SuggestResult.model_validate(result.structured_content)
+    assert "plan" not in result.structured_content and all("plan" not in s for s in result.structured_content["suggestions"])
+    assert len(text_of(result)) <= 2400
+    out = SuggestView.model_validate(result.structured_content)
     assert out.original.verdict == "does_not_fit" and out.suggestions and out.keep == []
     first = out.suggestions[0]
     assert first.estimate.verdict == "fits" and first.changes and first.cost.summary
@@ -254,7 +324,7 @@ async def test_suggest_passes_keep_and_a_hub_model_to_the_search(monkeypatch):
                         keep=["batch_size", "seq_len"])
     assert not result.is_error, text_of(result)
     assert seen == {"keep": ("batch_size", "seq_len")}  # a catalog model: the search resolves it itself
-    out = SuggestResult.model_validate(result.structured_content)
+    out = SuggestView.model_validate(result.structured_content)
     assert out.keep == ["batch_size", "seq_len"] and "pinned (never changed): batch_size, seq_len" in text_of(result)
     assert out.suggestions and not any(c.field in out.keep for s in out.suggestions for c in s.changes)
 
@@ -262,7 +332,7 @@ async def test_suggest_passes_keep_and_a_hub_model_to_the_search(monkeypatch):
 async def test_suggest_default_keep_is_the_searchs_own():
     """Nothing pinned by default: more GPUs may be suggested, ranked after every same-GPU change."""
     result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
-    out = SuggestResult.model_validate(result.structured_content)
+    out = SuggestView.model_validate(result.structured_content)
     assert out.keep == [] and _same(result.structured_content,
                                     suggest(TrainingPlan(model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")))
     hardware = [s.cost.kind in ("more_gpus", "larger_gpu") for s in out.suggestions]
@@ -289,7 +359,7 @@ async def test_suggest_nothing_fits_names_a_gpu_and_a_gpu_count():
     args = dict(model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090")
     result = await call("suggest_cheaper_config", **args, keep=["method", "offload_optimizer", "offload_params"])
     assert not result.is_error, text_of(result)
-    out = SuggestResult.model_validate(result.structured_content)
+    out = SuggestView.model_validate(result.structured_content)
     text = text_of(result)
     assert out.nothing_fits and all(s.cost.tier == "more_hardware" for s in out.suggestions)
     assert "nothing fits on the RTX 4090" in text.splitlines()[1]
@@ -305,7 +375,7 @@ async def test_suggest_nothing_fits_names_a_gpu_and_a_gpu_count():
 async def test_suggest_when_nothing_fits_at_all():
     result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-7B", method="full", gpu="RTX 4090",
                         keep=["method", "sharding", "gpu"])
-    out = SuggestResult.model_validate(result.structured_content)
+    out = SuggestView.model_validate(result.structured_content)
     text = text_of(result)
     assert out.nothing_fits and not out.suggestions and out.smallest_gpu
     assert text.splitlines()[1] == "nothing fits on the RTX 4090 with the allowed changes"
@@ -315,7 +385,7 @@ async def test_suggest_when_nothing_fits_at_all():
 async def test_suggest_when_it_already_fits():
     result = await call("suggest_cheaper_config", model="Qwen/Qwen2.5-0.5B", gpu="H100 SXM")
     assert not result.is_error
-    out = SuggestResult.model_validate(result.structured_content)
+    out = SuggestView.model_validate(result.structured_content)
     assert out.fits_already and not out.suggestions
     assert "as it is: nothing to change" in text_of(result).splitlines()[1]
     assert "make_recipe" in text_of(result).splitlines()[-1]
@@ -332,23 +402,49 @@ async def test_make_recipe_without_recipes_says_not_available(monkeypatch):
 
 
 async def test_make_recipe_adapter(monkeypatch):
+    def fake_recipe(plan):
+        files = {"recipe.yaml": f"model: {plan.model}\n", "train.sh": "canifinetune train recipe.yaml\n"}
+        return types.SimpleNamespace(plan=plan, files=files, launch_command="canifinetune train recipe.yaml",
+                                     framework_note=None)
+
     fake = types.ModuleType(RENDER)
-    fake.make_recipe = lambda plan: {"files": {"recipe.yaml": f"model: {plan.model}\n", "train.sh": "canifinetune train recipe.yaml\n"}}
+    fake.make_recipe = fake_recipe
     monkeypatch.setitem(sys.modules, RENDER, fake)
-    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
-    assert not result.is_error, text_of(result)
-    out = Recipe.model_validate(result.structured_content)
-    assert out.files["recipe.yaml"] == "model: Qwen/Qwen2.5-0.5B\n" and out.verdict == "fits"
-    assert text_of(result).startswith("FITS") and "--- recipe.yaml" in text_of(result)
+    async with Client(build_server()) as client:
+        result = await client.call_tool("make_recipe", {"model": "Qwen/Qwen2.5-0.5B", "gpu": "RTX 4090"})
+        assert not result.is_error, text_of(result)
+        out = RecipeView.model_validate(result.structured_content)
+        links = [c for c in result.content if c.type == "resource_link"]
+        assert [link.name for link in links] == list(out.files) == ["recipe.yaml", "train.sh"]
+        read = await client.read_resource(out.files["recipe.yaml"])
+    assert read.contents[0].text == "model: Qwen/Qwen2.5-0.5B\n" and out.verdict == "fits"
+    assert text_of(result).startswith("FITS") and "recipe.yaml, train.sh" in text_of(result)
 
 
 @needs_recipes
 async def test_make_recipe_real():
-    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090", dataset="data.jsonl")
-    assert not result.is_error, text_of(result)
-    out = Recipe.model_validate(result.structured_content)
-    assert out.files or out.recipe
-    assert "Qwen/Qwen2.5-0.5B" in json.dumps(result.structured_content)
+    """The files come as resource links (issue 15.4), each readable, equal to what the renderer makes; the text
+    names them, the command that writes them and the launch command, never their content."""
+    from canifinetune.recipes.render import make_recipe
+
+    args = {"model": "Qwen/Qwen2.5-0.5B", "method": "qlora", "gpu": "RTX 4090", "dataset": "data.jsonl",
+            "learning_rate": 2e-4, "plan": {"lora_alpha": 16}}
+    async with Client(build_server()) as client:
+        result = await client.call_tool("make_recipe", args)
+        assert not result.is_error, text_of(result)
+        out = RecipeView.model_validate(result.structured_content)
+        links = {c.name: c for c in result.content if c.type == "resource_link"}
+        read = {name: (await client.read_resource(uri)).contents[0].text for name, uri in out.files.items()}
+        with pytest.raises(Exception) as err:
+            await client.read_resource("canifinetune://recipe/AAAA/recipe.yaml")
+    plan = TrainingPlan(model="Qwen/Qwen2.5-0.5B", method="qlora", gpu="RTX 4090", dataset="data.jsonl",
+                        learning_rate=2e-4, lora_alpha=16)
+    assert read == make_recipe(plan).files and set(links) == set(out.files) and "recipe.yaml" in links
+    assert all(links[n].size == len(read[n].encode()) and links[n].mime_type for n in links)
+    assert "recipe.yaml" in text_of(result) and "plan:" not in text_of(result)  # no file inlined
+    assert out.cli_command.startswith("canifinetune recipe --model Qwen/Qwen2.5-0.5B --method qlora")
+    assert "--lora-alpha 16" in out.cli_command and out.launch_command in text_of(result)
+    assert "not a recipe this server made" in str(err.value)
 
 
 # ------------------------------------------------------------------------------------------- resources
@@ -359,8 +455,9 @@ async def test_resources_and_template_listed():
         resources = {str(r.uri): r for r in (await client.list_resources()).resources}
         templates = (await client.list_resource_templates()).resource_templates
     assert set(resources) == {"canifinetune://catalog/gpus", "canifinetune://catalog/models", "canifinetune://docs/memory-model",
-                              "ui://canifinetune/budget.html"}  # the MCP App (tests/test_mcp_app.py)
-    assert [t.uri_template for t in templates] == ["canifinetune://spec/{+model_id}"]
+                              "ui://canifinetune/budget.html",  # the MCP App (tests/test_mcp_app.py)
+                              PLAN_SCHEMA_URI}  # every plan field: what the plan argument takes
+    assert [t.uri_template for t in templates] == ["canifinetune://spec/{+model_id}", "canifinetune://recipe/{key}/{name}"]
     assert all(r.description and r.mime_type for r in resources.values())
 
 
@@ -393,10 +490,59 @@ async def test_prompt():
         prompts = (await client.list_prompts()).prompts
         assert [p.name for p in prompts] == ["fit_finetune"]
         assert {a.name for a in prompts[0].arguments} == {"model", "gpu", "goal"}
+        assert all(a.description for a in prompts[0].arguments)  # issue 15.6: the arguments described
+        assert [a.name for a in prompts[0].arguments if a.required] == ["model", "gpu"]
         got = await client.get_prompt("fit_finetune", {"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "goal": "a chat model"})
     text = got.messages[0].content.text
     for word in ("estimate_memory", "suggest_cheaper_config", "make_recipe", "Qwen/Qwen2.5-7B", "RTX 4090", "a chat model"):
         assert word in text
+
+
+@pytest.mark.parametrize("name,arguments,needles", [
+    ("fit_finetun", {}, ["'fit_finetun'", "did you mean 'fit_finetune'", "prompts: fit_finetune"]),
+    ("fit_finetune", {"model": "Qwen/Qwen2.5-7B"}, ["gpu is required", "model, gpu, goal?"]),
+    ("fit_finetune", {"model": "m", "gpu": "g", "goals": "x"}, ["'goals' is not an argument"]),
+])
+async def test_prompt_errors_are_invalid_params(name, arguments, needles):
+    """JSON-RPC -32602 (invalid params) with a message naming what was wrong, not code 0 or -32603."""
+    from mcp import MCPError
+    from mcp.types import INVALID_PARAMS
+
+    async with Client(build_server()) as client:
+        with pytest.raises(MCPError) as err:
+            await client.get_prompt(name, arguments)
+    assert err.value.code == INVALID_PARAMS
+    assert all(n in err.value.message for n in needles), err.value.message
+
+
+def test_protocol_error_codes_over_stdio():
+    """The same over stdio with raw JSON-RPC, as any client sees it: unknown method -32601, unknown prompt and a
+    prompt missing an argument -32602; and serve vs serve --offline: openWorldHint true vs false."""
+    from benchmarks.bench_mcp import SERVER, Session
+
+    def raw(s, method, params):
+        s.next_id += 1
+        s.send({"jsonrpc": "2.0", "id": s.next_id, "method": method, "params": params})
+        while True:
+            msg = json.loads(s.proc.stdout.readline())
+            if msg.get("id") == s.next_id:
+                return msg
+
+    hints = {}
+    for offline in (False, True):
+        s = Session(SERVER + (["--offline"] if offline else []))
+        try:
+            s.initialize()
+            hints[offline] = {t["annotations"]["openWorldHint"] for t in raw(s, "tools/list", {})["result"]["tools"]}
+            if offline:
+                continue
+            assert raw(s, "nope/nope", {})["error"]["code"] == -32601
+            assert raw(s, "prompts/get", {"name": "nope"})["error"]["code"] == -32602
+            missing = raw(s, "prompts/get", {"name": "fit_finetune", "arguments": {"model": "m"}})["error"]
+            assert missing["code"] == -32602 and "gpu is required" in missing["message"]
+        finally:
+            s.close()
+    assert hints == {False: {not env_offline()}, True: {False}}
 
 
 async def test_completions():
@@ -484,17 +630,23 @@ async def test_assistant_loop(args):
         assert first.structured_content["verdict"] == "does_not_fit"
         answer = await client.call_tool("suggest_cheaper_config", args)
         assert not answer.is_error, text_of(answer)
-        out = SuggestResult.model_validate(answer.structured_content)
+        out = SuggestView.model_validate(answer.structured_content)
         text = text_of(answer)
+        assert len(text) <= 2400
         if out.suggestions:
             top = out.suggestions[0]
             assert "apply the first: " in text.splitlines()[1]
             applied = {**args, **{c.field: c.new for c in top.changes}}  # what an assistant does with the changes
-            assert TrainingPlan(**applied) == top.plan  # the changes are the whole difference to its plan
+            # the changes are the whole difference to the search's own plan (any plan field may be given flat)
+            assert TrainingPlan(**applied) == suggest(TrainingPlan(**args)).suggestions[0].plan
             confirm = await client.call_tool("estimate_memory", applied)
             assert not confirm.is_error, text_of(confirm)
             assert confirm.structured_content["verdict"] == "fits", text_of(confirm)
-            assert confirm.structured_content == top.estimate.model_dump(mode="json")
+            want = top.estimate.model_dump(mode="json")  # the suggestion's own estimate, as a fresh one gives it
+            got = {k: confirm.structured_content[k] for k in want}
+            for d in (want, got):
+                d["breakdown"] = [{"name": p["name"], "bytes": p["bytes"]} for p in d["breakdown"]]
+            assert got == want
             if not out.nothing_fits:
                 return
         else:

@@ -1,0 +1,506 @@
+"""The MCP tools' arguments and answers, sized for an assistant's context (issue 15.4).
+
+An assistant pays for every byte of ``tools/list`` in every conversation, and for every byte of every answer.
+So the tools take flat only the plan fields that change memory and that assistants change (the recipe tool adds
+the run's own fields); every other :class:`TrainingPlan` field goes in one ``plan`` object (its fields, types
+and defaults: the ``canifinetune://schema/plan`` resource). Names, types, constraints and defaults of the flat
+arguments are still copied from the plan; only their descriptions are shorter. The answers carry what a
+decision needs: the verdict, need vs have, the budget by component, each suggestion's changes and cost; the
+plan comes back only as the fields that differ from the defaults. ``canifinetune estimate --json`` keeps the
+whole structure.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import json
+import re
+import shlex
+from functools import lru_cache
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+
+from canifinetune.estimator.errors import safe_text
+from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, TrainingPlan, normalize_raw
+
+PLAN_SCHEMA_URI = "canifinetune://schema/plan"
+RECIPE_URI_PREFIX = "canifinetune://recipe/"
+
+# Flat arguments of all three tools: what changes memory and what an assistant changes first, in that order.
+MEMORY_FIELDS = ("model", "gpu", "gpu_vram_gb", "method", "seq_len", "batch_size", "gradient_checkpointing",
+                 "target_modules", "optim", "dtype", "framework")
+# make_recipe's own: the run, not its memory.
+RECIPE_FIELDS = ("dataset", "truncation", "learning_rate", "max_steps", "num_train_epochs", "output_dir")
+
+# Short descriptions (None: the name and type say it all); the plan's own are in canifinetune://schema/plan.
+SHORT: dict[str, str | None] = {
+    "model": "HF id, catalog name or local folder (optional with config)",
+    "gpu": "GPU name, e.g. 'RTX 4090', 'A100 80GB'",
+    "gpu_vram_gb": "GPU memory in GB, instead of gpu",
+    "method": "qlora: 4-bit base + LoRA",
+    "seq_len": "tokens per sample",
+    "batch_size": "per GPU",
+    "gradient_checkpointing": None,
+    "target_modules": "'all-linear' or names ('q_proj,v_proj'); default: PEFT's",
+    "optim": None,
+    "dtype": "T4/V100: fp16",
+    "framework": "the user's trainer: ask",
+    "dataset": "JSONL file or folder",
+    "truncation": "cut samples over seq_len",
+    "learning_rate": None,
+    "max_steps": "-1: num_train_epochs",
+    "num_train_epochs": None,
+    "output_dir": None,
+}
+PLAN_DESCRIPTION = f"other plan fields, e.g. {{\"lora_r\": 32}} (all: {PLAN_SCHEMA_URI})"
+CONFIG_DESCRIPTION = "the user's training config file as text (Axolotl, LLaMA-Factory, TRL, HF, PEFT, DeepSpeed)"
+KEEP_DESCRIPTION = "fields not to change, e.g. ['seq_len']"
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+def _lower(value):
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _no_bool_number(value):
+    # the SDK validates arguments leniently (true would become 1) before the plan sees them: refuse it here
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    return value
+
+
+def _number_field(annotation) -> bool:
+    kinds = (annotation, *getattr(annotation, "__args__", ()))
+    return bool not in kinds and any(k in (int, float) for k in kinds)
+
+
+def plan_parameter(name: str) -> inspect.Parameter:
+    """The keyword parameter for one plan field: its type, constraints and default, a short description, and the
+    plan's own leniency (enum values in any case, a comma-separated module list)."""
+    field = TrainingPlan.model_fields[name]
+    checks: list = []
+    if _number_field(field.annotation):
+        checks.append(BeforeValidator(_no_bool_number))
+    if name in ENUM_FIELDS + LIST_FIELDS:  # 'QLoRA', 'q_proj,v_proj': as the plan itself reads them
+        checks.append(BeforeValidator(functools.partial(normalize_raw, name)))
+    annotation, default = field.annotation, field.default
+    if name == "model":  # optional here only because a config can name it
+        annotation, default = Optional[field.annotation], None
+    description = SHORT.get(name, field.description)
+    extra = (*field.metadata, *([Field(description=description)] if description else []), *checks)
+    hint = Annotated[(annotation, *extra)] if extra else annotation
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=default)
+
+
+def tool_parameters(names: tuple[str, ...], *, keep: bool = False) -> list[inspect.Parameter]:
+    """The tool's flat plan fields, then ``plan`` (every other field), ``config``/``config_format`` and ``keep``."""
+    from canifinetune.estimator.configs import CONFIG_FORMATS, MAX_CONFIG_BYTES
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [plan_parameter(n) for n in names]
+    params.append(inspect.Parameter("plan", kw, default=None, annotation=Annotated[
+        Optional[dict[str, Any]], Field(description=PLAN_DESCRIPTION)]))
+    params.append(inspect.Parameter("config", kw, default=None, annotation=Annotated[
+        Optional[str], Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
+    params.append(inspect.Parameter("config_format", kw, default=None, annotation=Annotated[
+        Optional[Literal[CONFIG_FORMATS]], BeforeValidator(_lower),  # type: ignore[valid-type]
+        Field(description="if not detected")]))
+    if keep:
+        params.append(inspect.Parameter("keep", kw, default=None, annotation=Annotated[
+            Optional[list[Annotated[str, Field(max_length=64)]]], Field(max_length=64, description=KEEP_DESCRIPTION)]))
+    return params
+
+
+_ABUSE_LIMITS = ("maxLength", "minLength", "maximum", "maxItems")
+
+
+def compact_schema(schema: dict, *, arguments: bool) -> dict:
+    """A tool's JSON schema as sent in tools/list, in place: no titles; ``anyOf [T, null]`` written as
+    ``type [T, "null"]``; for arguments, an optional argument whose default is null is simply not required (no
+    null branch, no default), and the size limits that only stop abuse (max lengths and values; the arguments
+    are still checked against them, docs/security.md) are not sent."""
+    strip_titles(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            branches = node.get("anyOf")
+            if isinstance(branches, list) and len(branches) == 2 and {"type": "null"} in branches:
+                other = next(b for b in branches if b != {"type": "null"})
+                if arguments and node.get("default", 0) is None:
+                    node.pop("anyOf")
+                    node.pop("default")
+                    node.update({k: v for k, v in other.items() if k not in node})
+                elif set(other) == {"type"} and isinstance(other["type"], str):
+                    node.pop("anyOf")
+                    node["type"] = [other["type"], "null"]
+            if arguments:
+                for key in _ABUSE_LIMITS:
+                    node.pop(key, None)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(schema)
+    return schema
+
+
+def output_model(base: type[BaseModel]) -> type[BaseModel]:
+    """``base`` with the optional ``config`` (and for a search ``config_edits``) of a call that gave a config
+    (server/config_face.py; docs/configs.md describes their fields), typed loosely to keep the schema small."""
+    from pydantic import create_model
+
+    extra: dict[str, Any] = {"config": (Optional[dict[str, Any]], None)}
+    if "suggestions" in base.model_fields:
+        extra["config_edits"] = (Optional[list[dict[str, Any]]], None)
+    return create_model(base.__name__, __base__=base, **extra)
+
+
+def strip_titles(schema: Any) -> Any:
+    """Drop pydantic's generated ``title`` keywords (a name repeated in words) from a JSON schema, in place."""
+    if isinstance(schema, dict):
+        props = schema.get("properties")
+        schema.pop("title", None)
+        for key, value in schema.items():
+            if key == "properties" and isinstance(props, dict):
+                for sub in props.values():
+                    strip_titles(sub)
+            else:
+                strip_titles(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            strip_titles(item)
+    return schema
+
+
+def plan_data(arguments: dict[str, Any], sent: frozenset | None) -> tuple[dict[str, Any], frozenset]:
+    """The plan's fields from a call: the ``plan`` object, with the flat arguments the client sent over it.
+
+    ``sent`` is the set of argument names the client really sent (the SDK fills in every default); None when the
+    tool runs without the server (tests), when ``arguments`` holds only what was given. Returns the fields and
+    the names the call set (flat ones sent, plus the plan object's keys)."""
+    from canifinetune.estimator.errors import PlanError
+
+    extra = arguments.get("plan") or {}
+    fields = TrainingPlan.model_fields
+    unknown = [k for k in extra if k not in fields]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise PlanError(f"plan: {safe_text(repr(key), 80)} is not a plan field{hint} (the fields: resource "
+                        f"{PLAN_SCHEMA_URI})", field="plan")
+    sent = frozenset(arguments) if sent is None else sent
+    data = dict(extra)
+    for key, value in arguments.items():
+        if key in fields and (key in sent or key not in extra):
+            data[key] = value
+    return data, frozenset(k for k in sent if k in fields) | frozenset(extra)
+
+
+def plan_schema_json() -> str:
+    """The plan resource: every field's type, default and description (what the ``plan`` argument takes)."""
+    return json.dumps(strip_titles(TrainingPlan.model_json_schema()), indent=1)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def _choices(expected: str) -> list[str]:
+    return [c.strip().strip("'\"") for c in re.split(r",| or ", expected) if c.strip()]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+    if text is None:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError):
+            text = repr(value)
+    return safe_text(text, 80)
+
+
+# pydantic error types -> what the value must be (read from the error's type and ctx, not its message)
+_MUST = {"int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
+         "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
+         "bool_type": "true or false", "string_type": "a string", "list_type": "a list", "dict_type": "an object",
+         "finite_number": "a finite number"}
+_BOUNDS = {"greater_than_equal": ("ge", "greater than or equal to"), "greater_than": ("gt", "greater than"),
+           "less_than_equal": ("le", "less than or equal to"), "less_than": ("lt", "less than"),
+           "string_too_short": ("min_length", "at least this many characters:"),
+           "string_too_long": ("max_length", "at most this many characters:"),
+           "too_short": ("min_length", "at least this many items:"), "too_long": ("max_length", "at most this many items:")}
+
+
+def _union_choices(branches: list[str]) -> str:
+    words = []
+    for b in branches:
+        if b.startswith("literal["):
+            words += [f"'{c}'" for c in _choices(b[len("literal["):-1])]
+        elif b.startswith("list["):
+            words.append("a list of names")
+        elif b in ("str", "constrained-str"):
+            words.append("a string")
+        elif b in ("int", "float", "constrained-int", "constrained-float"):
+            words.append("a number")
+        elif b == "bool":
+            words.append("true or false")
+        elif b == "none":
+            words.append("null")
+        else:
+            words.append(b)
+    seen = list(dict.fromkeys(words))
+    return ", ".join(seen[:-1]) + (" or " if len(seen) > 1 else "") + seen[-1] if seen else "another value"
+
+
+def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """A pydantic ValidationError as sentences a model can act on, read from its structured form (loc, type,
+    ctx, input), never from pydantic's text: each names the field, the bad value and the valid choices."""
+    by_field: dict[str, list[dict]] = {}
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err.get("loc", ()) if not isinstance(p, int)]
+        by_field.setdefault(loc[0] if loc else "", []).append({**err, "_rest": loc[1:]})
+    sentences = []
+    for name, errs in by_field.items():
+        field = f"{prefix}{name}" if name else (prefix.rstrip(".") or "plan")
+        err = errs[0]
+        kind, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if len(errs) > 1 and all(e["_rest"] for e in errs):  # a union: one error per branch
+            choices = _union_choices([e["_rest"][0] for e in errs])
+            if name in LIST_FIELDS:
+                choices += " (or a comma list, 'q_proj,v_proj')"
+            sentences.append(f"{field}: {_shown(got)} is not valid; give {choices}")
+        elif kind == "literal_error":
+            choices = _choices(str(ctx.get("expected", "")))
+            close = difflib.get_close_matches(str(got).lower(), choices, n=1, cutoff=0.3) if isinstance(got, str) else []
+            sentences.append(f"{field}: {_shown(got)} is not one of " + ", ".join(f"'{c}'" for c in choices)
+                             + (f"; did you mean '{close[0]}'?" if close else ""))
+        elif kind == "missing":
+            hint = (" (e.g. 'Qwen/Qwen2.5-7B-Instruct'; canifinetune://catalog/models lists the catalog)"
+                    if name == "model" else "")
+            sentences.append(f"{field} is required{hint}")
+        elif kind == "extra_forbidden":
+            sentences.append(f"{field}: is not a known field")
+        elif not name and ": " in msg and msg.split(": ", 1)[0].isidentifier():
+            sentences.append(msg)  # a cross-field check names its own field first
+        elif kind in _MUST:
+            sentences.append(f"{field}: {_shown(got)} is not {_MUST[kind]}")
+        elif kind in _BOUNDS and _BOUNDS[kind][0] in ctx:
+            key, words = _BOUNDS[kind]
+            shown = _shown(got) if not isinstance(got, (str, list)) else f"{len(got)} long"
+            sentences.append(f"{field}: {shown} is not valid; it must be {words} {ctx[key]}")
+        else:
+            if isinstance(got, float) and (got != got or got in (float("inf"), float("-inf"))):
+                msg = "must be a finite number"
+            msg = msg.removeprefix(f"{name}: ")
+            sentences.append(f"{field}: {msg}" + ("" if isinstance(got, dict) else f"; got {_shown(got)}"))
+    return "; ".join(sentences)
+
+
+# ------------------------------------------------------------------------------------------------ answers
+
+
+class Part(BaseModel):
+    name: str
+    bytes: int
+    explanation: Optional[str] = None
+
+
+class GPU(BaseModel):
+    name: str
+    usable_bytes: int
+
+
+class Budget(BaseModel):
+    """A budget against the GPU: enough to draw it and to decide."""
+
+    verdict: Literal["fits", "tight", "does_not_fit", "unknown"]
+    budget_bytes: int = Field(description="peak with CUDA context and safety margin")
+    total_bytes: int
+    gpu_usable_bytes: Optional[int] = None
+    used_fraction: Optional[float] = None
+    per_gpu: bool = False
+    host_memory_bytes: int = 0
+    breakdown: list[Part]
+
+
+class EstimateView(Budget):
+    """estimate_memory's answer. plan: the fields that differ from the defaults."""
+
+    verdict_reason: str
+    model: str
+    method: str
+    gpu: Optional[GPU] = None
+    peak_allocated_bytes: int
+    peak_phase: str
+    params_total: int
+    params_trainable: int
+    warnings: list[str] = []
+    plan: dict[str, Any]
+
+
+class ChangeView(BaseModel):
+    field: str
+    old: Any = None
+    new: Any = None
+
+
+class CostView(BaseModel):
+    kind: str
+    tier: str
+    summary: str
+    slowdown_fraction: float
+    extra_gpus: int = 0
+    details: list[str] = []
+
+
+class SuggestionView(BaseModel):
+    rank: int
+    changes: list[ChangeView] = Field(description="apply them all to the arguments")
+    cost: CostView
+    tokens_per_second: float
+    estimate: Budget
+
+
+class SuggestView(BaseModel):
+    """suggest_cheaper_config's answer."""
+
+    original: EstimateView
+    fits_already: bool
+    keep: list[str]
+    suggestions: list[SuggestionView]
+    nothing_fits: bool
+    min_reachable_bytes: Optional[int] = None
+    smallest_gpu: Optional[str] = None
+    smallest_gpu_usable_bytes: Optional[int] = None
+    min_gpus: Optional[int] = None
+    min_gpus_sharding: Optional[str] = None
+    notes: list[str] = []
+
+
+class RecipeView(BaseModel):
+    """make_recipe's answer: files maps each file name to its resource URI (the files are resource links)."""
+
+    verdict: Literal["fits", "tight", "does_not_fit", "unknown"]
+    verdict_reason: str
+    budget_bytes: int
+    gpu_usable_bytes: Optional[int] = None
+    launch_command: str
+    cli_command: str = Field(description="writes the same files into a folder")
+    files: dict[str, str]
+    framework_note: Optional[str] = None
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict[str, Any]:
+    return {k: json.loads(json.dumps(f.default)) for k, f in TrainingPlan.model_fields.items() if not f.is_required()}
+
+
+def plan_delta(plan: TrainingPlan) -> dict[str, Any]:
+    """The plan's fields that differ from the defaults (the model always)."""
+    defaults = _defaults()
+    return {k: v for k, v in plan.model_dump(mode="json").items() if k not in defaults or v != defaults[k]}
+
+
+def _parts(est, explain: bool) -> list[dict]:
+    return [{"name": c.name, "bytes": c.bytes, **({"explanation": c.explanation} if explain else {})}
+            for c in est.breakdown]
+
+
+def budget_view(est, explain: bool = False) -> dict:
+    return {"verdict": est.verdict, "budget_bytes": est.budget_bytes, "total_bytes": est.total_bytes,
+            "gpu_usable_bytes": est.gpu_usable_bytes, "used_fraction": est.used_fraction, "per_gpu": est.per_gpu,
+            "host_memory_bytes": est.host_memory_bytes, "breakdown": _parts(est, explain)}
+
+
+def estimate_view(est, explain: bool = True) -> dict:
+    return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, "model": est.model,
+            "method": est.method, "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
+            "peak_allocated_bytes": est.peak_allocated_bytes, "peak_phase": est.peak_phase,
+            "params_total": est.params_total, "params_trainable": est.params_trainable,
+            "warnings": list(est.warnings), "plan": plan_delta(est.plan)}
+
+
+def suggest_view(result) -> dict:
+    return {
+        "original": estimate_view(result.original, explain=False),
+        "fits_already": result.fits_already, "keep": list(result.keep),
+        "suggestions": [{
+            "rank": s.rank, "changes": [c.model_dump(mode="json") for c in s.changes],
+            "cost": {"kind": s.cost.kind, "tier": s.cost.tier, "summary": s.cost.summary,
+                     "slowdown_fraction": s.cost.slowdown_fraction, "extra_gpus": s.cost.extra_gpus,
+                     "details": list(s.cost.details)},
+            "tokens_per_second": round(s.throughput.tokens_per_second, 1),
+            "estimate": budget_view(s.estimate)} for s in result.suggestions],
+        "nothing_fits": result.nothing_fits, "min_reachable_bytes": result.min_reachable_bytes,
+        "smallest_gpu": result.smallest_gpu, "smallest_gpu_usable_bytes": result.smallest_gpu_usable_bytes,
+        "min_gpus": result.min_gpus, "min_gpus_sharding": result.min_gpus_sharding, "notes": list(result.notes),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ recipe files
+
+MAX_RECIPE_KEY = 4096
+
+
+def recipe_key(plan: TrainingPlan) -> str:
+    """The plan's non-default fields, compressed into the URI of its recipe files (the recipe is a function of the
+    plan, so the file can be made again when it is read, by this or another server process)."""
+    import base64
+    import zlib
+
+    raw = json.dumps(plan_delta(plan), separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+def plan_from_key(key: str) -> TrainingPlan:
+    """The plan a recipe URI names; a CanIFinetuneError when the key is not one this server made."""
+    import base64
+    import binascii
+    import zlib
+
+    from canifinetune.estimator.errors import CanIFinetuneError
+
+    bad = CanIFinetuneError(f"recipe: {safe_text(repr(key), 60)} is not a recipe this server made; call make_recipe",
+                            field="uri")
+    if not key or len(key) > MAX_RECIPE_KEY or not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+        raise bad
+    try:
+        packed = base64.urlsafe_b64decode(key + "=" * (-len(key) % 4))
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, 64 * 1024)  # bounded: a plan is a few hundred bytes
+        if inflate.unconsumed_tail:
+            raise bad
+        data = json.loads(raw)
+    except (binascii.Error, zlib.error, ValueError):
+        raise bad from None
+    if not isinstance(data, dict):
+        raise bad
+    try:
+        return TrainingPlan(**data)
+    except ValidationError as exc:
+        raise CanIFinetuneError(f"recipe: {explain_validation_error(exc)}", field="uri") from None
+
+
+def mime_of(name: str) -> str:
+    return {".yaml": "application/yaml", ".json": "application/json", ".sh": "text/x-shellscript"}.get(
+        name[name.rfind("."):], "text/plain")
+
+
+def cli_command(plan: TrainingPlan, out: str = "my-recipe") -> str:
+    """``canifinetune recipe ...`` with the plan's non-default fields as flags: writes the same files."""
+    words = ["canifinetune", "recipe"]
+    for key, value in plan_delta(plan).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif value is not None:
+            words += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+    return shlex.join(words + ["--out", out])
