@@ -3,7 +3,9 @@ pair the two define readable (WCAG 2 contrast at least 4.5:1, light and dark).""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 
 import pytest
@@ -68,3 +70,43 @@ def test_no_named_ansi_colours_in_the_terminal_view():
     named = r"\b(black|red|green|yellow|blue|magenta|cyan|white|grey\d*|gray\d*|purple|orange\d*)\b"
     styles = re.findall(r'style="([^"]*)"', source)
     assert styles and not [s for s in styles if re.search(named, s)], styles
+
+
+# Machado, Oliveira & Fernandes (2009), severity 1.0, applied to linear RGB.
+CVD = {
+    "protanopia": ((0.152286, 1.052583, -0.204868), (0.114503, 0.786281, 0.099216), (-0.003882, -0.048116, 1.051998)),
+    "deuteranopia": ((0.367322, 0.860646, -0.227968), (0.280085, 0.672501, 0.047413), (-0.011820, 0.042940, 0.968881)),
+    "tritanopia": ((1.255528, -0.076749, -0.178779), (-0.078411, 0.930809, 0.147602), (0.004733, 0.691367, 0.303900)),
+}
+
+
+def _linear_rgb(hex_color: str) -> list[float]:
+    h = hex_color.lstrip("#")
+    out = []
+    for i in (0, 2, 4):
+        c = int(h[i:i + 2], 16) / 255
+        out.append(c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4)
+    return out
+
+
+def _lab(rgb: list[float]) -> tuple[float, float, float]:
+    x = (0.4124 * rgb[0] + 0.3576 * rgb[1] + 0.1805 * rgb[2]) / 0.95047
+    y = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]
+    z = (0.0193 * rgb[0] + 0.1192 * rgb[1] + 0.9505 * rgb[2]) / 1.08883
+    f = [t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in (x, y, z)]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def _seen(hex_color: str, vision: str) -> tuple[float, float, float]:
+    rgb = _linear_rgb(hex_color)
+    if vision != "normal":
+        rgb = [min(1.0, max(0.0, sum(m * c for m, c in zip(row, rgb)))) for row in CVD[vision]]
+    return _lab(rgb)
+
+
+@pytest.mark.parametrize("vision", ["normal", *CVD])
+def test_component_colours_stay_apart_for_colour_blind_eyes(vision):
+    """Every two component colours (and the fallback) at least 10 CIE76 units apart, simulated per deficiency."""
+    colors = sorted(set(COMPONENT_COLORS.values()) | {OTHER_COLOR})
+    worst = min((math.dist(_seen(a, vision), _seen(b, vision)), a, b) for a, b in itertools.combinations(colors, 2))
+    assert worst[0] >= 10, f"{vision}: {worst[1]} and {worst[2]} are only {worst[0]:.1f} apart"
