@@ -69,7 +69,8 @@ _HTML = r"""<!DOCTYPE html>
   .segs { position: absolute; top: 0; bottom: 0; left: 0; display: flex; }
   .seg { height: 100%; min-width: 1px; box-shadow: inset -1px 0 0 var(--bg); }
   .seg.margin, i.margin { background: repeating-linear-gradient(45deg, var(--cf-margin) 0 2px, transparent 2px 5px); }
-  .gpu { position: absolute; top: -5px; bottom: -5px; width: 0; border-left: 3px solid var(--fg); z-index: 2; }
+  .gpu { position: absolute; top: -5px; bottom: -5px; width: 0; border-left: 3px solid var(--fg); z-index: 2;
+         box-shadow: 0 0 0 1px var(--bg); }
   .gpu span { position: absolute; top: -17px; left: 3px; white-space: nowrap; font-size: 11px; font-weight: 700; }
   .gpu.right span { left: auto; right: 6px; }
   .axis { position: relative; height: 16px; font-size: 11px; color: var(--muted); font-variant-numeric: tabular-nums; }
