@@ -91,16 +91,21 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
 
     # --- forward: everything saved, plus the loss tile or a dequantized weight
     adapter_tmp = m.adapter_forward_transient_bytes(r)
-    fwd_transient = max(loss_fwd_tmp, dequant + adapter_tmp)
+    block_tmp = dequant + adapter_tmp
     if ckpt:
         # the block being run keeps its full activations until it returns
-        fwd_transient = max(fwd_transient, max(layer_full.values()) - boundary + dequant + adapter_tmp)
-    fwd_gather, fwd_acts, fwd_loss = gather, saved_layers + shared, loss_fwd
+        block_tmp = max(block_tmp, max(layer_full.values()) - boundary + dequant + adapter_tmp)
+    # the blocks run before the LM head: their temporaries never meet the loss's tensors
+    if block_tmp > loss_fwd + loss_fwd_tmp:
+        fwd_loss, fwd_transient = 0, block_tmp
+    else:
+        fwd_loss, fwd_transient = loss_fwd, loss_fwd_tmp
+    fwd_gather, fwd_acts = gather, saved_layers + shared
     if fsdp:
         # FSDP2's all-gather copy-outs: at the start (the tail unit and block 0, nothing saved yet but the shared
         # activations) and at the last block's (the blocks below it saved); the end-of-forward set is the default
         last_saved = boundary if ckpt else max(layer_full.values())
-        fwd_best = static_bytes + gather + saved_layers + shared + loss_fwd + fwd_transient
+        fwd_best = static_bytes + gather + saved_layers + shared + fwd_loss + fwd_transient
         for g, acts in ((sh.gather_forward_start, shared), (sh.gather_forward_copy, max(saved_layers - last_saved, 0) + shared)):
             if static_bytes + g + acts > fwd_best:
                 fwd_best = static_bytes + g + acts

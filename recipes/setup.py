@@ -133,7 +133,9 @@ def _seed_dynamic_map() -> None:
         if key not in cache:
             with unset_fake_temporarily():
                 cache[key] = original(signed, max_exponent_bits, total_bits).clone()
-        return cache[key].clone()  # under fake mode, clone turns the constant into a fake tensor
+        # a fresh tensor from the values: under FakeTensorMode(allow_fallback_kernels=False) a clone of the cached
+        # real tensor is refused as a non-fake input, while torch.tensor() makes a fake constant
+        return torch.tensor(cache[key].tolist(), dtype=cache[key].dtype)
 
     cached._canifinetune_cached = True  # type: ignore[attr-defined]
     F.create_dynamic_map = cached
