@@ -336,6 +336,8 @@ class EstimateView(Budget):
 
     verdict_reason: str
     model: str
+    model_source: str = Field(description="catalog, local, hub-cache or hub")
+    params_source: str = "config"
     method: str
     gpu: Optional[GPU] = None
     peak_allocated_bytes: int
@@ -422,7 +424,7 @@ def budget_view(est, explain: bool = False) -> dict:
 
 def estimate_view(est, explain: bool = True) -> dict:
     return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, "model": est.model,
-            "method": est.method, "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
+            "model_source": est.model_source, "params_source": est.params_source, "method": est.method, "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
             "peak_allocated_bytes": est.peak_allocated_bytes, "peak_phase": est.peak_phase,
             "params_total": est.params_total, "params_trainable": est.params_trainable,
             "warnings": list(est.warnings), "plan": plan_delta(est.plan)}

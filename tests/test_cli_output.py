@@ -147,11 +147,17 @@ def test_terminal_suggest_shows_the_bar_and_the_ranking():
 
 
 def test_estimate_json_is_the_mcp_tools_structured_content(capsys):
+    """`--json` prints the whole Estimate; the tool returns the same estimate made small (issue 15.4:
+    server/mcp_views.py estimate_view)."""
+    from canifinetune.estimator.estimate import Estimate
+    from canifinetune.server.mcp_views import estimate_view
+
     args = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="qlora", gpu_vram_gb=16, seq_len=2048)
     assert main(["estimate", *FITS, "--json", "--offline"]) == EXIT_OK
     cli = json.loads(capsys.readouterr().out)
     tool = estimate_memory_impl(args).structured_content
-    assert cli == tool
+    assert estimate_view(Estimate.model_validate(cli)) == tool
+    assert cli["plan"]["lora_r"] == 16 and "lora_r" not in tool["plan"]  # the tool: only what differs
 
 
 @pytest.mark.parametrize("cli_args, tool_args", [
@@ -162,24 +168,29 @@ def test_estimate_json_is_the_mcp_tools_structured_content(capsys):
     (FITS, dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="qlora", gpu_vram_gb=16, seq_len=2048)),  # fits already
 ])
 def test_suggest_json_is_the_mcp_tools_structured_content(cli_args, tool_args, capsys):
-    """`canifinetune suggest --json` prints exactly what suggest_cheaper_config returns as structured content
-    (the search's SuggestResult; nothing in it is non-deterministic, so the whole object is compared)."""
+    """`canifinetune suggest --json` prints the search's whole SuggestResult; suggest_cheaper_config returns the
+    same result made small (server/mcp_views.py suggest_view; nothing in it is non-deterministic, so the whole
+    object is compared)."""
+    from canifinetune.estimator.search import SuggestResult
+    from canifinetune.server.mcp_views import suggest_view
+
     main(["suggest", *cli_args, "--json", "--offline"])
     cli = json.loads(capsys.readouterr().out)
     tool = json.loads(json.dumps(suggest_impl(tool_args).structured_content))
-    assert cli == tool
+    assert json.loads(json.dumps(suggest_view(SuggestResult.model_validate(cli)))) == tool
     for item in cli["suggestions"]:
         assert {"changes", "cost", "estimate", "plan"} <= set(item) and item["estimate"]["verdict"] == "fits"
         assert item["changes"] and all(set(c) == {"field", "old", "new"} for c in item["changes"])
 
 
 def test_suggest_text_is_the_mcp_tools_text(capsys):
-    """The plain output and the tool's text are one renderer (server/text.py format_suggestions)."""
+    """The plain output and the tool's text say the same first: the verdict and the suggestion to apply; the
+    tool's is the short form (server/text.py format_suggestions_brief, issue 15.4)."""
     assert main(["suggest", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "RTX 4090", "--seq-len", "2048",
                  "--offline"]) == EXIT_OK
     cli = capsys.readouterr().out
     tool = suggest_impl(dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", seq_len=2048)).content[0].text
-    assert cli == tool + "\n"
+    assert cli.splitlines()[:2] == tool.splitlines()[:2] and len(tool) <= 2400
     assert cli.startswith("DOES NOT FIT on RTX 4090") and "apply the first:" in cli.splitlines()[1]
 
 

@@ -38,13 +38,15 @@ from mcp import Client
 from mcp.server.mcpserver.exceptions import ToolError
 
 from canifinetune.estimator.catalog import load_gpus, load_models
+from canifinetune.estimator.errors import safe_text
 from canifinetune.estimator.plan import PLAN_FIELDS, TrainingPlan
 from canifinetune.server.mcp_server import build_server
 
 SCALE = float(os.environ.get("CANIFINETUNE_FUZZ_SCALE", "1"))
 EXAMPLES = {"estimate_memory": 2500, "suggest_cheaper_config": 1000, "make_recipe": 1500}
 TOOLS = tuple(EXAMPLES)
-PARAMETERS = {tool: set(PLAN_FIELDS) | {"config", "config_format"} | ({"keep"} if tool == "suggest_cheaper_config" else set())
+# every plan field is taken flat (those the schema leaves to the plan object too: issue 15.4) or inside plan
+PARAMETERS = {tool: set(PLAN_FIELDS) | {"plan", "config", "config_format"} | ({"keep"} if tool == "suggest_cheaper_config" else set())
               for tool in TOOLS}  # config: the user's own training config (issue 16, tests/test_configs.py)
 SENT: dict[str, int] = {}  # tool -> calls made in this run (checked against EXAMPLES)
 
@@ -276,7 +278,8 @@ def check(tool: str, args: dict, bad: str | None, result, outcome: dict) -> None
     if result.is_error:
         assert text.startswith(tool) or text.startswith("unknown tool"), (args, text)
         if bad is not None:
-            assert bad in text, f"{tool}: the error does not name {bad!r}: {text[:300]} (arguments {args!r})"
+            named = bad in text or safe_text(repr(bad), 80) in text  # a control character is shown escaped
+            assert named, f"{tool}: the error does not name {bad!r}: {text[:300]} (arguments {args!r})"
         else:  # a valid field set refused as a combination (or a model it cannot resolve): it names a parameter
             assert any(p in text for p in PARAMETERS[tool]), (args, text)
         outcome["error"] = outcome.get("error", 0) + 1
