@@ -32,6 +32,9 @@ NOT_MODELLED = {
     "liger_rms_norm": "Liger's RMSNorm is not modelled", "liger_glu_activation": "Liger's SwiGLU is not modelled",
     "liger_rope": "Liger's RoPE is not modelled", "liger_layer_norm": "Liger's LayerNorm is not modelled",
     "gptq": "GPTQ bases are not modelled (estimated as a 16-bit base)",
+    "chunked_cross_entropy": "Axolotl's chunked cross-entropy is not modelled (full logits and their fp32 upcast are "
+                             "counted: an upper bound)",
+    "tiled_mlp": "ALST tiled MLP is not modelled (whole-sequence MLP activations are counted: an upper bound)",
 }
 SUPPORTED_RL = (None, "", False)
 
