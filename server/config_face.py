@@ -3,14 +3,18 @@ edited copy. The reading itself is canifinetune.estimator.configs; this module o
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional
 
-from canifinetune.estimator.configs import (MAX_CONFIG_BYTES, ConfigError, ConfigReport, LoadedConfig, apply_edits,
-                                            config_edits, load_configs, suggestion_edits)
+from pydantic import Field
+
+from canifinetune.estimator.configs import (CONFIG_FORMATS, MAX_CONFIG_BYTES, ConfigError, ConfigReport, LoadedConfig,
+                                            apply_edits, config_edits, load_configs, suggestion_edits)
 from canifinetune.estimator.errors import safe_text
 
 MAX_SHOWN = 60
@@ -174,14 +178,6 @@ def cli_write(args, result) -> str | None:
 
 # ------------------------------------------------------------------ the MCP tools' wiring (server/mcp_server.py)
 
-import contextvars  # noqa: E402
-import inspect  # noqa: E402
-from typing import Annotated, Literal, Optional  # noqa: E402
-
-from pydantic import Field  # noqa: E402
-
-from canifinetune.estimator.configs import CONFIG_FORMATS, SuggestionEdits  # noqa: E402
-
 # The argument names the client really sent (the SDK fills every default in): set by the server's call_tool.
 RAW_ARGUMENTS: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("raw_arguments", default=None)
 _LOADED: contextvars.ContextVar[LoadedConfig | None] = contextvars.ContextVar("loaded_config", default=None)
@@ -250,15 +246,3 @@ def mcp_text(text: str, result=None) -> str:
     if result is not None and result.suggestions:
         extra += "\n" + format_edits(suggestion_edits(loaded, result))
     return text + "\n\n" + extra
-
-
-def output_model(base):
-    """``base`` (the tool's output model) with the optional `config` and `config_edits` fields."""
-    from pydantic import create_model
-
-    extra: dict[str, Any] = {"config": (Optional[ConfigReport], Field(
-        None, description="what was read from the user's config (only when config was given)"))}
-    if "suggestions" in base.model_fields:
-        extra["config_edits"] = (Optional[list[SuggestionEdits]], Field(
-            None, description="each suggestion as edits to the user's config, by rank (only when config was given)"))
-    return create_model(base.__name__, __base__=base, **extra)

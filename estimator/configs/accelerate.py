@@ -3,8 +3,6 @@ mixed_precision, deepspeed_config and fsdp_config."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .reading import Reading
 
 FSDP_STRATEGIES = {"FULL_SHARD": "fsdp_full_shard", "1": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op",

@@ -9,8 +9,8 @@ from typing import Any
 from ..plan import TrainingPlan
 from . import accelerate, deepspeed, parse
 from .combine import READERS, LoadedConfig
-from .reading import MISSING, Reading
-from .types import LAUNCHER_FORMATS, ConfigEdit
+from .reading import Reading
+from .types import ConfigEdit
 
 NOT_IN_CONFIGS = ("model", "gpu", "gpu_vram_gb", "dataset", "output_dir", "truncation", "learning_rate", "max_steps",
                   "num_train_epochs", "framework")
