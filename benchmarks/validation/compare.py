@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     rows = run_all(plans, args.jobs)
     for row in rows:
         p = row["plan"]
-        label = f"{p['model']} {p.get('method', 'lora')} s{p.get('seq_len')} b{p.get('batch_size')} ckpt={p.get('gradient_checkpointing', True)}"
+        label = f"{p['model']} {p.get('method', 'lora')} s{p.get('seq_len', 1024)} b{p.get('batch_size', 8)} ckpt={p.get('gradient_checkpointing', True)}"
         knobs = [f"{k}={p[k]}" for k in ("framework", "modules_to_save", "use_dora") if p.get(k) not in (None, False, "trl")]
         label += "".join(" " + k for k in knobs)
         if "error" in row:
