@@ -143,3 +143,20 @@ def test_estimate_against_fake_measurement(tmp_path, knobs):
     assert measured["resolved"]["trainable_params"] == resolve(plan, ModelSpec.from_config(MEDIUM)).trainable_params
     error = (est.peak_allocated_bytes - measured["peak_allocated_bytes"]) / measured["peak_allocated_bytes"]
     assert -0.02 <= error <= 0.10, (est.peak_allocated_bytes, measured["peak_allocated_bytes"], error)
+
+
+@pytest.mark.slow
+def test_qlora_dora_and_head_copy_under_fake_tensors():
+    """The harness's shims (benchmarks/validation/peft_fake.py): DoRA dequantizes the fake 4-bit weights, the head copy
+    is cloned in the running fake mode; TRL's bf16 cast leaves the magnitude vectors in fp32."""
+    pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    config = dict(CONFIGS["llama_tied"], max_position_embeddings=512)
+    plan = _plan(method="qlora", use_dora=True, target_modules="all-linear", modules_to_save=["lm_head"])
+    result = _fake_mode().run_steps(plan, config, fake=True)
+    r = resolve(plan, ModelSpec.from_config(config))
+    settings = result["resolved"]
+    assert settings["trainable_params"] == r.trainable_params
+    magnitudes = sum(n * lin.out_features for i, n in r.spec.layer_groups for lin in r.adapted_linears(i))
+    assert settings["adapter_dtypes"]["float32"] == magnitudes
+    assert result["peak_allocated_bytes"] > 0
