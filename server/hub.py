@@ -131,12 +131,30 @@ def resolve_any(name: str, *, offline: bool = False, token: str | None = None,
     if not _REPO_ID.fullmatch(name) or "--" in name or ".." in name:
         raise UnknownModelError(unknown_model_message(name))
     offline = not may_reach_hub(offline)
+    _need_huggingface_hub(name)
     cached = _from_cache(name, offline=offline, token=token, timeout=timeout)
     if cached is not None:
         return cached
     if offline:
         raise OfflineNotCachedError(_offline_message(name))
     return _from_hub(name, token=token, timeout=timeout)
+
+
+def _need_huggingface_hub(name: str) -> None:
+    """A clear refusal when huggingface_hub (a dependency) is missing from a broken environment, never a
+    ModuleNotFoundError reported as an internal error."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("huggingface_hub") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UnknownModelError(
+            f"model: '{name}' is not in the built-in catalog or a local folder, and reading it from the Hugging Face "
+            "Hub (or its cache) needs the huggingface_hub package, which this environment lacks: run "
+            "`pip install huggingface_hub` (a dependency of canifinetune: `pip install -e .` installs it)."
+            + _closest(name))
 
 
 # ------------------------------------------------------------------------------------------ messages

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
+from canifinetune.estimator.costs import PlanValue
 from canifinetune.estimator.errors import safe_text
 from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, TrainingPlan, normalize_raw
 
@@ -120,10 +121,11 @@ _ABUSE_LIMITS = ("maxLength", "minLength", "maximum", "maxItems")
 
 
 def compact_schema(schema: dict, *, arguments: bool) -> dict:
-    """A tool's JSON schema as sent in tools/list, in place: no titles; ``anyOf [T, null]`` written as
-    ``type [T, "null"]``; for arguments, an optional argument whose default is null is simply not required (no
-    null branch, no default), and the size limits that only stop abuse (max lengths and values; the arguments
-    are still checked against them, docs/security.md) are not sent."""
+    """A tool's JSON schema as sent in tools/list, in place: no titles; for arguments, an optional argument whose
+    default is null is simply not required (no null branch, no default), and the size limits that only stop
+    abuse (max lengths and values; the arguments are still checked against them, docs/security.md) are not
+    sent. Never a ``type`` array: the Inspector's --strict check (tests/test_mcp_inspector.py) calls it less
+    portable (single-``type`` dialects such as Gemini's function declarations)."""
     strip_titles(schema)
 
     def walk(node: Any) -> None:
@@ -135,9 +137,6 @@ def compact_schema(schema: dict, *, arguments: bool) -> dict:
                     node.pop("anyOf")
                     node.pop("default")
                     node.update({k: v for k, v in other.items() if k not in node})
-                elif set(other) == {"type"} and isinstance(other["type"], str):
-                    node.pop("anyOf")
-                    node["type"] = [other["type"], "null"]
             if arguments:
                 for key in _ABUSE_LIMITS:
                     node.pop(key, None)
@@ -350,8 +349,8 @@ class EstimateView(Budget):
 
 class ChangeView(BaseModel):
     field: str
-    old: Any = None
-    new: Any = None
+    old: PlanValue = None
+    new: PlanValue = None
 
 
 class CostView(BaseModel):
