@@ -240,6 +240,7 @@ async def test_mcp_make_recipe_refuses_or_quotes(anyio_backend, monkeypatch):
         for value in INERT[:12]:
             result = await client.call_tool("make_recipe", {"model": MODEL, "dataset": value})
             assert not result.is_error, result.content[0].text
-            files = result.structured_content["files"]
+            links = result.structured_content["files"]  # name -> resource URI (issue 15.4): read them as a client does
+            files = {name: (await client.read_resource(uri)).contents[0].text for name, uri in links.items()}
             assert value not in files[LAUNCH_FILE] and yaml.safe_load(files["recipe.yaml"])["plan"]["dataset"] == value
     assert not (ROOT / "pwned").exists()

@@ -123,10 +123,17 @@ def test_render_does_not_import_torch():
 
 
 def test_mcp_adapter_sees_the_files():
-    from canifinetune.server.mcp_server import _recipe_files
+    """make_recipe links every file of the recipe (issue 15.4), and each link reads back as the file."""
+    from canifinetune.server.mcp_server import RECIPE_URI_PREFIX, recipe_file, recipe_impl
 
-    recipe = make_recipe(_plan())
-    assert _recipe_files(recipe) == recipe.files
+    plan = _plan(method="qlora", dataset="train.jsonl")
+    recipe = make_recipe(plan)
+    result = recipe_impl({"model": plan.model, "gpu": plan.gpu, "method": "qlora", "dataset": "train.jsonl"})
+    links = {c.name: c.uri for c in result.content if c.type == "resource_link"}
+    assert links == result.structured_content["files"] and list(links) == list(recipe.files)
+    for name, uri in links.items():
+        key, file_name = str(uri)[len(RECIPE_URI_PREFIX):].split("/", 1)
+        assert file_name == name and recipe_file(key, name) == recipe.files[name]
 
 
 def test_write_recipe_refuses_names_outside_the_folder(tmp_path):
