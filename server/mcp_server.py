@@ -26,9 +26,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, Completion, ResourceLink, TextContent, ToolAnnotations
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
-from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error, safe_text
-from canifinetune.server.config_face import RAW_ARGUMENTS, config_parameters, mcp_structured, mcp_text
-from canifinetune.estimator.estimate import Estimate, Verdict
+from canifinetune.estimator.errors import CanIFinetuneError, safe_text
+from canifinetune.server.config_face import RAW_ARGUMENTS, mcp_structured, mcp_text
+from canifinetune.estimator.estimate import Estimate
 from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, PLAN_FIELDS, TrainingPlan, normalize_raw
 from canifinetune.server.mcp_views import (MEMORY_FIELDS, PLAN_SCHEMA_URI, RECIPE_FIELDS, RECIPE_URI_PREFIX,
                                            EstimateView, RecipeView, SuggestView, compact_schema, estimate_view,
@@ -104,27 +104,6 @@ def plan_parameters() -> list[inspect.Parameter]:
     return params
 
 
-PlanField = Literal[PLAN_FIELDS]  # type: ignore[valid-type]
-
-KEEP_PARAMETER = inspect.Parameter(
-    "keep",
-    inspect.Parameter.KEYWORD_ONLY,
-    annotation=Annotated[
-        Optional[list[PlanField]],
-        Field(
-            max_length=64,  # estimator/search.py MAX_KEEP: checked before any name is
-            description=(
-                "Plan fields the search must not change. Default (null, same as []): nothing pinned; the "
-                "search never changes the model, and may offer a larger GPU or more GPUs. Add e.g. 'seq_len', "
-                "'method', 'gpu' or 'num_gpus' to hold them."
-            ),
-            examples=[["seq_len", "num_gpus"]],
-        ),
-    ],
-    default=None,
-)
-
-
 def _plan_from(arguments: dict[str, Any]) -> TrainingPlan:
     from .config_face import plan_from_config  # the user's own config, with the arguments over it
 
@@ -136,20 +115,6 @@ def _plan_from(arguments: dict[str, Any]) -> TrainingPlan:
     if data.get("model") is None:  # optional in the schema only because a config can name it
         data.pop("model", None)
     return TrainingPlan(**data)
-
-
-def _literal_hints(exc: ValidationError) -> list[str]:
-    hints = []
-    for err in exc.errors(include_url=False):
-        if err.get("type") != "literal_error":
-            continue
-        choices = [c.strip("'\"") for c in str(err.get("ctx", {}).get("expected", "")).replace(" or ", ", ").split(", ")]
-        got = err.get("input")
-        close = difflib.get_close_matches(str(got), choices, n=1, cutoff=0.3) if isinstance(got, str) else []
-        loc = ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, int))
-        if close:
-            hints.append(f"did you mean {loc}='{close[0]}'?")
-    return hints
 
 
 def describe_error(exc: BaseException) -> str:

@@ -58,7 +58,7 @@ SHORT: dict[str, str | None] = {
 }
 PLAN_DESCRIPTION = f"other plan fields, e.g. {{\"lora_r\": 32}} (all: {PLAN_SCHEMA_URI})"
 CONFIG_DESCRIPTION = "the user's training config file as text (Axolotl, LLaMA-Factory, TRL, HF, PEFT, DeepSpeed)"
-KEEP_DESCRIPTION = "fields not to change, e.g. ['seq_len']"
+KEEP_DESCRIPTION = "fields not to change, e.g. ['seq_len']; ['gpu', 'num_gpus'] stays on these GPUs"
 
 
 # ------------------------------------------------------------------------------------------------ arguments
