@@ -20,6 +20,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .stacks import STACKS, Stack
+from .trainers import TRAINER_FIELDS, TRAINERS, refused_fields
 
 Method = Literal["full", "lora", "qlora"]
 DType = Literal["bf16", "fp16", "fp32"]
@@ -38,6 +39,9 @@ QuantType = Literal["nf4", "fp4"]
 LossImplementation = Literal["chunked", "standard"]
 Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth"]
 AdapterDType = Literal["fp32", "bf16", "fp16"]
+Trainer = Literal["sft", "dpo", "orpo", "kto", "reward", "grpo"]
+ReferenceModel = Literal["copy", "adapter_disabled", "none"]
+VllmMode = Literal["colocate", "server"]
 Sharding = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"]
 
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
@@ -46,7 +50,8 @@ SHARDINGS: tuple[str, ...] = Sharding.__args__  # type: ignore[attr-defined]
 FRAMEWORKS: tuple[str, ...] = Framework.__args__  # type: ignore[attr-defined]
 # Fields whose choices are lower-case words: their string values are lower-cased before validation.
 ENUM_FIELDS: tuple[str, ...] = ("method", "dtype", "precision", "optim", "attn_implementation", "bnb_4bit_quant_type",
-                                "loss_implementation", "framework", "adapter_dtype", "sharding")
+                                "loss_implementation", "framework", "adapter_dtype", "sharding", "trainer",
+                                "reference_model", "vllm_mode")
 # Fields that are lists of module names: a comma-separated string is split.
 LIST_FIELDS: tuple[str, ...] = ("target_modules", "modules_to_save")
 
@@ -214,6 +219,51 @@ class TrainingPlan(BaseModel):
     use_liger_kernel: bool = Field(
         False, description="Liger kernels (fused RMSNorm, SwiGLU, RoPE, fused linear cross-entropy): not modelled yet: refused."
     )
+    # --- the trainer (TRL 1.16's names; null: the trainer's default, estimator/trainers.py) ---
+    trainer: Trainer = Field(
+        "sft",
+        description=(
+            "TRL trainer: sft (SFTTrainer), dpo, orpo, kto, reward (RewardTrainer, a sequence-classification head) "
+            "or grpo. For dpo/orpo/kto/reward, seq_len is max_length (each of chosen and rejected); for grpo it is "
+            "the prompt length and max_completion_length the completion's."
+        ),
+    )
+    precompute_ref_log_probs: bool | None = Field(
+        None, description="dpo/kto: compute the reference log-probabilities once before training (no reference model in the step)."
+    )
+    reference_model: ReferenceModel | None = Field(
+        None,
+        description=(
+            "dpo/kto/grpo: the reference model: copy (a second frozen model), adapter_disabled (the PEFT base with "
+            "adapters off; TRL's choice with LoRA) or none; null: TRL's choice."
+        ),
+    )
+    loss_type: str | None = Field(
+        None, max_length=32, pattern=r"^[a-z0-9_]+$", description="dpo (default sigmoid) or grpo (default dapo) loss_type."
+    )
+    beta: float | None = Field(
+        None, ge=0, le=1e3, description="dpo/orpo/kto (default 0.1) or grpo (default 0.0: no reference model) beta."
+    )
+    num_generations: int | None = Field(None, ge=1, le=4096, description="grpo: completions per prompt (default 8).")
+    max_completion_length: int | None = Field(
+        None, ge=1, le=MAX_SEQ_LEN, description="grpo: tokens per completion (default 512)."
+    )
+    generation_batch_size: int | None = Field(
+        None, ge=1, le=1_048_576, description="grpo: completions generated at once (default batch_size x GPUs x steps_per_generation)."
+    )
+    steps_per_generation: int | None = Field(
+        None, ge=1, le=65536, description="grpo: optimizer micro-steps per generation round (default gradient_accumulation_steps)."
+    )
+    use_vllm: bool | None = Field(None, description="grpo: generate with vLLM instead of model.generate (default false).")
+    vllm_mode: VllmMode | None = Field(
+        None, description="grpo with use_vllm: colocate (vLLM shares the training GPU) or server (its own GPUs)."
+    )
+    vllm_gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="grpo, vLLM colocate: the fraction of the GPU vLLM reserves (default 0.3)."
+    )
+    vllm_max_model_length: int | None = Field(
+        None, ge=1, le=MAX_SEQ_LEN, description="grpo, vLLM: the context vLLM allocates its KV cache for."
+    )
     # --- hardware and distribution ---
     num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")
     sharding: Sharding = Field("none", description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op.")
@@ -231,7 +281,7 @@ class TrainingPlan(BaseModel):
     num_train_epochs: float = Field(1.0, gt=0, le=1000, description="Epochs when max_steps is -1.")
     output_dir: SafeName = Field("outputs", description="Where the recipe writes checkpoints (relative to the recipe folder).")
 
-    @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs")
+    @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs", "beta", "vllm_gpu_memory_utilization")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
@@ -277,6 +327,7 @@ class TrainingPlan(BaseModel):
     def _consistent(self) -> "TrainingPlan":
         four_bit = self.quantized_4bit
         self._check_stack_fields()
+        self._check_trainer_fields()
         if self.method == "full" and (four_bit or self.load_in_8bit):
             raise ValueError(
                 "method: full fine-tuning cannot train a quantized base; use method 'qlora' (4-bit) or 'lora', "
@@ -314,6 +365,13 @@ class TrainingPlan(BaseModel):
         if self.gpu is not None and self.gpu_vram_gb is not None:
             raise ValueError("gpu: give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
         return self
+
+    def _check_trainer_fields(self) -> None:
+        """Fields of another trainer are refused, naming them and the trainers that have them."""
+        values = {name: getattr(self, name) for name in TRAINER_FIELDS}
+        for name in refused_fields(self.trainer, values):
+            owners = ", ".join(t for t in TRAINERS if t in TRAINER_FIELDS[name])
+            raise ValueError(f"{name}: a setting of trainer {owners}; got trainer '{self.trainer}'")
 
     def _check_stack_fields(self) -> None:
         """The PEFT/TRL knobs: refused where they mean nothing, or where their memory is not modelled."""

@@ -196,6 +196,12 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         quantization = "int8"
     else:
         quantization = "none"
+    if plan.trainer != "sft":
+        raise PlanError(
+            f"trainer: '{plan.trainer}' is not estimated yet (only sft is); its reference model, paired sequences or "
+            "generation are not in the memory model, and an SFT figure would be too low",
+            field="trainer",
+        )
     stack = plan.stack
     kbit_prepared = plan.effective_kbit_preparation
     if plan.uses_adapters:
