@@ -391,7 +391,9 @@ def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
       :func:`resolved.sliding_window_mask`): SDPA converts the boolean mask to an additive bias in the
       compute dtype (a·B·S², one per call) that the memory-efficient kernel keeps for backward; and
       ``use_gqa_in_sdpa`` is false with a mask, so for grouped-query attention ``repeat_kv`` expands k
-      and v to every head before the kernel, which keeps the copies: 2·a·T·(q_dim - kv_dim) more.
+      and v to every head before the kernel, which keeps the copies: 2·a·T·(q_dim - kv_dim) more (none
+      with a single k/v head: reshaping the expanded (B, 1, n_rep, S, D) tensor is a view). Gemma3 builds
+      the mask for its sliding layers only; it is counted for every block (the safe side).
     - a fused qkv_proj (Phi-3): q, k and v are slices of one output; the kernel keeps v as a view, and
       that keeps the whole a·T·(q_dim + 2·kv_dim) output alive instead of a·T·kv_dim, unless v is
       copied first (repeat_kv for grouped-query attention on the math path or with a mask; or, behind
@@ -404,9 +406,9 @@ def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
     t = r.tokens
     total = 0
     gqa = spec.num_kv_heads != spec.num_heads
-    if r.attention_mask and r.attention_kernel == "efficient":
+    if r.attention_mask:  # counted for every block, also where only some use the window (Gemma3): the safe side
         total += _round_block(a * plan.batch_size * plan.seq_len * plan.seq_len)
-        if gqa:
+        if gqa and spec.num_kv_heads > 1:  # with one k/v head repeat_kv's reshape of the expand is a view
             total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2
     v_copied = (gqa and (r.attention_kernel == "math" or r.attention_mask or spec.head_dim > 256)) or (
         quantized_output_bytes(r) != a

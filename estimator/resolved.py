@@ -240,7 +240,8 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
             field="attn_implementation",
         )
     masked = sliding_window_mask(attn, spec, plan.seq_len)
-    kernel = _attention_kernel(attn, spec, compute_dtype, masked)
+    # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
+    kernel = _attention_kernel(attn, spec, compute_dtype, masked and spec.sliding_window_layers >= spec.num_layers)
     if spec.max_position_embeddings and plan.seq_len > spec.max_position_embeddings:
         warnings.append(
             f"seq_len {plan.seq_len} is beyond the model's max_position_embeddings "

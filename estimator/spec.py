@@ -115,9 +115,11 @@ class ModelSpec:
     embed_scale: bool = False  # gemma multiplies the embeddings by sqrt(hidden) (one extra tensor)
     final_logit_softcapping: float | None = None  # gemma2: tanh softcap on the logits
     attn_logit_softcapping: bool = False  # gemma2: tanh softcap on the attention scores (eager only)
-    # every layer attends within this window (transformers builds create_sliding_window_causal_mask for the whole
-    # model: phi3, mistral, mixtral, qwen3_moe with use_sliding_window); None: causal attention only
+    # layers attend within this window (transformers builds create_sliding_window_causal_mask for the whole model:
+    # phi3, mistral, mixtral, qwen3_moe with use_sliding_window; for gemma3's "sliding_attention" layers); None:
+    # causal attention only. sliding_window_layers: how many layers use it.
     sliding_window: int | None = None
+    sliding_window_layers: int = 0
     known_family: bool = True
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -450,7 +452,8 @@ def _spec_from_config(config: dict) -> ModelSpec:
         embed_scale=embed_scale,
         attn_logit_softcapping=attn_softcap,
         final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) else None,
-        sliding_window=_whole_model_sliding_window(config, model_type),
+        sliding_window=_sliding_window(config, model_type, layers)[0],
+        sliding_window_layers=_sliding_window(config, model_type, layers)[1],
         known_family=known,
         warnings=tuple(warnings),
     )
@@ -462,14 +465,27 @@ def _spec_from_config(config: dict) -> ModelSpec:
 SLIDING_WINDOW_FAMILIES = frozenset({"phi3", "mistral", "mixtral", "qwen3_moe"})
 
 
-def _whole_model_sliding_window(config: dict, model_type: str) -> int | None:
-    """The sliding window every layer uses, or None. Qwen3-MoE's config keeps it only with use_sliding_window
-    (configuration_qwen3_moe.py: ``self.sliding_window = self.sliding_window if self.use_sliding_window else None``)."""
-    if model_type not in SLIDING_WINDOW_FAMILIES:
-        return None
-    if model_type == "qwen3_moe" and not config.get("use_sliding_window", False):
-        return None
+def _sliding_window(config: dict, model_type: str, layers: int) -> tuple[int | None, int]:
+    """(window, how many layers use it), or (None, 0). Qwen3-MoE's config keeps the window only with
+    use_sliding_window (configuration_qwen3_moe.py: ``self.sliding_window = self.sliding_window if
+    self.use_sliding_window else None``). Gemma3 (configuration_gemma3.py, 5.24): the layers whose layer_types
+    entry is "sliding_attention", by default every layer but each sliding_window_pattern-th (6)."""
     window = config.get("sliding_window")
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-        return None
-    return window
+        return None, 0
+    if model_type == "gemma3_text":
+        if config.get("use_bidirectional_attention"):
+            return None, 0
+        types = config.get("layer_types")
+        if isinstance(types, list) and len(types) == layers:
+            count = sum(1 for t in types if t == "sliding_attention")
+        else:
+            pattern = config.get("sliding_window_pattern", 6)
+            pattern = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0 else 6
+            count = sum(1 for i in range(layers) if (i + 1) % pattern)
+        return (window, count) if count else (None, 0)
+    if model_type not in SLIDING_WINDOW_FAMILIES:
+        return None, 0
+    if model_type == "qwen3_moe" and not config.get("use_sliding_window", False):
+        return None, 0
+    return window, layers

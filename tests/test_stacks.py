@@ -123,3 +123,20 @@ def test_fused_qkv_view_is_not_kept_behind_an_fp32_cast():
     assert m.attention_mask_and_view_bytes(prepared) == 0  # autocast casts the fp32 q, k, v: v is a copy
     llama = _resolved(model=LLAMA, method="lora", seq_len=512)
     assert m.attention_mask_and_view_bytes(llama) == 0
+
+
+def test_gemma3_masks_its_sliding_layers_only_and_repeat_kv_of_one_head_is_a_view():
+    spec = resolve_model("google/gemma-3-1b-it").spec
+    assert (spec.sliding_window, spec.sliding_window_layers) == (512, 22)  # 26 layers, every 6th global
+    assert resolve_model(PHI3).spec.sliding_window_layers == resolve_model(PHI3).spec.num_layers
+    short = _resolved(model="google/gemma-3-1b-it", method="lora", seq_len=256, batch_size=2)
+    long = _resolved(model="google/gemma-3-1b-it", method="lora", seq_len=1024, batch_size=2)
+    assert not short.attention_mask and m.attention_mask_and_view_bytes(short) == 0
+    # the global layers still run flash; the sliding layers' bias is counted (for every block: the safe side)
+    assert long.attention_mask and long.attention_kernel == "flash"
+    assert m.attention_mask_and_view_bytes(long) == 2 * 2 * 1024 * 1024  # one k/v head: no repeat_kv copies
+    medium = _resolved(model="microsoft/Phi-3-medium-4k-instruct", method="qlora", target_modules=["qkv_proj"],
+                       seq_len=2048, batch_size=1)
+    mspec = medium.spec
+    assert mspec.num_kv_heads > 1
+    assert m.attention_mask_and_view_bytes(medium) == 2 * 2048 * 2048 + 2 * 2 * 2048 * (mspec.q_dim - mspec.kv_dim)
