@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from canifinetune.estimator.estimate import Estimate, estimate
 from canifinetune.estimator.plan import TrainingPlan
 
+from .examples import EXAMPLE_DATA_FILE, REWARD_FILE, REWARD_PY, example_jsonl
 from .schema import (RECIPE_FILE, RECIPE_VERSION, EstimateSummary, RecipeError, RecipeFile, dump_recipe,
                      output_dir_problem)
 
@@ -29,7 +30,8 @@ REQUIREMENTS_FILE = "requirements.txt"
 ESTIMATE_FILE = "ESTIMATE.txt"
 ESTIMATE_JSON_FILE = "estimate.json"
 LAUNCH_FILE = "launch.sh"
-FILE_NAMES = (RECIPE_FILE, ACCELERATE_FILE, REQUIREMENTS_FILE, ESTIMATE_FILE, ESTIMATE_JSON_FILE, LAUNCH_FILE)
+FILE_NAMES = (RECIPE_FILE, ACCELERATE_FILE, REQUIREMENTS_FILE, ESTIMATE_FILE, ESTIMATE_JSON_FILE, LAUNCH_FILE,
+              EXAMPLE_DATA_FILE, REWARD_FILE)
 
 # What the runtime needs (the `train` extra), pinned to the versions the estimate's semantics follow.
 BASE_REQUIREMENTS = (
@@ -136,6 +138,8 @@ def requirements(plan: TrainingPlan) -> list[str]:
         reqs.append("flash-attn>=2.6  # build needs CUDA; see https://github.com/Dao-AILab/flash-attention")
     if plan.sharding.startswith("zero"):
         reqs.append("deepspeed>=0.15")
+    if plan.trainer == "grpo" and plan.use_vllm:
+        reqs.append("vllm  # the version TRL 1.16 supports: see TRL's vLLM integration docs")
     reqs.append("nvidia-ml-py>=12  # optional: lets --probe read per-process GPU memory")
     return reqs
 
@@ -146,8 +150,12 @@ def _gib(n: int | None) -> str:
 
 def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
     """A short text giving the estimate the recipe was made from. Plan values appear only as repr()s."""
+    from .trainers import TRAINER_TITLES, reference_of
+
     lines = [
         "canifinetune estimate for this recipe (per GPU" + (f", {plan.num_gpus} GPUs" if plan.num_gpus > 1 else "") + ")",
+        f"trainer:          {TRAINER_TITLES[plan.trainer]}"
+        + (f", reference model: {reference_of(plan)}" if plan.trainer in ("dpo", "kto", "grpo") else ""),
         f"model:            {est.model!r} ({est.model_source}); {est.params_total:,} parameters, "
         f"{est.params_trainable:,} trainable",
         f"method:           {plan.method}, {plan.dtype} ({plan.precision}), seq_len {plan.seq_len}, micro-batch "
@@ -168,6 +176,11 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
     ]
     if plan.dataset is None:
         lines.append("dataset:                none in the plan: add --dataset FILE.jsonl (or a dataset folder) to the train command")
+    elif plan.trainer != "sft" and plan.dataset == EXAMPLE_DATA_FILE:
+        lines.append(f"dataset:                {EXAMPLE_DATA_FILE}, a tiny example of the rows {plan.trainer} reads (replace it: "
+                     "--dataset FILE.jsonl, or plan.dataset)")
+    if plan.trainer == "grpo":
+        lines.append(f"reward:                 {REWARD_FILE} (an example length-and-format reward: edit it for your task)")
     for warning in est.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines) + "\n"
@@ -186,7 +199,7 @@ def launch_script(argv: list[str]) -> str:
 def trl_equivalent(plan: TrainingPlan) -> tuple[TrainingPlan, str | None]:
     """The plan the TRL recipe trains for a plan made for another framework, and a note saying what it carried.
 
-    The recipe always runs TRL's SFTTrainer; the other stack's memory-relevant defaults (loss, kbit preparation,
+    The recipe always runs TRL (the plan's trainer); the other stack's memory-relevant defaults (loss, kbit preparation,
     adapter dtype, LLaMA-Factory's fp32 full fine-tuning) become explicit plan fields, so the recipe trains, and
     estimates, what the user's framework would. Everything else in the plan is the same field by field."""
     if plan.framework == "trl":
@@ -201,7 +214,9 @@ def trl_equivalent(plan: TrainingPlan) -> tuple[TrainingPlan, str | None]:
     if plan.method == "full" and plan.stack.full_weight_dtype == "fp32" and plan.dtype != "fp32":
         changes["precision"] = "mixed"
     carried = ", ".join(f"{k}={v}" for k, v in changes.items() if k != "framework")
-    note = (f"The plan was made for {plan.stack.title}; this recipe trains it with TRL's SFTTrainer and carries the "
+    from .trainers import TRAINER_TITLES
+
+    note = (f"The plan was made for {plan.stack.title}; this recipe trains it with {TRAINER_TITLES[plan.trainer]} and carries the "
             f"stack's memory-relevant settings as explicit fields ({carried}), so it trains what was estimated. "
             "Every other field is the plan's own.")
     return plan.replace(**changes), note
@@ -219,7 +234,19 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     problem = output_dir_problem(plan.output_dir)  # the run writes there: it must stay inside the recipe's folder
     if problem is not None:
         raise RecipeError(problem)
+    from .trainers import trainer_problems
+
+    problems = trainer_problems(plan)  # what TRL cannot train as the plan says: refused before any file is made
+    if problems:
+        raise RecipeError("; ".join(problems))
     est = est if est is not None else estimate(plan)
+    extra_files: dict[str, str] = {}
+    if plan.trainer != "sft" and plan.dataset is None:
+        # a tiny example dataset of the trainer's shape, so the recipe runs as made; the plan names it
+        extra_files[EXAMPLE_DATA_FILE] = example_jsonl(plan.trainer)
+        plan = plan.replace(dataset=EXAMPLE_DATA_FILE)
+    if plan.trainer == "grpo":
+        extra_files[REWARD_FILE] = REWARD_PY
     recipe_file = RecipeFile(canifinetune_recipe=RECIPE_VERSION, plan=plan, estimate=EstimateSummary.from_estimate(est))
     recipe_yaml = dump_recipe(recipe_file)
     argv = launch_argv(plan)
@@ -239,6 +266,7 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     files[ESTIMATE_FILE] = summary
     files[ESTIMATE_JSON_FILE] = est.model_dump_json(indent=2) + "\n"
     files[LAUNCH_FILE] = launch_script(argv)
+    files.update(extra_files)
     return Recipe(
         plan=plan,
         recipe_yaml=recipe_yaml,

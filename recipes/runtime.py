@@ -109,6 +109,12 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
         problems.append("offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
                         "offload_params: true with sharding fsdp_full_shard, or use sharding zero2/zero3 to offload only "
                         "the optimizer")
+    if plan.trainer == "grpo" and plan.use_vllm and not machine.cuda:
+        problems.append("use_vllm: vLLM generates on a CUDA GPU; on a CPU set use_vllm: false (GRPO then generates "
+                        "with model.generate)")
+    from .trainers import trainer_problems
+
+    problems += trainer_problems(plan)
     problem = output_dir_problem(plan.output_dir)
     if problem is not None:
         problems.append(problem)
@@ -372,6 +378,12 @@ def prepare(
     base = recipe_dir if recipe_dir is not None else Path.cwd()
     out = output_dir if output_dir is not None else checked_output_dir(plan, base)  # before anything loads
     config, source = model_source(plan, recipe_dir)
+    if plan.trainer != "sft":
+        if token_ids is not None:
+            raise RecipeError(f"trainer: synthetic samples (the probe) are for sft; a {plan.trainer} plan trains on "
+                              "its dataset")
+        return _prepare_trainer(plan, machine, source, out, recipe_dir=recipe_dir, dataset=dataset,
+                                max_steps=max_steps)
 
     from transformers import AutoTokenizer
 
@@ -415,6 +427,32 @@ def prepare(
                     samples=len(ids), truncated=truncated, notes=notes)
 
 
+def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Path, *, recipe_dir: Path | None,
+                     dataset: str | None, max_steps: int | None) -> Prepared:
+    """DPO, ORPO, KTO, reward or GRPO (recipes/trainers.py): rows read, shape- and length-checked before the model
+    loads, then TRL's trainer built from the plan, and what it prepared checked again."""
+    from transformers import AutoTokenizer
+
+    from . import trainers
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **({"padding_side": "left"} if plan.trainer == "grpo" else {}))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    path = dataset_path(plan, dataset, recipe_dir)
+    rows = read_rows(path)
+    lengths = trainers.sequence_lengths(plan, rows, tokenizer, path)
+    truncated = trainers.check_sequence_lengths(plan, rows, lengths, path)
+    common = sft_config_kwargs(plan, output_dir=str(out), use_cpu=not machine.cuda, max_steps=max_steps)
+    trainer = trainers.build_trainer(plan, source=source, tokenizer=tokenizer, dataset=trainers.train_dataset(plan, rows),
+                                     common=common, recipe_dir=recipe_dir)
+    trainers.check_prepared(plan, trainer, len(rows))
+    notes = [f"{trainers.TRAINER_TITLES[plan.trainer]}, reference model: {trainers.reference_of(plan)}"]
+    if truncated:
+        notes.append(f"{truncated} samples are longer than seq_len {plan.seq_len}: TRL cuts them (truncation: true)")
+    return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=tokenizer, output_dir=out,
+                    samples=len(rows), truncated=truncated, notes=notes)
+
+
 def runtime_settings(prepared: Prepared) -> dict:
     """The settings the trainer actually resolved (model as built, the optimizer Trainer makes for ``optim``)."""
     from . import setup
@@ -429,7 +467,7 @@ def runtime_settings(prepared: Prepared) -> dict:
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "activation_checkpointing": bool(args.activation_checkpointing),
         "activation_checkpointing_kwargs": args.activation_checkpointing_kwargs,
-        "max_length": args.max_length,
+        "max_length": getattr(args, "max_length", None),
         "bf16": bool(args.bf16),
         "fp16": bool(args.fp16),
         "optim": str(getattr(args.optim, "value", args.optim)),
@@ -457,10 +495,12 @@ def require_train_dependencies(plan: TrainingPlan) -> None:
         needed.append("bitsandbytes")
     if plan.sharding.startswith("zero"):
         needed.append("deepspeed")
+    if plan.trainer == "grpo" and plan.use_vllm:
+        needed.append("vllm")
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise RecipeError(f"train: {', '.join(missing)} not installed; run pip install 'canifinetune[train]'"
-                          + (" deepspeed" if "deepspeed" in missing else "") + " (see requirements.txt in the recipe folder)")
+                          + (" deepspeed" if "deepspeed" in missing else "") + (" vllm" if "vllm" in missing else "") + " (see requirements.txt in the recipe folder)")
 
 
 def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: int | None = None,
@@ -472,6 +512,9 @@ def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: i
     require_train_dependencies(recipe.plan)
     recipe_dir = recipe_path.resolve().parent
     if probe_steps is not None:
+        if recipe.plan.trainer != "sft":
+            raise RecipeError(f"--probe: the probe measures SFT steps on synthetic samples; for a {recipe.plan.trainer} "
+                              "recipe run a few steps (max_steps: 3 in the recipe) and watch nvidia-smi")
         from .probe import format_probe, probe
 
         result = probe(recipe.plan, probe_steps, recipe_dir=recipe_dir, estimate_summary=recipe.estimate, device=device)

@@ -243,7 +243,8 @@ def test_estimate_and_runtime_agree_on_every_knob(kw, tiny_model, tmp_path):
     assert got["optimizer"] == cls
     for key, value in flags.items():
         assert got["optimizer_flags"].get(key) == value, (key, got["optimizer_flags"])
-    assert got["trainer"]["trainer_class"] == ("SFTTrainer" if plan.loss_implementation == "chunked" else "StandardLossSFTTrainer")
+    assert got["trainer"]["trainer_class"] == ("SFTTrainer" if plan.effective_loss_implementation == "chunked"
+                                            else "StandardLossSFTTrainer")
 
 
 # ----------------------------------------------------------------------------------------- probe
