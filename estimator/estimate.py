@@ -53,7 +53,7 @@ class Estimate(BaseModel):
     params_source: Literal["config", "safetensors"] = Field(
         "config", description="config: params_total counted from config.json alone; safetensors: checked against "
         "the checkpoint's safetensors headers (params_exact)")
-    peak_phase: Literal["forward", "backward", "optimizer"]
+    peak_phase: Literal["forward", "backward", "optimizer", "generation"]
     peak_allocated_bytes: int = Field(description="what torch.cuda.max_memory_allocated would report")
     peak_reserved_bytes: int = Field(description="what torch.cuda.max_memory_reserved would report")
     total_bytes: int = Field(description="reserved plus CUDA context: the process as nvidia-smi sees it")
@@ -104,8 +104,15 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
             f"dtype: the {gpu.name} has no bf16 support; use dtype 'fp16' (or 'fp32')", field="dtype"
         )
     r = resolve(plan, resolved_model.spec)
-    forward, backward, optimizer, sizes = step_peaks(r)
-    peak = max((forward, backward, optimizer), key=lambda p: p.bytes)
+    if plan.trainer != "sft":  # DPO/KTO/GRPO: the policy's SFT-like step plus what the trainer adds (trainer_memory)
+        from . import phases as phases_module
+        from . import trainer_memory
+
+        forward, backward, optimizer, sizes, extra = trainer_memory.trainer_step_peaks(r, phases_module)
+    else:
+        forward, backward, optimizer, sizes = step_peaks(r)
+        extra = ()
+    peak = max((forward, backward, optimizer) + tuple(extra), key=lambda p: p.bytes)
     unmodelled, params_warning = _unmodelled_params(resolved_model)
     unmodelled_bytes = unmodelled * r.weight_bytes_per_param  # loaded as frozen weights in the plan's dtype
     allocated = peak.bytes + unmodelled_bytes
@@ -113,6 +120,13 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     reserved = allocated + overhead
     context = m.cuda_context_bytes()
     total = reserved + context
+    vllm_bytes = 0
+    if plan.trainer == "grpo":
+        from . import trainer_memory
+
+        vllm = trainer_memory.vllm_reservation_bytes(plan, gpu.usable_bytes if gpu else None)
+        vllm_bytes = vllm or 0
+        total += vllm_bytes
     margin = m.safety_margin_bytes(total)
     budget = total + margin
 
@@ -133,6 +147,13 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
                                explanation="caching-allocator rounding and fragmentation (reserved - allocated)"))
     breakdown.append(Component(name="cuda_context", bytes=context, gib=_gib(context), phase="process",
                                explanation="CUDA context and kernel images (not counted by torch)"))
+    if vllm_bytes:
+        breakdown.append(Component(
+            name="vllm_reservation", bytes=vllm_bytes, gib=_gib(vllm_bytes), phase="process",
+            explanation=f"vLLM colocated on this GPU takes vllm_gpu_memory_utilization "
+                        f"({trainer_memory.resolved_trainer_fields(plan)['vllm_gpu_memory_utilization']}) of its "
+                        f"{_gib(gpu.usable_bytes if gpu else 0):.2f} GiB (vLLM's documented behaviour, not measured); "
+                        f"training has the rest"))
     breakdown.append(Component(name="safety_margin", bytes=margin, gib=_gib(margin), phase="margin",
                                explanation="headroom for longer runs than a probe shows, evaluation, checkpointing"))
 
@@ -188,7 +209,8 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         verdict_reason=reason,
         per_gpu=plan.num_gpus > 1,
         phases={"forward": forward.bytes + unmodelled_bytes, "backward": backward.bytes + unmodelled_bytes,
-                "optimizer": optimizer.bytes + unmodelled_bytes},
+                "optimizer": optimizer.bytes + unmodelled_bytes,
+                **{p.phase: p.bytes + unmodelled_bytes for p in extra}},
         breakdown=breakdown,
         host_memory_bytes=sizes["host_memory"],
         assumptions=assumptions(r),
@@ -240,4 +262,8 @@ def assumptions(r) -> list[str]:
         out.append("gradient accumulation adds no memory: gradients accumulate in place")
     if plan.num_gpus > 1:
         out.append(f"{plan.sharding} over {plan.num_gpus} GPUs; the figures are per GPU")
+    if plan.trainer != "sft":
+        from . import trainer_memory
+
+        out.extend(trainer_memory.assumptions(plan))
     return out

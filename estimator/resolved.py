@@ -197,11 +197,10 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     else:
         quantization = "none"
     if plan.trainer != "sft":
-        raise PlanError(
-            f"trainer: '{plan.trainer}' is not estimated yet (only sft is); its reference model, paired sequences or "
-            "generation are not in the memory model, and an SFT figure would be too low",
-            field="trainer",
-        )
+        # DPO/KTO/GRPO: estimator/trainer_memory.py (ORPO, reward and unmodelled combinations are refused there)
+        from .trainer_memory import check_supported
+
+        check_supported(plan)
     stack = plan.stack
     kbit_prepared = plan.effective_kbit_preparation
     if plan.uses_adapters:

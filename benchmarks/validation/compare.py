@@ -18,6 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FAKE_MODE = HERE / "fake_mode.py"
+TRAINER_FAKE = HERE / "trainer_fake.py"
 LOSS_MODE = {"chunked": "trl_fused", "standard": "model"}
 
 
@@ -34,6 +35,9 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
         config_path.write_text(json.dumps(config), encoding="utf-8")
         cmd = [sys.executable, str(FAKE_MODE), "--plan", str(plan_path), "--config", str(config_path),
                "--out", str(out_path), "--loss", LOSS_MODE[validated.effective_loss_implementation]]
+        if validated.trainer != "sft":  # DPO/KTO/GRPO: their own training step (trainer_fake.py)
+            cmd = [sys.executable, str(TRAINER_FAKE), "--plan", str(plan_path), "--config", str(config_path),
+                   "--out", str(out_path)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

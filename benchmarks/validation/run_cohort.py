@@ -146,7 +146,8 @@ def run_fake(plan: dict, timeout: float) -> dict:
         return {"status": "timeout" if "timed out" in measured["error"] else "error", "error": measured["error"],
                 "traceback_tail": (measured.get("traceback") or "")[-3000:]}
     keep = ("peak_allocated_bytes", "peak_phase", "phase_peaks", "peak_categories", "peak_largest_other_bytes",
-            "after_build_bytes", "attention_kernels", "resolved", "loss", "versions", "wall_seconds")
+            "after_build_bytes", "attention_kernels", "resolved", "loss", "versions", "wall_seconds", "trainer",
+            "reference")
     return {"status": "ok", "measured": {k: measured.get(k) for k in keep}}
 
 

@@ -1,0 +1,314 @@
+"""Measure two training steps of TRL 1.16's preference/RL trainers (DPO, KTO, GRPO's loss step) under fake tensors.
+
+The counting, the GPU routing of attention and of TRL's chunked log-prob kernel, PEFT under fake tensors and the
+model build are benchmarks/validation/fake_mode.py's and recipes/setup.py's. What is new is what one training step
+of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.11/site-packages/trl):
+
+- DPO (trainer/dpo_trainer.py ``_compute_loss``): ``add_fused_lm_head(policy, outputs=("log_probs", "entropy",
+  "mean_logits", "is_top1"))``; one policy forward over the concatenated [chosen; rejected] batch (2B rows of
+  max_length) with ``fused_lm_head=True``; then, unless the reference log-probabilities are precomputed, the
+  reference forward under ``torch.no_grad()`` and ``disable_gradient_checkpointing`` -- through ``ref_model``
+  (a separate frozen copy, ``add_fused_lm_head(ref_model)``) or, for a PEFT policy without one, through the policy
+  inside ``use_adapter(model, None)`` (adapters disabled); then the sigmoid loss on the per-sequence sums.
+- KTO (trainer/kto_trainer.py ``_compute_loss``): the KL batch (B mismatched rows) through the policy under
+  ``no_grad``; the policy forward over the B completions (outputs ("log_probs", "entropy", "mean_logits")); the
+  reference forwards (KL batch and completions) under ``no_grad``; the KTO loss on per-sequence sums.
+- GRPO (trainer/grpo_trainer.py ``_compute_loss``, completions given): one policy forward over B rows of
+  prompt + completion (outputs ("log_probs", "entropy")), labels -100 on the prompt; old log-probs = the detached
+  policy ones (num_iterations 1, steps aligned); the reference log-probs an input computed at generation time
+  (beta > 0); the clipped-ratio loss with the per-token KL term, normalised as ``dapo``.
+
+The per-sequence/per-token loss arithmetic is written out from those functions (their own ``_compute_loss`` also
+logs metrics with ``.item()``, which fake tensors cannot answer); it is a few B- or B x C-sized fp32 tensors.
+
+On a CPU (no Triton) TRL's fused head scores every position (``compact = _use_triton(device)`` is False); on a GPU
+it scores the label-masked positions only. For DPO/KTO every label is valid, so the two agree; for GRPO the CPU path
+scores the prompt positions as well (the estimator counts them too: an upper bound of the GPU's compact path).
+
+``kv_cache_bytes(plan, config, rows, tokens)`` measures the KV cache a ``model.generate`` would hold: one forward
+with ``use_cache=True`` over ``rows`` x ``tokens`` and the bytes of every key/value tensor of the returned cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+from typing import Any
+
+
+def _fake_mode_module():
+    if "fake_mode" not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_mode.py")
+        spec = importlib.util.spec_from_file_location("fake_mode", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["fake_mode"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["fake_mode"]
+
+
+def _reference_plan(plan):
+    """The plan of TRL's reference copy: the base model as create_model_from_path loads it (the policy's dtype and
+    quantization), frozen, no adapters, no checkpointing."""
+    from canifinetune.estimator.trainer_memory import reference_plan
+
+    return reference_plan(plan)
+
+
+def reference_mode(plan) -> str:
+    """'copy', 'adapter_disabled' or 'none' as TRL 1.16 decides it (estimator/trainer_memory.reference_mode)."""
+    from canifinetune.estimator.trainer_memory import reference_mode as decide
+
+    return decide(plan)
+
+
+def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import add_fused_lm_head, use_adapter
+
+    from canifinetune.estimator.trainer_memory import policy_rows, resolved_trainer_fields
+    from canifinetune.recipes import setup
+
+    fm = _fake_mode_module()
+    Counter = fm._make_counter_class()
+    counter = Counter()
+    fake_mode = FakeTensorMode(allow_fallback_kernels=False)
+    trainer = plan.trainer
+    fields = resolved_trainer_fields(plan)
+    ref_mode = reference_mode(plan)
+    model = optimizer = ref_model = None
+    timeline: list[dict] = []
+    state: dict[str, Any] = {}
+
+    def category_tensors():
+        # the reference copy's weights count as parameters (the counter's categories are fixed, fake_mode.py)
+        ref_state = fm._model_state_tensors(ref_model) if ref_model is not None else []
+        cats = {
+            "parameters": (fm._model_state_tensors(model) if model is not None else []) + ref_state,
+            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
+            "optimizer_states": fm._optimizer_state_tensors(optimizer),
+        }
+        return cats
+
+    counter.category_tensors = category_tensors
+    outputs_by_trainer = {
+        "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
+        "kto": ("log_probs", "entropy", "mean_logits"),
+        "grpo": ("log_probs", "entropy"),
+    }
+    if trainer not in outputs_by_trainer:
+        raise ValueError(f"trainer {trainer}: not measured by this harness")
+    gc_kwargs = {"use_reentrant": False}
+    with fm.gpu_routing(True) as routed, fm.classic_module_apply(), fm._peft_fake().fake_peft_support(True) as build_ctx, \
+            fake_mode, counter:
+        counter.set_phase("build")
+        with build_ctx():
+            model = setup.build_model(plan, config)
+        base = model.get_base_model() if plan.uses_adapters else model
+        add_fused_lm_head(base, outputs=outputs_by_trainer[trainer])
+        if ref_mode == "copy":
+            with build_ctx():
+                ref_model = setup.build_model(_reference_plan(plan), config)
+            ref_model.requires_grad_(False)
+            ref_model.eval()
+            add_fused_lm_head(ref_model)
+        optimizer = setup.build_optimizer(plan, model)
+        resolved = setup.resolved_settings(plan, model, optimizer)
+        vocab = int(model.config.get_text_config().vocab_size)
+        rows = policy_rows(plan)
+        seq = plan.seq_len
+        input_ids = torch.randint(0, vocab, (rows, seq))
+        labels = input_ids.clone()
+        if trainer == "grpo":
+            completion = int(fields["max_completion_length"])
+            labels[:, : seq - completion] = -100
+            ref_logps = torch.zeros(rows, completion) if fields["beta"] else None
+            advantages = torch.zeros(rows)
+        if trainer == "kto":
+            kl_ids = torch.randint(0, vocab, (rows, seq))
+            kl_labels = kl_ids.clone()
+        state["after_build"] = counter.current
+        state["after_build_categories"] = counter.categories_now()
+        counter.reset_peak()
+        ac = setup.autocast_dtype(plan)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        beta = float(fields.get("beta") or 0.0)
+
+        def reference_forward(ids, lab):
+            with torch.no_grad(), disable_gradient_checkpointing(base, gc_kwargs):
+                if ref_mode == "copy":
+                    return ref_model(input_ids=ids, labels=lab, use_cache=False, fused_lm_head=True).log_probs
+                with use_adapter(model, adapter_name=None):
+                    return model(input_ids=ids, labels=lab, use_cache=False, fused_lm_head=True).log_probs
+
+        for step in range(1, steps + 1):
+            counter.set_phase(f"step{step}.forward")
+            start = counter.current
+            autocast = torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext()
+            with autocast:
+                if trainer == "dpo":
+                    outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
+                    logps = outputs.log_probs.sum(dim=1)
+                    chosen, rejected = logps.chunk(2, dim=0)
+                    if ref_mode == "none":  # precompute_ref_log_probs: the dataset's columns
+                        ref_c = ref_r = torch.zeros(rows // 2)
+                    else:
+                        counter.set_phase(f"step{step}.reference")
+                        ref_c, ref_r = reference_forward(input_ids, labels).sum(dim=1).chunk(2, dim=0)
+                    delta = (chosen - ref_c) - (rejected - ref_r)
+                    step_loss = (-F.logsigmoid(beta * delta)).mean()
+                    with torch.no_grad():  # metrics
+                        _ = (outputs.entropy.detach() * 1).sum(), outputs.mean_logits.sum(), outputs.is_top1.sum()
+                elif trainer == "kto":
+                    with torch.no_grad():
+                        kl_logps = model(input_ids=kl_ids, labels=kl_labels, use_cache=False, fused_lm_head=True).log_probs.sum(-1)
+                    outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
+                    logps = outputs.log_probs.sum(-1)
+                    if ref_mode == "none":
+                        ref_logps_seq = torch.zeros(rows)
+                        ref_kl = torch.zeros(rows)
+                    else:
+                        counter.set_phase(f"step{step}.reference")
+                        ref_kl = reference_forward(kl_ids, kl_labels).sum(-1)
+                        ref_logps_seq = reference_forward(input_ids, labels).sum(-1)
+                    kl = (kl_logps - ref_kl).mean().clamp(min=0).detach()
+                    half = rows // 2
+                    chosen_lr = logps[:half] - ref_logps_seq[:half]
+                    rejected_lr = logps[half:] - ref_logps_seq[half:]
+                    losses = torch.cat((1 - F.sigmoid(beta * (chosen_lr - kl)), 1 - F.sigmoid(beta * (kl - rejected_lr))), 0)
+                    step_loss = losses.nanmean()
+                else:  # grpo loss step
+                    outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
+                    per_token_logps = outputs.log_probs[:, -completion:]
+                    entropies = outputs.entropy[:, -completion:]
+                    mask = torch.ones(rows, completion)
+                    old = per_token_logps.detach()
+                    coef_1 = torch.exp(per_token_logps - old)
+                    coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.2)
+                    adv = advantages.unsqueeze(1)
+                    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+                    if ref_logps is not None:
+                        per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
+                        per_token_loss = per_token_loss + beta * per_token_kl
+                    step_loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+                    with torch.no_grad():
+                        _ = (entropies * mask).sum()
+            counter.set_phase(f"step{step}.backward")
+            step_loss.backward()
+            del outputs, step_loss
+            counter.set_phase(f"step{step}.optimizer")
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+            optimizer.step()
+            counter.classify()
+            if step == steps:
+                state["end_categories"] = counter.categories_now()
+            optimizer.zero_grad(set_to_none=True)
+            timeline.append({"step": step, "start": start, "end": counter.current})
+        counter.set_phase("done")
+    return {
+        "peak_allocated_bytes": counter.peak,
+        "peak_phase": counter.peak_phase,
+        "peak_categories": counter.peak_categories,
+        "peak_largest_other_bytes": counter.peak_largest_other,
+        "phase_peaks": {k: v for k, v in counter.phase_peaks.items() if k.startswith("step")},
+        "after_build_bytes": state["after_build"],
+        "after_build_categories": state["after_build_categories"],
+        "end_of_step_categories": state.get("end_categories"),
+        "steps": timeline,
+        "attention_kernels": dict(routed.kernels),
+        "resolved": resolved,
+        "trainer": trainer,
+        "reference": ref_mode,
+        "loss": f"trl_{trainer}",
+        "fake": True,
+    }
+
+
+def measure_trainer_fake(plan, config: dict) -> dict:
+    import peft
+    import torch
+    import transformers
+
+    from canifinetune.estimator.plan import TrainingPlan
+
+    if not isinstance(plan, TrainingPlan):
+        plan = TrainingPlan(**plan)
+    t0 = time.perf_counter()
+    result = run_trainer_steps(plan, config)
+    result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+    for name in ("trl", "bitsandbytes"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:
+            pass
+    result["versions"] = versions
+    result["plan"] = plan.model_dump(mode="json")
+    return result
+
+
+def kv_cache_bytes(plan, config: dict, rows: int, tokens: int) -> dict:
+    """The KV cache of a generation at ``rows`` x ``tokens``, measured: one no-grad forward with use_cache=True under
+    fake tensors; the bytes of every key and value tensor the returned cache holds (model.generate grows the same
+    DynamicCache one token at a time, transformers 5.24 cache_utils.py)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from canifinetune.recipes import setup
+
+    fm = _fake_mode_module()
+    with fm.gpu_routing(True), fm.classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
+        base_plan = plan.model_copy(update={"method": "full", "gradient_checkpointing": False})
+        model = setup.build_model(base_plan, config)
+        model.eval()
+        vocab = int(model.config.get_text_config().vocab_size)
+        ids = torch.randint(0, vocab, (rows, tokens))
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        total = 0
+        count = 0
+        for layer in cache.layers:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += fm.round_block(t.numel() * t.element_size())
+                    count += 1
+    return {"kv_cache_bytes": total, "tensors": count}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import traceback
+
+    parser = argparse.ArgumentParser(description="fake-tensor measurement of a TRL 1.16 DPO/KTO/GRPO training step")
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.plan) as f:
+            plan = json.load(f)
+        with open(args.config) as f:
+            config = json.load(f)
+        result = measure_trainer_fake(plan, config)
+        code = 0
+    except BaseException as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        code = 1
+    text = json.dumps(result, indent=2, default=str)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""Memory of TRL 1.16's trainers beyond SFT: DPO, KTO and GRPO (ORPO and reward modelling are refused for now).
+
+Every TRL 1.16 trainer modelled here computes the policy's per-token log-probabilities with the same fused, chunked
+LM head as SFTTrainer (``add_fused_lm_head``, trl/trainer/utils.py; dpo_trainer.py, kto_trainer.py and
+grpo_trainer.py call ``model(..., labels=labels, fused_lm_head=True)``): the policy's forward, backward and
+optimizer step are an SFT step over the trainer's rows (:func:`policy_rows`). What is new, one function each:
+
+- :func:`reference_weight_bytes`: the reference model (a frozen copy, or none);
+- :func:`reference_forward_bytes`: the reference forward under ``torch.no_grad()`` on top of the policy's saved
+  activations (its log-probabilities and one block's temporaries);
+- :func:`kv_cache_bytes` / :func:`generation_bytes`: GRPO's generation with ``model.generate``;
+- :func:`vllm_reservation_bytes`: GRPO with vLLM colocated on the training GPU.
+
+Sources: .venv/lib/python3.11/site-packages/trl (1.16) trainer/dpo_trainer.py, kto_trainer.py, grpo_trainer.py,
+grpo_config.py, utils.py; transformers 5.24 cache_utils.py (DynamicCache) and generation/utils.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .constants import DTYPE_BYTES
+from .errors import PlanError
+from .plan import TrainingPlan
+from .trainers import TRAINER_DEFAULTS, TRAINER_FIELDS
+
+MODELLED = ("dpo", "kto", "grpo")
+
+
+def _round_block(nbytes: float) -> int:
+    """The CUDA caching allocator's 512-byte blocks (as estimator/memory.py)."""
+    n = int(nbytes)
+    return 0 if n <= 0 else ((n + 511) // 512) * 512
+
+
+def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
+    """The plan's trainer fields with null replaced by the trainer's TRL 1.16 default (estimator/trainers.py).
+    GRPO: generation_batch_size defaults to batch_size x num_gpus x steps_per_generation, steps_per_generation to
+    gradient_accumulation_steps (grpo_config.py __post_init__)."""
+    defaults = TRAINER_DEFAULTS.get(plan.trainer, {})
+    out: dict[str, object] = {}
+    for name, owners in TRAINER_FIELDS.items():
+        if plan.trainer not in owners:
+            continue
+        value = getattr(plan, name)
+        out[name] = defaults.get(name) if value is None else value
+    if plan.trainer == "grpo":
+        steps = out.get("steps_per_generation") or plan.gradient_accumulation_steps
+        out["steps_per_generation"] = steps
+        if out.get("generation_batch_size") is None:
+            out["generation_batch_size"] = plan.batch_size * plan.num_gpus * int(steps)  # type: ignore[arg-type]
+    return out
+
+
+def check_supported(plan: TrainingPlan) -> None:
+    """Refuse, naming why, what this module cannot model or the harness cannot measure."""
+    if plan.trainer in ("orpo", "reward"):
+        what = {"orpo": "ORPO (trl/experimental/orpo) materialises the full 2B x S x V logits, their cross-entropy "
+                        "and selective_log_softmax, a path not modelled yet",
+                "reward": "the reward trainer's sequence-classification model (a score head instead of lm_head) is "
+                          "not modelled yet"}[plan.trainer]
+        raise PlanError(f"trainer: '{plan.trainer}' is not estimated yet: {what}; an SFT figure would be wrong",
+                        field="trainer")
+    if plan.sharding != "none" or plan.num_gpus > 1:
+        raise PlanError(f"trainer: '{plan.trainer}' is estimated on one GPU only (the reference model's and the "
+                        "generation's sharding are not modelled); set num_gpus 1", field="trainer")
+    if plan.framework != "trl":
+        raise PlanError(f"trainer: '{plan.trainer}' is TRL's trainer; set framework 'trl'", field="framework")
+    fields = resolved_trainer_fields(plan)
+    if reference_mode(plan) == "copy" and plan.method == "qlora":
+        raise PlanError("reference_model: a separate quantized reference copy beside a QLoRA policy is not modelled; "
+                        "use 'adapter_disabled' (TRL's default with PEFT) or precompute_ref_log_probs",
+                        field="reference_model")
+    if reference_mode(plan) == "adapter_disabled" and not plan.uses_adapters:
+        raise PlanError("reference_model: 'adapter_disabled' needs a LoRA/QLoRA policy (the reference is the base "
+                        "with its adapters disabled); with full fine-tuning use 'copy' or precompute", field="reference_model")
+    if plan.trainer == "dpo" and fields.get("loss_type") not in ("sigmoid", "hinge", "ipo", "robust", "bco_pair",
+                                                                  "sppo_hard", "apo_zero", "apo_down", "sigmoid_norm",
+                                                                  "exo_pair", "nca_pair", "discopop"):
+        raise PlanError(f"loss_type: DPO loss '{fields.get('loss_type')}' is not one of TRL 1.16's per-sequence "
+                        "losses modelled", field="loss_type")
+    if plan.trainer == "grpo":
+        completion = int(fields["max_completion_length"])  # type: ignore[arg-type]
+        if completion >= plan.seq_len:
+            raise PlanError(f"max_completion_length: {completion} must be below seq_len {plan.seq_len} (seq_len is "
+                            "GRPO's longest prompt plus completion)", field="max_completion_length")
+        gen = int(fields["generation_batch_size"])  # type: ignore[arg-type]
+        if gen % int(fields["num_generations"]) != 0:  # type: ignore[arg-type]
+            raise PlanError(f"generation_batch_size: {gen} must be a multiple of num_generations "
+                            f"{fields['num_generations']} (grpo_config.py)", field="generation_batch_size")
+
+
+def reference_mode(plan: TrainingPlan) -> str:
+    """Where the reference log-probabilities come from, as TRL 1.16 decides it.
+
+    DPO/KTO (dpo_trainer.py / kto_trainer.py __init__): ``precompute_ref_log_probs`` -> 'none' (computed once
+    before training, read from the dataset); otherwise the plan's ``reference_model``; by default a PEFT policy uses
+    its base with adapters disabled (``use_adapter(model, None)``, no second model) and a full fine-tune loads a
+    second frozen copy (``create_model_from_path``, in the policy's dtype). GRPO (grpo_trainer.py): no reference at
+    all when beta == 0 (its default), else as DPO. ORPO and reward modelling have none."""
+    if plan.trainer not in ("dpo", "kto", "grpo"):
+        return "none"
+    fields = resolved_trainer_fields(plan)
+    if plan.trainer == "grpo" and not fields.get("beta"):
+        return "none"
+    if fields.get("precompute_ref_log_probs"):
+        return "none"
+    if plan.reference_model is not None:
+        return plan.reference_model
+    return "adapter_disabled" if plan.uses_adapters else "copy"
+
+
+def policy_rows(plan: TrainingPlan) -> int:
+    """Rows of one policy forward. DPO: ``concatenated`` [chosen; rejected], 2B rows of max_length (= seq_len)
+    (dpo_trainer.py DataCollatorForPreference). KTO: B unpaired completions (its KL batch runs under no_grad
+    before them). GRPO loss step: B rows of prompt + completion (per_device_train_batch_size rows per micro-step)."""
+    return 2 * plan.batch_size if plan.trainer == "dpo" else plan.batch_size
+
+
+def sft_equivalent(plan: TrainingPlan) -> TrainingPlan:
+    """The SFT plan whose step is the policy's step: same model, method and settings, batch = :func:`policy_rows`."""
+    update: dict[str, object] = {name: None for name in TRAINER_FIELDS}
+    update.update(trainer="sft", batch_size=policy_rows(plan))
+    return plan.model_copy(update=update)
+
+
+def reference_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The reference copy as TRL builds it: the base model in the policy's dtype, frozen, no adapters."""
+    update: dict[str, object] = {name: None for name in TRAINER_FIELDS}
+    update.update(trainer="sft", method="full", gradient_checkpointing=False)
+    return plan.model_copy(update=update)
+
+
+def reference_weight_bytes(ref_resolved) -> int:
+    """The reference copy's weights: every parameter of the base x bytes of the policy's weight dtype (TRL:
+    ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)``); the same count as the policy's weights
+    (estimator/memory.py weight_bytes), so a full-fine-tuning reference copy doubles the frozen weights. 0 for
+    'adapter_disabled' (the policy's own base) and 'none' (precomputed, or GRPO beta 0)."""
+    from . import memory as m
+
+    return m.weight_bytes(ref_resolved)
+
+
+def reference_forward_bytes(policy_resolved) -> int:
+    """Peak extra memory of the reference forward (torch.no_grad(), checkpointing disabled), run after the policy
+    forward while all the policy's saved activations and its fused-head outputs are alive (dpo_trainer.py
+    _compute_loss).
+
+    Under no_grad nothing is saved; inside each block the gated MLP holds, at its widest, act(gate), up and their
+    product (3 x a·T·I, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``), beside the block input and the residual
+    being formed (2 x e·T·H); the embedding output and its copy along the blocks (e·T·H); the fp32 per-token
+    log-probabilities of the fused head (4·N, N = B·(S-1) scored positions). The attention side (q, k, v, output:
+    a·T·(2·q_dim + 2·kv_dim)) counts instead when it is larger. T = the policy rows x seq_len."""
+    spec = policy_resolved.spec
+    plan = policy_resolved.plan
+    t = policy_resolved.tokens
+    a = policy_resolved.act_bytes
+    e = DTYPE_BYTES[policy_resolved.residual_dtype]
+    h = spec.hidden_size
+    mlp = 3 * _round_block(a * t * spec.intermediate_size)
+    attn = 2 * _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim)
+    n = plan.batch_size * max(plan.seq_len - 1, 1)
+    return max(mlp, attn) + 3 * _round_block(e * t * h) + _round_block(4 * n)
+
+
+def kv_cache_bytes(spec, rows: int, tokens: int, dtype_bytes: int) -> int:
+    """The KV cache of ``rows`` sequences of ``tokens`` tokens: 2 (keys, values) x layers x kv_dim x tokens x rows x
+    bytes, kv_dim = num_kv_heads x head_dim (transformers 5.24 DynamicCache: per layer one key and one value tensor
+    [rows, kv_heads, tokens, head_dim]); a sliding-window layer (DynamicSlidingWindowLayer) keeps the last
+    ``sliding_window - 1`` tokens (cache_utils.py: ``full_key_states[:, :, -self.sliding_window + 1 :, :]``); each
+    tensor rounded to the allocator's 512-byte blocks."""
+    full_layers = spec.num_layers - spec.sliding_window_layers
+    window = min(tokens, spec.sliding_window - 1) if spec.sliding_window else tokens
+    per_tensor = lambda n: _round_block(rows * spec.kv_dim * n * dtype_bytes)  # noqa: E731
+    return 2 * full_layers * per_tensor(tokens) + 2 * spec.sliding_window_layers * per_tensor(window)
+
+
+def generation_rows(plan: TrainingPlan) -> int:
+    """Sequences one GPU generates at once with model.generate: its share of generation_batch_size (the prompts
+    are repeated num_generations times by RepeatSampler, grpo_trainer.py; each process generates its slice of the
+    generation batch, ``generation_batch_size / num_processes`` rows, in one ``unwrapped_model.generate`` call)."""
+    fields = resolved_trainer_fields(plan)
+    return max(1, int(fields["generation_batch_size"]) // plan.num_gpus)  # type: ignore[arg-type]
+
+
+def generation_bytes(policy_resolved, plan: TrainingPlan) -> tuple[int, int]:
+    """GRPO's generation with model.generate (no vLLM), on top of the static weights/adapters/optimizer states
+    (gradients are None between steps): the KV cache of every generated row at prompt + completion = seq_len tokens
+    (:func:`kv_cache_bytes`, in the compute dtype), and the prefill's no-grad temporaries over rows x prompt tokens
+    (one block's, :func:`reference_forward_bytes`' formula) with the fp32 next-token logits rows x V
+    (generation/utils.py: ``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``).
+    Returns (kv_cache, transient)."""
+    spec = policy_resolved.spec
+    a = policy_resolved.act_bytes
+    rows = generation_rows(plan)
+    fields = resolved_trainer_fields(plan)
+    prompt = plan.seq_len - int(fields["max_completion_length"])  # type: ignore[arg-type]
+    kv = kv_cache_bytes(spec, rows, plan.seq_len, a)
+    t = rows * prompt
+    h = spec.hidden_size
+    prefill = max(3 * _round_block(a * t * spec.intermediate_size),
+                  2 * _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim))
+    prefill += 3 * _round_block(a * t * h) + 2 * _round_block(4 * rows * spec.vocab_size)
+    return kv, prefill
+
+
+def vllm_reservation_bytes(plan: TrainingPlan, gpu_bytes: int | None) -> int | None:
+    """vLLM colocated with training (use_vllm, vllm_mode 'colocate'): vLLM's documented behaviour is that its engine
+    takes ``gpu_memory_utilization`` x the GPU's total memory for its weights, activations and KV cache (vLLM
+    EngineArgs docs: "The fraction of GPU memory to be used for the model executor"); TRL passes
+    ``vllm_gpu_memory_utilization`` (default 0.3, grpo_config.py). Not measurable here (vLLM's own allocator): it
+    rests on that documentation. None when no GPU size is known (the estimate then says so); 0 in server mode (the
+    server runs on its own GPUs) or without vLLM."""
+    fields = resolved_trainer_fields(plan)
+    if plan.trainer != "grpo" or not fields.get("use_vllm"):
+        return 0
+    if fields.get("vllm_mode") == "server":
+        return 0
+    if gpu_bytes is None:
+        return None
+    return int(float(fields["vllm_gpu_memory_utilization"]) * gpu_bytes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TrainerExtras:
+    reference: str  # copy, adapter_disabled, none
+    reference_weights: int
+    reference_forward: int
+    kv_cache: int
+    generation_transient: int
+    generation: bool  # model.generate runs on this GPU (GRPO without vLLM)
+
+
+def trainer_step_peaks(r, phases_module):
+    """The forward, backward and optimizer peaks of a DPO/KTO/GRPO training step (and the GRPO generation phase).
+
+    The policy's step is :func:`sft_equivalent`'s (estimator/phases.py step_peaks over policy_rows x seq_len);
+    the reference copy's weights are static in every phase; the forward phase becomes the larger of the policy's
+    forward peak and the reference forward (static + the policy's saved activations and fused-head outputs +
+    :func:`reference_forward_bytes`). GRPO without vLLM adds a 'generation' phase: static + KV cache + prefill
+    temporaries (:func:`generation_bytes`), the gradients being None between optimizer steps."""
+    from .resolved import resolve
+
+    plan = r.plan
+    check_supported(plan)
+    Item, PhasePeak = phases_module.Item, phases_module.PhasePeak
+    policy = resolve(sft_equivalent(plan), r.spec)
+    forward, backward, optimizer, sizes = phases_module.step_peaks(policy)
+    mode = reference_mode(plan)
+    ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
+    why = {"copy": "a second frozen copy of the base model (TRL loads it in the policy's dtype)",
+           "adapter_disabled": "none: the reference is the policy's base with its LoRA adapters disabled",
+           "none": ("none: beta is 0, GRPO loads no reference model" if plan.trainer == "grpo" else
+                    "none: the reference log-probabilities are precomputed before training")}[mode]
+    ref_item = Item("reference_model", ref_w, why)
+    rows_note = {"dpo": f"DPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
+                 "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
+                 "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)"}[plan.trainer]
+
+    def with_ref(p):
+        items = tuple(Item(i.name, i.bytes, i.explanation + ("; " + rows_note if i.name == "activations" else ""))
+                      for i in p.items)
+        return PhasePeak(p.phase, p.bytes + ref_w, items[:1] + (ref_item,) + items[1:])
+
+    fwd = with_ref(forward)
+    if mode != "none" and plan.trainer in ("dpo", "kto"):
+        ref_fwd = reference_forward_bytes(policy)
+        kept = {i.name: i.bytes for i in fwd.items}
+        statics = sum(kept.get(n, 0) for n in ("weights", "reference_model", "quantization_constants",
+                                                "lora_adapters", "optimizer_states", "cuda_workspaces"))
+        from . import memory as m
+        loss_kept = m.loss_forward_bytes(policy) + m.lm_head_cast_bytes(policy)
+        total = statics + kept.get("activations", 0) + loss_kept + ref_fwd
+        if total > fwd.bytes:
+            items = tuple(i for i in fwd.items if i.name in ("weights", "reference_model", "quantization_constants",
+                                                             "lora_adapters", "optimizer_states", "cuda_workspaces",
+                                                             "activations"))
+            fwd = PhasePeak("forward", total, items + (
+                Item("logits_and_loss", loss_kept, "the policy's fused-head outputs and final hidden states, kept for backward"),
+                Item("reference_forward", ref_fwd, "the reference forward under no_grad: one block's temporaries "
+                     "(MLP or attention), the residual stream and the reference's per-token log-probabilities")))
+    extra = []
+    if plan.trainer == "grpo" and not resolved_trainer_fields(plan).get("use_vllm"):
+        kv, transient = generation_bytes(policy, plan)
+        statics = tuple(i for i in fwd.items if i.name in ("weights", "reference_model", "quantization_constants",
+                                                           "lora_adapters", "optimizer_states", "cuda_workspaces"))
+        rows = generation_rows(plan)
+        extra.append(PhasePeak("generation", sum(i.bytes for i in statics) + kv + transient, statics + (
+            Item("kv_cache", kv, f"model.generate's KV cache: 2 x {r.spec.num_layers} layers x {r.spec.kv_dim} kv_dim x "
+                 f"{plan.seq_len} tokens x {rows} sequences in {policy.compute_dtype}"),
+            Item("generation_temporaries", transient, "the prefill's no-grad block temporaries over the prompts and "
+                 "the fp32 next-token logits"))))
+    return fwd, with_ref(backward), with_ref(optimizer), sizes, tuple(extra)
+
+
+def assumptions(plan: TrainingPlan) -> list[str]:
+    """What the estimate takes for the trainer (estimate.assumptions)."""
+    fields = resolved_trainer_fields(plan)
+    mode = reference_mode(plan)
+    out = [f"trainer {plan.trainer} (TRL 1.16): policy forward over {policy_rows(plan)} rows of {plan.seq_len} tokens "
+           f"with TRL's fused LM head; reference: {mode}"]
+    if plan.trainer == "grpo":
+        if fields.get("use_vllm"):
+            if fields.get("vllm_mode") == "server":
+                out.append("vLLM server mode: generation runs on the server's own GPUs (not counted here); this GPU "
+                           "holds training alone")
+            else:
+                out.append(f"vLLM colocate: the engine takes {fields['vllm_gpu_memory_utilization']} of the GPU's "
+                           "memory (vLLM's documented gpu_memory_utilization, not measured); without a GPU given, "
+                           "that share is not in the figures")
+        else:
+            out.append(f"generation with model.generate: {generation_rows(plan)} sequences at once "
+                       f"(generation_batch_size per GPU), KV cache to {plan.seq_len} tokens "
+                       f"(prompt + max_completion_length {fields['max_completion_length']})")
+        out.append("the GRPO loss step scores prompt and completion positions (TRL's CPU path; on a GPU the fused head "
+                   "scores completion positions only: the estimate is an upper bound there)")
+    return out
