@@ -24,14 +24,15 @@ Tier = Literal["same_math", "changes_learning", "more_hardware"]
 TIER_NAMES: tuple[str, ...] = ("same_math", "changes_learning", "more_hardware")
 # The kinds of choice a user has (the search offers the best of each): the kind of a suggestion is the
 # last of these its changes touch, in this order (QLoRA on a shorter context is a shorter_context choice).
-Kind = Literal["same_math", "lower_precision", "fewer_trainable", "shorter_context", "cpu_offload", "more_gpus",
-               "larger_gpu"]
+Kind = Literal["same_math", "lower_precision", "fewer_trainable", "shorter_context", "fewer_generations", "cpu_offload",
+               "more_gpus", "larger_gpu"]
 KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
 KIND_WORDS = {
     "same_math": "same mathematics",
     "lower_precision": "lower precision (4-bit base or 8-bit optimizer states)",
     "fewer_trainable": "fewer trainable parameters",
-    "shorter_context": "shorter context",
+    "shorter_context": "shorter context (or GRPO completions)",
+    "fewer_generations": "fewer GRPO generations per prompt",
     "cpu_offload": "CPU offload",
     "more_gpus": "more GPUs",
     "larger_gpu": "a larger GPU",
@@ -61,6 +62,11 @@ QUALITY_WEIGHTS = {
     "full_to_lora": 2.0,
     "lora_to_qlora": 2.0,  # 4-bit NF4 base: QLoRA reports parity on its benchmarks; a risk, not a certainty
     "effective_batch": 1.0,  # a different number of sequences per optimizer step
+    # GRPO's group size: the advantage of a completion is its reward against its group's mean (Shao et al. 2024,
+    # DeepSeekMath, sec. 4.1: 64 per prompt; TRL's default 8); fewer samples make that baseline noisier
+    "num_generations_per_halving": 1.5,
+    # GRPO completions cut at max_completion_length: answers that need more are clipped (as seq_len's halving)
+    "completion_len_per_halving": 2.0,
     "other": 1.0,
 }
 
@@ -68,7 +74,8 @@ QUALITY_WEIGHTS = {
 
 COST_MODEL_TEXT = (
     "One suggestion per kind of choice (same mathematics; lower precision: QLoRA or 8-bit optimizer states; "
-    "fewer trainable parameters; shorter context; CPU offload; more GPUs; a larger GPU), the best of each, ranked by "
+    "fewer trainable parameters; shorter context; fewer GRPO generations; CPU offload; more GPUs; a larger GPU), the "
+    "best of each, ranked by "
     "user_cost: the quality penalty of learning changes, plus 3 per doubling of the time per training token, "
     "4 per doubling of the GPU count, 4 for a larger GPU, 1 for CPU offload. Slowdowns are approximate (see throughput)."
 )
@@ -150,13 +157,15 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
     extra = _hardware_cost(t, tp.gpu)
     _same_math_words(t, extra)
     _peft_extras_cost(t)
+    server_gpus = _trainer_cost(t)
+    extra += server_gpus
     for f in PLAN_FIELDS:
         if getattr(original, f) != getattr(plan, f) and f not in t.handled:
             t.learning(QUALITY_WEIGHTS["other"], f"{f} {getattr(original, f)!r} -> {getattr(plan, f)!r}")
     slow = tp.seconds_per_million_tokens / base_tp.seconds_per_million_tokens - 1.0
     kind = kind_of(original, plan, rm)
     return Cost(tier=TIER_NAMES[t.tier], tier_rank=t.tier, kind=kind,
-                user_cost=round(user_cost(kind, t.quality, slow, original.num_gpus, plan.num_gpus), 4),
+                user_cost=round(user_cost(kind, t.quality, slow, original.num_gpus, plan.num_gpus + server_gpus), 4),
                 quality_penalty=round(t.quality, 4), extra_gpus=extra,
                 slowdown_fraction=round(slow, 4), context_tokens_lost=t.lost, effective_batch_before=eb0,
                 effective_batch_after=eb1, summary=_summary(t.tier, t.quality, extra, slow, t.lost),
@@ -165,6 +174,18 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
 
 def _context_cost(t: _Tally) -> None:
     o, p, w = t.original, t.plan, QUALITY_WEIGHTS
+    if p.trainer == o.trainer == "grpo":  # seq_len is the prompt plus the completion: the prompt's share is the context
+        from .knobs import trainer_setting
+
+        p0 = o.seq_len - int(trainer_setting(o, "max_completion_length"))
+        p1 = p.seq_len - int(trainer_setting(p, "max_completion_length"))
+        if p1 < p0:
+            t.lost = p0 - p1
+            t.learning(w["seq_len_per_halving"] * math.log2(p0 / max(p1, 1)),
+                       f"{t.lost} fewer prompt tokens ({p0} -> {p1}; seq_len {o.seq_len} -> {p.seq_len}): longer prompts "
+                       "must be shortened")
+        t.handled.add("seq_len")
+        return
     if p.seq_len < o.seq_len:
         t.lost = o.seq_len - p.seq_len
         t.learning(w["seq_len_per_halving"] * math.log2(o.seq_len / p.seq_len),
@@ -304,15 +325,79 @@ def _peft_extras_cost(t: _Tally) -> None:
     t.handled |= {"use_dora", "modules_to_save"}
 
 
+def _vllm_server_gpus(original: TrainingPlan, plan: TrainingPlan) -> int:
+    """GPUs a change adds for a vLLM server (GRPO colocate -> server: one, TRL's vllm_tensor_parallel_size 1)."""
+    from .knobs import trainer_setting
+
+    if plan.trainer != "grpo" or not trainer_setting(plan, "use_vllm"):
+        return 0
+    was_server = bool(trainer_setting(original, "use_vllm")) and trainer_setting(original, "vllm_mode") == "server"
+    return int(trainer_setting(plan, "vllm_mode") == "server" and not was_server)
+
+
+def _trainer_cost(t: _Tally) -> int:
+    """The trainers' knobs (estimator/knobs.py): the reference model and vLLM's share keep the mathematics, GRPO's
+    group size and completion length change what is learned, vLLM on its own GPU is more hardware. Returns the
+    GPUs a vLLM server adds."""
+    from .knobs import trainer_setting
+
+    o, p, w, say = t.original, t.plan, QUALITY_WEIGHTS, t.details.append
+    if p.trainer != o.trainer:
+        return 0  # another trainer altogether: the generic rule prices it
+    if trainer_setting(p, "precompute_ref_log_probs") and not trainer_setting(o, "precompute_ref_log_probs"):
+        say("precompute the reference log-probabilities (precompute_ref_log_probs): the same loss; one pass of the "
+            "reference over the whole dataset before training (about one forward per sample, once), then no reference "
+            "model in the step")
+    if p.reference_model != o.reference_model and p.reference_model == "adapter_disabled":
+        say("the adapter-disabled base as the reference (reference_model adapter_disabled): the same reference, since "
+            "the adapters start from the base, without a second copy of the weights; its forward runs through the "
+            "policy with the adapters off")
+    u0, u1 = trainer_setting(o, "vllm_gpu_memory_utilization"), trainer_setting(p, "vllm_gpu_memory_utilization")
+    if u0 is not None and u1 is not None and u1 != u0:
+        say(f"vLLM reserves {u1:.0%} of the GPU instead of {u0:.0%} (vllm_gpu_memory_utilization): the same "
+            "mathematics, a smaller KV cache for vLLM, so it generates fewer sequences at once and more slowly"
+            + (" (when the model's weights no longer fit in it, vLLM refuses to start)" if u1 < u0 else ""))
+    n0, n1 = trainer_setting(o, "num_generations"), trainer_setting(p, "num_generations")
+    if n0 and n1 and n1 != n0:
+        if n1 < n0:
+            t.learning(w["num_generations_per_halving"] * math.log2(n0 / n1),
+                       f"GRPO's group {n0} -> {n1} completions per prompt (num_generations): each completion is judged "
+                       "against fewer others, a noisier advantage; less to generate and score")
+        else:
+            t.learning(w["other"], f"num_generations {n0} -> {n1}")
+    l0, l1 = trainer_setting(o, "max_completion_length"), trainer_setting(p, "max_completion_length")
+    if l0 and l1 and l1 != l0:
+        if l1 < l0:
+            t.learning(w["completion_len_per_halving"] * math.log2(l0 / l1),
+                       f"completions cut at {l1} tokens instead of {l0} (max_completion_length): answers that need more "
+                       "are clipped, and a task with long reasoning learns less")
+        else:
+            t.learning(w["other"], f"max_completion_length {l0} -> {l1}")
+    server = _vllm_server_gpus(o, p)
+    if server:
+        t.tier = 2
+        say("vLLM on its own GPU (vllm_mode server, started with `trl vllm-serve`): the training GPU no longer holds "
+            f"vLLM's reservation; {server} more GPU for the server")
+    t.handled |= {"precompute_ref_log_probs", "reference_model", "vllm_gpu_memory_utilization", "num_generations",
+                  "max_completion_length", "vllm_mode"}
+    return server
+
+
 def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> str:
     """The kind of choice ``plan`` is (KINDS): the last kind in KINDS order that its changes touch."""
+    from .knobs import trainer_setting
+
     if plan.gpu != original.gpu or plan.gpu_vram_gb != original.gpu_vram_gb:
         return "larger_gpu"
-    if plan.num_gpus > original.num_gpus:
+    if plan.num_gpus > original.num_gpus or _vllm_server_gpus(original, plan):
         return "more_gpus"
     if (plan.offload_optimizer and not original.offload_optimizer) or (plan.offload_params and not original.offload_params):
         return "cpu_offload"
-    if plan.seq_len < original.seq_len:
+    if plan.trainer == original.trainer == "grpo" and (
+            trainer_setting(plan, "num_generations") < trainer_setting(original, "num_generations")):
+        return "fewer_generations"
+    if plan.seq_len < original.seq_len or (plan.trainer == original.trainer == "grpo" and (
+            trainer_setting(plan, "max_completion_length") < trainer_setting(original, "max_completion_length"))):
         return "shorter_context"
     fewer = ((original.method == "full" and plan.method != "full")
              or (plan.uses_adapters and original.uses_adapters and plan.lora_r < original.lora_r)

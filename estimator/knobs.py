@@ -12,12 +12,18 @@ from .models import ResolvedModel
 from .plan import MAX_NUM_GPUS, TrainingPlan
 from .moe_adapters import PEFT_EXPERT_TARGETS
 from .spec import PEFT_DEFAULT_TARGETS
+from .trainers import TRAINER_DEFAULTS
 
 
 SEQ_LEN_FLOOR = 256
 SEQ_LEN_GRID = 128
 LORA_R_FLOOR = 4
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+NUM_GENERATIONS_FLOOR = 2  # GRPO compares the completions of a group: two at least
+COMPLETION_LEN_FLOOR = 128
+COMPLETION_LEN_GRID = 128
+VLLM_UTILIZATION_STEP = 0.05
+VLLM_UTILIZATION_FLOOR = 0.1
 MULTI_GPU_SHARDINGS = ("ddp", "zero2", "zero3", "fsdp_full_shard")
 
 
@@ -41,6 +47,52 @@ def current_targets(plan: TrainingPlan, rm: ResolvedModel) -> tuple[str, ...] | 
     if plan.target_modules == "all-linear":
         return names
     return tuple(n for n in plan.target_modules if n in names)
+
+
+def trainer_setting(plan: TrainingPlan, name: str):
+    """A trainer field: the plan's value, or the trainer's TRL 1.16 default (estimator/trainers.py)."""
+    value = getattr(plan, name)
+    return value if value is not None else TRAINER_DEFAULTS.get(plan.trainer, {}).get(name)
+
+
+def vllm_colocated(plan: TrainingPlan) -> bool:
+    return plan.trainer == "grpo" and bool(trainer_setting(plan, "use_vllm")) and trainer_setting(plan, "vllm_mode") == "colocate"
+
+
+def _trainer_knobs(p: TrainingPlan) -> list[Knob]:
+    """The knobs of the trainers beyond SFT (docs/search.md): tier 0 the reference model and vLLM's share of the GPU,
+    tier 1 GRPO's group size and completion length, tier 2 vLLM on its own GPU."""
+    knobs: list[Knob] = []
+    t = p.trainer
+    if t in ("dpo", "kto") and not trainer_setting(p, "precompute_ref_log_probs"):
+        # a pre-pass over the data computes the reference log-probabilities; the step then holds no reference
+        knobs.append(Knob("precompute_ref_log_probs", 0, [{"precompute_ref_log_probs": True}]))
+    if t in ("dpo", "kto", "grpo") and p.uses_adapters and p.reference_model == "copy":
+        knobs.append(Knob("reference_model", 0, [{"reference_model": "adapter_disabled"}]))
+    if vllm_colocated(p):
+        u = float(trainer_setting(p, "vllm_gpu_memory_utilization"))
+        levels, k = [], 1
+        while round(u - k * VLLM_UTILIZATION_STEP, 2) >= VLLM_UTILIZATION_FLOOR:
+            levels.append({"vllm_gpu_memory_utilization": round(u - k * VLLM_UTILIZATION_STEP, 2)})
+            k += 1
+        if levels:
+            knobs.append(Knob("vllm_gpu_memory_utilization", 0, levels, monotone=True))
+    if t == "grpo":
+        n = int(trainer_setting(p, "num_generations"))
+        values = []
+        while n // 2 >= NUM_GENERATIONS_FLOOR:
+            n //= 2
+            values.append(n)
+        if values:
+            knobs.append(Knob("num_generations", 1, [{"num_generations": v} for v in values], monotone=True))
+        length = int(trainer_setting(p, "max_completion_length"))
+        if length > COMPLETION_LEN_FLOOR:
+            # seq_len is GRPO's prompt plus completion: the prompt keeps its share, seq_len falls with the completion
+            top = (length - 1) // COMPLETION_LEN_GRID * COMPLETION_LEN_GRID
+            values = list(range(top, COMPLETION_LEN_FLOOR - 1, -COMPLETION_LEN_GRID)) or [COMPLETION_LEN_FLOOR]
+            knobs.append(Knob("max_completion_length", 1, [{"max_completion_length": v, "seq_len": p.seq_len - (length - v)}
+                                                           for v in values if p.seq_len - (length - v) >= 1], monotone=True))
+    return knobs
 
 
 def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[Knob]:
@@ -152,8 +204,14 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
             if total % n == 0 and total // n != p.gradient_accumulation_steps:
                 hw.append({**lv, "gradient_accumulation_steps": total // n})  # keeps the effective batch
             hw.append(lv)
+    trainer_knobs = _trainer_knobs(p)
+    knobs[:0] = [k for k in trainer_knobs if k.tier == 0]  # same mathematics: first in cost order
+    at = max((i for i, k in enumerate(knobs) if k.tier <= 1), default=-1) + 1
+    knobs[at:at] = [k for k in trainer_knobs if k.tier == 1]
     if hw:
         knobs.append(Knob("num_gpus", 2, hw))
+    if vllm_colocated(p):  # more hardware: vLLM on its own GPU (`trl vllm-serve`), the training GPU keeps no reservation
+        knobs.append(Knob("vllm_mode", 2, [{"vllm_mode": "server"}]))
     # pins: a level that touches a pinned field is not allowed
     out = []
     for k in knobs:

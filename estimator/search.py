@@ -410,6 +410,13 @@ class _Search:
                 got = self.combo(recipe)
                 if got is not None:
                     found.append(got)
+        # vLLM on its own GPU (GRPO): alone, then with the same-math knobs
+        for knob in [k for k in self.knobs if k.name == "vllm_mode"]:
+            for base in ([], no_off, tier0):
+                got = self.combo(base + [knob])
+                if got is not None:
+                    found.append(got)
+                    break
         # more hardware: alone, with same-math knobs, and with offload as a last resort; a larger GPU
         for base in ([], no_off, tier0):
             got = self.hw_combo(base)
@@ -579,7 +586,7 @@ def _other_hardware_for_the_plan(search: _Search, result: SuggestResult, pins: l
     if "num_gpus" in pins:
         result.notes.append("num_gpus is pinned: no multi-GPU alternative was searched")
         return
-    hw = [k for k in search.knobs if k.tier == 2]
+    hw = [k for k in search.knobs if k.name == "num_gpus"]
     for lv in (hw[0].levels if hw else []):  # sharding only
         if "gradient_accumulation_steps" not in lv and search.ev.fits(lv):
             got = search.ev.get(lv)

@@ -53,6 +53,14 @@ _LENGTH_WORDS = {
 }
 
 
+def length_limit(plan: TrainingPlan) -> int:
+    """The most tokens a row may have: seq_len (max_length); for grpo the prompt's share of seq_len (seq_len is the
+    longest prompt plus its completion, max_completion_length)."""
+    if plan.trainer == "grpo":
+        return plan.seq_len - int(setting(plan, "max_completion_length"))
+    return plan.seq_len
+
+
 # ---------------------------------------------------------------------------------------------- the plan's values
 
 
@@ -67,17 +75,18 @@ def setting(plan: TrainingPlan, name: str):
 def reference_of(plan: TrainingPlan) -> str:
     """The reference model the step holds: 'copy', 'adapter_disabled' or 'none' (as TRL 1.16 decides it).
 
-    dpo/kto: the plan's reference_model; else none when the log-probabilities are precomputed, the adapter-disabled
-    base with LoRA/QLoRA, a copy for full fine-tuning. grpo: none when beta is 0 (TRL's default), else as dpo.
-    orpo, reward, sft: none (no reference)."""
+    dpo/kto: none when the log-probabilities are precomputed (once, before training); else the plan's
+    reference_model; else the adapter-disabled base with LoRA/QLoRA, a copy for full fine-tuning. grpo: none when beta
+    is 0 (TRL's default), else as dpo. orpo, reward, sft: none (no reference). The estimator decides it the same way.
+    """
     if plan.trainer not in ("dpo", "kto", "grpo"):
         return "none"
     if plan.trainer == "grpo" and not setting(plan, "beta"):
         return "none"
-    if plan.reference_model is not None:
-        return plan.reference_model
     if plan.trainer != "grpo" and setting(plan, "precompute_ref_log_probs"):
         return "none"
+    if plan.reference_model is not None:
+        return plan.reference_model
     return "adapter_disabled" if plan.uses_adapters else "copy"
 
 
@@ -107,6 +116,10 @@ def trainer_problems(plan: TrainingPlan) -> list[str]:
             problems.append("reference_model: TRL's GRPOTrainer always uses the adapter-disabled base as the "
                             "reference with LoRA/QLoRA (it takes no separate reference model); use "
                             "'adapter_disabled' or leave it null")
+        completion = setting(plan, "max_completion_length")
+        if completion is not None and completion >= plan.seq_len:
+            problems.append(f"max_completion_length: {completion} must be below seq_len {plan.seq_len} (for grpo, "
+                            "seq_len is the longest prompt plus its completion)")
         gens = setting(plan, "num_generations")
         if gens is not None and gens < 2:
             problems.append("num_generations: GRPO compares the completions of a group; use at least 2")
@@ -196,16 +209,17 @@ def check_sequence_lengths(plan: TrainingPlan, rows, lengths: list[int], path: P
     """Refuse rows longer than seq_len (naming them), unless truncation: true; returns how many are longer."""
     from .runtime import SampleTooLongError
 
-    too_long = [(row, n) for row, n in zip(rows, lengths) if n > plan.seq_len]
+    limit = length_limit(plan)
+    too_long = [(row, n) for row, n in zip(rows, lengths) if n > limit]
     if too_long and not plan.truncation:
         first, count = too_long[0]
         more = (f" ({len(too_long)} rows are too long; the first ones: "
                 + ", ".join(f"{r.where}: {n}" for r, n in too_long[:5]) + ")") if len(too_long) > 1 else ""
-        bound = "the prompt length" if plan.trainer == "grpo" else "max_length"
+        bound = (f"seq_len {plan.seq_len} less max_completion_length {plan.seq_len - limit}, the prompt's share"
+                 if plan.trainer == "grpo" else f"seq_len {plan.seq_len}, the {plan.trainer} plan's max_length")
         raise SampleTooLongError(
             f"dataset: {first.where} of {str(path)!r} is {count} tokens ({_LENGTH_WORDS[plan.trainer]}), longer than "
-            f"seq_len {plan.seq_len} ({bound} of the {plan.trainer} plan){more}; shorten or drop it, raise seq_len in "
-            "the recipe (and estimate again)"
+            f"{limit} ({bound}){more}; shorten or drop it, raise seq_len in the recipe (and estimate again)"
             + ("" if plan.trainer in ("grpo", "reward") else ", or set truncation: true to let TRL cut it")
         )
     return len(too_long)

@@ -114,7 +114,7 @@ def test_pairs_and_prompts_longer_than_seq_len_are_refused(tiny_model, tmp_path)
     data = _write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "ok", "chosen": " yes", "rejected": " no"},
                                                    {"prompt": "ok", "chosen": long, "rejected": " no"}])
     for trainer in ("dpo", "orpo", "reward"):
-        with pytest.raises(SampleTooLongError, match=r"line 2 .*longer than seq_len 64"):
+        with pytest.raises(SampleTooLongError, match=r"line 2 .*longer than 64 \(seq_len 64"):
             prepare(_plan(tiny_model, trainer, dataset=str(data)), device="cpu", output_dir=tmp_path / "o")
     kto = _write_jsonl(tmp_path / "kto.jsonl", [{"prompt": long, "completion": " a", "label": True}])
     with pytest.raises(SampleTooLongError, match="prompt with its completion"):
