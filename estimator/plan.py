@@ -224,8 +224,10 @@ class TrainingPlan(BaseModel):
         "sft",
         description=(
             "TRL trainer: sft (SFTTrainer), dpo, orpo, kto, reward (RewardTrainer, a sequence-classification head) "
-            "or grpo. For dpo/orpo/kto/reward, seq_len is max_length (each of chosen and rejected); for grpo it is "
-            "the prompt length and max_completion_length the completion's."
+            "or grpo. For dpo/orpo/kto/reward, seq_len is max_length (the prompt with each of chosen and rejected); "
+            "for grpo it is the longest prompt plus its completion (max_completion_length). Ask for dpo/kto: is the "
+            "reference a copy, the adapter-disabled base, or precomputed; for grpo: num_generations, "
+            "max_completion_length, beta (a reference only above 0), use_vllm and vllm_mode."
         ),
     )
     precompute_ref_log_probs: bool | None = Field(

@@ -52,7 +52,9 @@ with the same arguments and apply the first suggestion's changes (a list of {fie
 fits, make_recipe. Every argument has a default; fields not listed as arguments go in the plan object
 (canifinetune://schema/plan lists them). The estimate is for the trainer named by framework (default trl,
 what make_recipe writes): when the user trains with a script or tool of their own, ask which and set
-framework; the same plan can need 20-30% more under another stack. Resources: canifinetune://catalog/gpus,
+framework; the same plan can need 20-30% more under another stack. For preference or RL training set trainer
+(dpo, orpo, kto, reward, grpo) and ask for its fields (reference model, GRPO's num_generations,
+max_completion_length, use_vllm/vllm_mode): they go in the plan object. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
 
 def _annotations(offline: bool) -> ToolAnnotations:
@@ -291,9 +293,10 @@ def _tool_function(name: str, impl, params: list[inspect.Parameter], output: typ
 
 
 ESTIMATE_DOC = """\
-Peak GPU memory of fine-tuning a Hugging Face causal LM, judged against a GPU: verdict (fits, tight,
-does_not_fit, unknown), need vs have, the budget by component. Give model and gpu (or gpu_vram_gb); the rest
-defaults to TRL SFTTrainer with LoRA. Ask which trainer the user runs (framework)."""
+Peak GPU memory of fine-tuning a Hugging Face causal LM against a GPU: verdict, need vs have, the budget by
+component. Give model and gpu (or gpu_vram_gb); the rest defaults to TRL SFTTrainer with LoRA. Ask which
+trainer the user runs (framework); for DPO/KTO/GRPO (trainer) ask about the reference model, generations,
+completion length and vLLM (plan fields)."""
 
 SUGGEST_DOC = """\
 Configurations that fit, best first (one per kind: same mathematics, lower precision, shorter context,

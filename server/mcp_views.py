@@ -32,13 +32,13 @@ RECIPE_URI_PREFIX = "canifinetune://recipe/"
 
 # Flat arguments of all three tools: what changes memory and what an assistant changes first, in that order.
 MEMORY_FIELDS = ("model", "gpu", "gpu_vram_gb", "method", "seq_len", "batch_size", "gradient_checkpointing",
-                 "target_modules", "optim", "dtype", "framework")
+                 "target_modules", "optim", "dtype", "framework", "trainer")
 # make_recipe's own: the run, not its memory.
 RECIPE_FIELDS = ("dataset", "truncation", "learning_rate", "max_steps", "num_train_epochs", "output_dir")
 
 # Short descriptions (None: the name and type say it all); the plan's own are in canifinetune://schema/plan.
 SHORT: dict[str, str | None] = {
-    "model": "HF id, catalog name or local folder (optional with config)",
+    "model": "HF id, catalog name or local folder",
     "gpu": "GPU name, e.g. 'RTX 4090', 'A100 80GB'",
     "gpu_vram_gb": "GPU memory in GB, instead of gpu",
     "method": "qlora: 4-bit base + LoRA",
@@ -49,6 +49,7 @@ SHORT: dict[str, str | None] = {
     "optim": None,
     "dtype": "T4/V100: fp16",
     "framework": "the user's trainer: ask",
+    "trainer": "not sft: ask its fields (plan)",
     "dataset": "JSONL file or folder",
     "truncation": "cut samples over seq_len",
     "learning_rate": None,
@@ -56,7 +57,7 @@ SHORT: dict[str, str | None] = {
     "num_train_epochs": None,
     "output_dir": None,
 }
-PLAN_DESCRIPTION = f"other plan fields, e.g. {{\"lora_r\": 32}} (all: {PLAN_SCHEMA_URI})"
+PLAN_DESCRIPTION = f"other plan fields, e.g. {{\"lora_r\": 32}} ({PLAN_SCHEMA_URI})"
 CONFIG_DESCRIPTION = "the user's training config file as text (Axolotl, LLaMA-Factory, TRL, HF, PEFT, DeepSpeed)"
 KEEP_DESCRIPTION = "fields not to change, e.g. ['seq_len']; ['gpu', 'num_gpus'] stays on these GPUs"
 
@@ -491,7 +492,8 @@ def plan_from_key(key: str) -> TrainingPlan:
 
 
 def mime_of(name: str) -> str:
-    return {".yaml": "application/yaml", ".json": "application/json", ".sh": "text/x-shellscript"}.get(
+    return {".yaml": "application/yaml", ".json": "application/json", ".sh": "text/x-shellscript",
+            ".jsonl": "application/jsonl", ".py": "text/x-python"}.get(
         name[name.rfind("."):], "text/plain")
 
 

@@ -447,6 +447,54 @@ async def test_make_recipe_real():
     assert "not a recipe this server made" in str(err.value)
 
 
+# ------------------------------------------------------------------------------------------- trainers (issue 17)
+
+
+async def test_trainer_is_flat_and_its_fields_go_in_the_plan_object():
+    """trainer is a flat argument whose description says to ask for its fields; those fields go in plan (the plan
+    resource documents them); a field of another trainer is refused naming it; the tool says when to ask."""
+    async with Client(build_server()) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        doc = json.loads((await client.read_resource(PLAN_SCHEMA_URI)).contents[0].text)
+        for name in ("estimate_memory", "suggest_cheaper_config", "make_recipe"):
+            prop = tools[name].input_schema["properties"]["trainer"]
+            assert prop["enum"] == ["sft", "dpo", "orpo", "kto", "reward", "grpo"] and prop["default"] == "sft"
+            assert "ask" in prop["description"]
+        assert "reference model" in tools["estimate_memory"].description and "vLLM" in tools["estimate_memory"].description
+        for field in ("precompute_ref_log_probs", "reference_model", "num_generations", "max_completion_length",
+                      "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"):
+            assert field in doc["properties"] and field not in tools["estimate_memory"].input_schema["properties"]
+        wrong = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "trainer": "dpo",
+                                                           "plan": {"num_generations": 4}})
+        flat = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "trainer": "GRPO",
+                                                          "num_generations": 4, "gpu": "RTX 4090"})
+    assert wrong.is_error and "num_generations" in text_of(wrong) and "grpo" in text_of(wrong)
+    if flat.is_error:  # the estimate of this trainer is the estimator's (issue 17.2); until then it says so
+        assert "trainer" in text_of(flat) and "not estimated yet" in text_of(flat)
+    else:
+        assert flat.structured_content["plan"]["trainer"] == "grpo"
+        assert flat.structured_content["plan"]["num_generations"] == 4
+
+
+@needs_recipes
+async def test_make_recipe_for_a_trainer_ships_its_example_data():
+    args = {"model": "Qwen/Qwen2.5-0.5B", "gpu": "RTX 4090", "trainer": "grpo", "seq_len": 1024,
+            "plan": {"num_generations": 4, "max_completion_length": 256}}
+    async with Client(build_server()) as client:
+        result = await client.call_tool("make_recipe", args)
+        if result.is_error and "not estimated yet" in text_of(result):
+            pytest.skip(f"the grpo estimate has not landed yet: {text_of(result)}")
+        assert not result.is_error, text_of(result)
+        out = RecipeView.model_validate(result.structured_content)
+        links = {c.name: c for c in result.content if c.type == "resource_link"}
+        data = (await client.read_resource(out.files["example_data.jsonl"])).contents[0].text
+        reward = (await client.read_resource(out.files["reward.py"])).contents[0].text
+    assert links["example_data.jsonl"].mime_type == "application/jsonl" and links["reward.py"].mime_type == "text/x-python"
+    assert all(set(json.loads(line)) == {"prompt"} for line in data.splitlines())
+    assert "def reward(prompts, completions" in reward
+    assert "--trainer grpo" in out.cli_command and "--num-generations 4" in out.cli_command
+
+
 # ------------------------------------------------------------------------------------------- resources
 
 
