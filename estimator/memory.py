@@ -535,7 +535,10 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     states of the N = B·(S-1) scored positions, copied contiguous (a·N·H), and seven fp32 per-token
     statistics. standard (transformers ForCausalLMLoss): the logits a·T·V (kept by the model output)
     and log_softmax's fp32 output 4·T·V (saved for backward); the fp32 upcast it was taken of is freed
-    once log_softmax has run (:func:`loss_forward_transient_bytes`).
+    once log_softmax has run (:func:`loss_forward_transient_bytes`). A model that softcaps its logits
+    (Gemma2: ``logits = tanh(logits / cap) * cap`` in transformers 5.24 modeling_gemma2.py) also keeps
+    tanh's output for its backward, another a·T·V (found on cohort v2 case v23, where three T x V
+    compute-dtype tensors were live at the peak: the logits, tanh's output and autocast's head copy).
     """
     spec = r.spec
     plan = r.plan
@@ -544,8 +547,10 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     if r.loss_implementation == "chunked":
         return _round_block(a * n * spec.hidden_size) + 8 * _round_block(4 * n)
     t = r.tokens
+    softcap = _round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
     # + a trainable modules_to_save head's input (and cast): peft_knobs.head_copy_saved_bytes
-    return _round_block(a * t * spec.vocab_size) + _round_block(4 * t * spec.vocab_size) + peft_knobs.head_copy_saved_bytes(r)
+    return (_round_block(a * t * spec.vocab_size) + softcap + _round_block(4 * t * spec.vocab_size)
+            + peft_knobs.head_copy_saved_bytes(r))
 
 
 def lm_head_cast_bytes(r: ResolvedPlan) -> int:
