@@ -171,8 +171,10 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
         f"calibration:      {est.calibration_version}",
         "",
         "run (from this folder):  " + shlex.join(argv),
-        "check it first:          " + shlex.join(["canifinetune", "train", RECIPE_FILE, "--probe", "3"])
-        + "   (measures 3 steps on your GPU beside these numbers)",
+        ("check it first:          " + shlex.join(["canifinetune", "train", RECIPE_FILE, "--probe", "3"])
+         + "   (measures 3 steps on your GPU beside these numbers)") if plan.trainer == "sft" else
+        ("check it first:          set max_steps: 3 in recipe.yaml, run it and watch nvidia-smi (--probe measures "
+         "SFT steps only)"),
     ]
     if plan.dataset is None:
         lines.append("dataset:                none in the plan: add --dataset FILE.jsonl (or a dataset folder) to the train command")
