@@ -52,7 +52,7 @@ with the same arguments and apply the first suggestion's changes (a list of {fie
 fits, make_recipe. Every argument has a default; fields not listed as arguments go in the plan object
 (canifinetune://schema/plan lists them). The estimate is for the trainer named by framework (default trl,
 what make_recipe writes): when the user trains with a script or tool of their own, ask which and set
-framework; the same plan can need 20-30% more under another stack. For preference or RL training set trainer
+framework; the same plan can need twice the memory under another stack. For preference or RL training set trainer
 (dpo, orpo, kto, reward, grpo) and ask for its fields (reference model, GRPO's num_generations,
 max_completion_length, use_vllm/vllm_mode): they go in the plan object. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
