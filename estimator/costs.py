@@ -378,6 +378,10 @@ def _trainer_cost(t: _Tally) -> int:
         t.tier = 2
         say("vLLM on its own GPU (vllm_mode server, started with `trl vllm-serve`): the training GPU no longer holds "
             f"vLLM's reservation; {server} more GPU for the server")
+    g0, g1 = o.generation_batch_size, p.generation_batch_size
+    if g0 is not None and g1 is not None and g1 != g0 and n0 and n1 and g0 * n1 == g1 * n0:
+        say(f"generation batch {g0} -> {g1} completions: the same {g1 // n1} prompts per generation round")
+        t.handled.add("generation_batch_size")
     t.handled |= {"precompute_ref_log_probs", "reference_model", "vllm_gpu_memory_utilization", "num_generations",
                   "max_completion_length", "vllm_mode"}
     return server

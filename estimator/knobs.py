@@ -78,13 +78,22 @@ def _trainer_knobs(p: TrainingPlan) -> list[Knob]:
         if levels:
             knobs.append(Knob("vllm_gpu_memory_utilization", 0, levels, monotone=True))
     if t == "grpo":
-        n = int(trainer_setting(p, "num_generations"))
-        values = []
+        n0 = n = int(trainer_setting(p, "num_generations"))
+        levels = []
         while n // 2 >= NUM_GENERATIONS_FLOOR:
             n //= 2
-            values.append(n)
-        if values:
-            knobs.append(Knob("num_generations", 1, [{"num_generations": v} for v in values], monotone=True))
+            level: dict = {"num_generations": n}
+            gbs = p.generation_batch_size
+            if gbs is not None:
+                # the generation batch counts completions: the same prompts per round, fewer completions each (what
+                # saves memory; TRL's default batch, batch_size x GPUs x steps_per_generation, does not follow it)
+                smaller = gbs * n // n0
+                if smaller * n0 != gbs * n or smaller % (p.batch_size * p.num_gpus):
+                    break
+                level["generation_batch_size"] = smaller
+            levels.append(level)
+        if levels:
+            knobs.append(Knob("num_generations", 1, levels, monotone=True))
         length = int(trainer_setting(p, "max_completion_length"))
         if length > COMPLETION_LEN_FLOOR:
             # seq_len is GRPO's prompt plus completion: the prompt keeps its share, seq_len falls with the completion

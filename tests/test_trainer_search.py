@@ -67,6 +67,10 @@ def test_grpo_knobs_group_size_completion_length_and_vllm():
     levels = knobs["max_completion_length"].levels
     assert levels[0] == {"max_completion_length": 384, "seq_len": 896} and levels[-1] == {"max_completion_length": 128, "seq_len": 640}
     assert knobs["vllm_mode"].tier == 2 and knobs["vllm_mode"].levels == [{"vllm_mode": "server"}]
+    # with the generation batch set, it shrinks with the group (the same prompts per round), while TRL allows it
+    set_gbs = _knobs(_plan(trainer="grpo", seq_len=1024, batch_size=4, generation_batch_size=32))["num_generations"]
+    assert set_gbs.levels == [{"num_generations": 4, "generation_batch_size": 16},
+                              {"num_generations": 2, "generation_batch_size": 8}]
     # without vLLM, or already on a server: no vLLM knobs
     assert not {"vllm_mode", "vllm_gpu_memory_utilization"} & set(_knobs(_plan(trainer="grpo", seq_len=1024)))
     assert "vllm_mode" not in _knobs(_plan(trainer="grpo", use_vllm=True, vllm_mode="server", seq_len=1024))
@@ -78,6 +82,9 @@ def test_grpo_costs_learning_and_hardware():
     assert (c.tier, c.kind) == ("changes_learning", "fewer_generations")
     assert c.quality_penalty == pytest.approx(QUALITY_WEIGHTS["num_generations_per_halving"] * 2)
     assert any("noisier advantage" in d for d in c.details)
+    c = _cost(plan.replace(batch_size=4, generation_batch_size=32), num_generations=4, generation_batch_size=16)
+    assert c.kind == "fewer_generations" and c.quality_penalty == pytest.approx(QUALITY_WEIGHTS["num_generations_per_halving"])
+    assert any("the same 4 prompts per generation round" in d for d in c.details)
     c = _cost(plan, max_completion_length=256, seq_len=768)
     assert (c.tier, c.kind) == ("changes_learning", "shorter_context")
     assert c.quality_penalty == pytest.approx(QUALITY_WEIGHTS["completion_len_per_halving"])  # 512 -> 256, prompt kept
