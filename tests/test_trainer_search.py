@@ -131,3 +131,17 @@ def test_a_colocated_grpo_plan_can_move_vllm_to_its_own_gpu():
         assert s.estimate.verdict == "fits"
         if any(c.field == "vllm_mode" for c in s.changes):
             assert s.cost.kind == "more_gpus" and s.cost.extra_gpus >= 1
+
+
+def test_the_cli_takes_the_trainer_and_its_fields(capsys):
+    from canifinetune.server.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--trainer", "--precompute-ref-log-probs", "--reference-model", "--beta", "--loss-type",
+                 "--num-generations", "--max-completion-length", "--generation-batch-size", "--steps-per-generation",
+                 "--use-vllm", "--vllm-mode", "--vllm-gpu-memory-utilization", "--vllm-max-model-length"):
+        assert flag in out, flag
+    assert main(["estimate", "--model", MODEL, "--trainer", "dpo", "--num-generations", "4", "--offline"]) == 2
+    assert "num_generations" in capsys.readouterr().err
