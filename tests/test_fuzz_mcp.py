@@ -161,6 +161,11 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
                             st.lists(st.sampled_from(["a b", "q;proj", "$(x)", "../q", ""]), min_size=1, max_size=3),
                             st.lists(_with_control(), min_size=1, max_size=2), st.integers(), st.just({"q_proj": 1}))
         return valid, invalid
+    if name == "loss_type":  # a TRL loss name (dpo's sigmoid, ipo, ...; grpo's dapo, grpo, ...): lower-case words
+        valid = st.one_of(st.none(), st.sampled_from(["sigmoid", "ipo", "hinge", "dapo", "grpo", "bnpo", "dr_grpo"]))
+        invalid = st.one_of(st.sampled_from(["", "Sigmoid!", "a b", "$(x)", "../x", "x" * 33, "🤗"]), _with_control(),
+                            st.integers(), st.floats(allow_nan=False, allow_infinity=False), WRONG_SHAPES)
+        return valid, invalid
     if get_origin(base) is typing.Literal:
         choices = get_args(base)
         # choices are case-insensitive ('QLoRA', ' BF16'; issue 15): those spellings are valid, other text is not
@@ -182,10 +187,10 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
             st.sampled_from([2**63, 2**64, -(2**63) - 1, 10**30, 10**100]),
             st.floats(lo, hi, allow_nan=False).filter(lambda x: not x.is_integer()),
             st.sampled_from(["", "abc", "NaN", "inf", "12abc", "1.5", "1e3", "[]", "🤗"]),
-            st.sampled_from([math.nan, math.inf, -math.inf]),  # JSON has none: the client sends null
+            *([st.sampled_from([math.nan, math.inf, -math.inf])] if not optional else []),  # JSON has none: null
             WRONG_SHAPES, *none_invalid,
         )
-        return valid, invalid
+        return (st.one_of(st.none(), valid) if optional else valid), invalid
     if base is float:
         lo = b.get("ge", b.get("gt"))
         hi = b.get("le", b.get("lt"))
