@@ -1,0 +1,146 @@
+"""Memory of TRL 1.16's trainers beyond SFT (estimator/trainer_memory.py): pure-estimator facts, and two small
+fake-tensor measurements (benchmarks/validation/trainer_fake.py) marked slow."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from canifinetune.estimator import trainer_memory as tm
+from canifinetune.estimator.errors import PlanError
+from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.constants import GIB
+
+QWEN = "Qwen/Qwen2.5-0.5B"
+
+
+def _items(e) -> dict[str, int]:
+    return {c.name: c.bytes for c in e.breakdown}
+
+
+def _plan(**kw) -> TrainingPlan:
+    base = {"model": QWEN, "seq_len": 512, "batch_size": 2}
+    base.update(kw)
+    return TrainingPlan(**base)
+
+
+def test_reference_copy_doubles_the_frozen_weights():
+    e = estimate(_plan(trainer="dpo", method="full"))
+    items = _items(e)
+    assert items["reference_model"] == items["weights"] > 0
+    assert tm.reference_mode(e.plan) == "copy"
+
+
+def test_precompute_removes_the_reference():
+    with_ref = estimate(_plan(trainer="dpo", method="full"))
+    pre = estimate(_plan(trainer="dpo", method="full", precompute_ref_log_probs=True))
+    assert "reference_model" not in _items(pre)
+    assert tm.reference_mode(pre.plan) == "none"
+    assert with_ref.peak_allocated_bytes - pre.peak_allocated_bytes == _items(with_ref)["reference_model"]
+
+
+def test_adapter_disabled_reference_adds_no_weights():
+    lora = _plan(trainer="dpo", method="lora")
+    assert tm.reference_mode(lora) == "adapter_disabled"
+    assert "reference_model" not in _items(estimate(lora))
+    copy = _plan(trainer="dpo", method="lora", reference_model="copy")
+    assert _items(estimate(copy))["reference_model"] == _items(estimate(lora))["weights"]
+
+
+def test_dpo_runs_the_policy_over_chosen_and_rejected():
+    dpo = _plan(trainer="dpo", method="lora", precompute_ref_log_probs=True)
+    sft = _plan(method="lora", batch_size=4)
+    assert tm.policy_rows(dpo) == 4
+    assert estimate(dpo).phases["backward"] == estimate(sft).phases["backward"]
+
+
+def test_grpo_beta_zero_has_no_reference():
+    kw = dict(trainer="grpo", method="full", num_generations=2, max_completion_length=256)
+    assert tm.reference_mode(_plan(**kw)) == "none"
+    assert "reference_model" not in _items(estimate(_plan(**kw)))
+    assert tm.reference_mode(_plan(beta=0.04, **kw)) == "copy"
+    assert tm.reference_mode(_plan(beta=0.04, **{**kw, "method": "lora"})) == "adapter_disabled"
+
+
+def test_grpo_generation_phase_holds_the_kv_cache():
+    e = estimate(_plan(trainer="grpo", method="lora", num_generations=2, max_completion_length=256))
+    assert "generation" in e.phases
+    spec = resolve_model(QWEN).spec
+    kv = tm.kv_cache_bytes(spec, 2, 512, 2)
+    assert e.phases["generation"] > kv
+
+
+def test_kv_cache_formula():
+    spec = resolve_model(QWEN).spec  # 24 layers, 2 kv heads x 64
+    assert tm.kv_cache_bytes(spec, 4, 300, 2) == 2 * 24 * (2 * 64) * 300 * 4 * 2
+    gemma = resolve_model("google/gemma-3-1b-it").spec  # 22 of 26 layers slide over 512 tokens
+    full, sliding = gemma.num_layers - gemma.sliding_window_layers, gemma.sliding_window_layers
+    assert tm.kv_cache_bytes(gemma, 2, 700, 2) == 2 * gemma.kv_dim * 2 * 2 * (full * 700 + sliding * 511)
+
+
+def test_vllm_colocate_reserves_its_fraction():
+    kw = dict(trainer="grpo", method="lora", num_generations=2, max_completion_length=256, use_vllm=True)
+    e = estimate(_plan(gpu_vram_gb=80, vllm_gpu_memory_utilization=0.4, **kw))
+    assert _items(e)["vllm_reservation"] == int(0.4 * 80 * GIB)
+    assert "generation" not in e.phases
+    server = estimate(_plan(gpu_vram_gb=80, vllm_mode="server", **kw))
+    assert "vllm_reservation" not in _items(server)
+    assert server.total_bytes + int(0.3 * 80 * GIB) == estimate(_plan(gpu_vram_gb=80, **kw)).total_bytes
+    no_gpu = estimate(_plan(**kw))
+    assert "vllm_reservation" not in _items(no_gpu)
+    assert any("not in the figures" in a for a in no_gpu.assumptions)
+
+
+@pytest.mark.parametrize("trainer", ["orpo", "reward"])
+def test_unmodelled_trainers_are_refused(trainer):
+    with pytest.raises(PlanError, match="not estimated yet"):
+        estimate(_plan(trainer=trainer, method="lora"))
+
+
+def test_unmodelled_combinations_are_refused():
+    with pytest.raises(PlanError, match="adapter_disabled"):
+        estimate(_plan(trainer="dpo", method="full", reference_model="adapter_disabled"))
+    with pytest.raises(PlanError, match="quantized reference copy"):
+        estimate(_plan(trainer="dpo", method="qlora", reference_model="copy"))
+    with pytest.raises(PlanError, match="multiple of num_generations"):
+        estimate(_plan(trainer="grpo", method="lora", max_completion_length=256))
+
+
+# --- fake-tensor measurements (slow)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _trainer_fake():
+    pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    if "trainer_fake" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("trainer_fake", os.path.join(ROOT, "benchmarks", "validation", "trainer_fake.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["trainer_fake"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["trainer_fake"]
+
+
+@pytest.mark.slow
+def test_fake_dpo_lora_within_bounds():
+    tf = _trainer_fake()
+    plan = TrainingPlan(model="HuggingFaceTB/SmolLM2-135M", trainer="dpo", method="lora", seq_len=256, batch_size=1)
+    measured = tf.measure_trainer_fake(plan, resolve_model(plan.model).config)["peak_allocated_bytes"]
+    err = 100 * (estimate(plan).peak_allocated_bytes - measured) / measured
+    assert -2.0 <= err <= 10.0
+
+
+@pytest.mark.slow
+def test_fake_kv_cache_equals_estimate():
+    tf = _trainer_fake()
+    for name, rows, tokens in ((QWEN, 4, 300), ("google/gemma-3-1b-it", 2, 700)):
+        model = resolve_model(name)
+        plan = TrainingPlan(model=name, method="full")
+        measured = tf.kv_cache_bytes(plan, model.config, rows, tokens)["kv_cache_bytes"]
+        assert measured == tm.kv_cache_bytes(model.spec, rows, tokens, 2)
