@@ -117,10 +117,20 @@ def policy_rows(plan: TrainingPlan) -> int:
     return 2 * plan.batch_size if plan.trainer == "dpo" else plan.batch_size
 
 
+# TRL 1.16's ``disable_dropout`` default per trainer (dpo_config.py, kto_config.py, reward_config.py,
+# experimental/orpo/orpo_config.py: True; grpo_config.py: False): when True the trainer calls
+# ``disable_dropout_in_model`` (trl/trainer/utils.py: every ``nn.Dropout``'s p = 0, PEFT's lora_dropout included), and a
+# dropout of p 0 returns its input (no mask, no copy: ATen ``_dropout``), as lora_dropout 0 does.
+DISABLE_DROPOUT: dict[str, bool] = {"dpo": True, "kto": True, "orpo": True, "reward": True, "grpo": False}
+
+
 def sft_equivalent(plan: TrainingPlan) -> TrainingPlan:
-    """The SFT plan whose step is the policy's step: same model, method and settings, batch = :func:`policy_rows`."""
+    """The SFT plan whose step is the policy's step: same model, method and settings, batch = :func:`policy_rows`;
+    lora_dropout 0 where the trainer disables dropout (:data:`DISABLE_DROPOUT`)."""
     update: dict[str, object] = {name: None for name in TRAINER_FIELDS}
     update.update(trainer="sft", batch_size=policy_rows(plan))
+    if DISABLE_DROPOUT.get(plan.trainer) and plan.uses_adapters:
+        update["lora_dropout"] = 0.0
     return plan.model_copy(update=update)
 
 

@@ -54,7 +54,7 @@ def test_adapter_disabled_reference_adds_no_weights():
 
 def test_dpo_runs_the_policy_over_chosen_and_rejected():
     dpo = _plan(trainer="dpo", method="lora", precompute_ref_log_probs=True)
-    sft = _plan(method="lora", batch_size=4)
+    sft = _plan(method="lora", batch_size=4, lora_dropout=0.0)  # DPOConfig disable_dropout=True
     assert tm.policy_rows(dpo) == 4
     assert estimate(dpo).phases["backward"] == estimate(sft).phases["backward"]
 

@@ -4,6 +4,8 @@ The counting, the GPU routing of attention and of TRL's chunked log-prob kernel,
 model build are benchmarks/validation/fake_mode.py's and recipes/setup.py's. What is new is what one training step
 of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.11/site-packages/trl):
 
+- DPO and KTO disable dropout (``disable_dropout=True`` by default: ``disable_dropout_in_model``, every nn.Dropout's
+  p = 0, PEFT's lora_dropout included); GRPO keeps it (default False).
 - DPO (trainer/dpo_trainer.py ``_compute_loss``): ``add_fused_lm_head(policy, outputs=("log_probs", "entropy",
   "mean_logits", "is_top1"))``; one policy forward over the concatenated [chosen; rejected] batch (2B rows of
   max_length) with ``fused_lm_head=True``; then, unless the reference log-probabilities are precomputed, the
@@ -70,7 +72,9 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trl.models.utils import disable_gradient_checkpointing
-    from trl.trainer.utils import add_fused_lm_head, use_adapter
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, use_adapter
+
+    from canifinetune.estimator.trainer_memory import DISABLE_DROPOUT
 
     from canifinetune.estimator.trainer_memory import policy_rows, resolved_trainer_fields
     from canifinetune.recipes import setup
@@ -112,11 +116,14 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             model = setup.build_model(plan, config)
         base = model.get_base_model() if plan.uses_adapters else model
         add_fused_lm_head(base, outputs=outputs_by_trainer[trainer])
+        if DISABLE_DROPOUT[trainer]:  # DPOConfig/KTOConfig disable_dropout=True: every nn.Dropout's p = 0
+            disable_dropout_in_model(model)
         if ref_mode == "copy":
             with build_ctx():
                 ref_model = setup.build_model(_reference_plan(plan), config)
             ref_model.requires_grad_(False)
             ref_model.eval()
+            disable_dropout_in_model(ref_model)
             add_fused_lm_head(ref_model)
         optimizer = setup.build_optimizer(plan, model)
         resolved = setup.resolved_settings(plan, model, optimizer)
