@@ -1,4 +1,4 @@
-"""Memory of TRL 1.16's trainers beyond SFT: DPO, KTO and GRPO (ORPO and reward modelling are refused for now).
+"""Memory of TRL 1.16's trainers beyond SFT: DPO, KTO, GRPO and reward modelling with LoRA/QLoRA (ORPO is refused).
 
 Every TRL 1.16 trainer modelled here computes the policy's per-token log-probabilities with the same fused, chunked
 LM head as SFTTrainer (``add_fused_lm_head``, trl/trainer/utils.py; dpo_trainer.py, kto_trainer.py and
@@ -24,7 +24,7 @@ from .errors import PlanError
 from .plan import TrainingPlan
 from .trainers import TRAINER_DEFAULTS, TRAINER_FIELDS
 
-MODELLED = ("dpo", "kto", "grpo")
+MODELLED = ("dpo", "kto", "grpo", "reward")
 
 
 def _round_block(nbytes: float) -> int:
@@ -54,13 +54,17 @@ def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
 
 def check_supported(plan: TrainingPlan) -> None:
     """Refuse, naming why, what this module cannot model or the harness cannot measure."""
-    if plan.trainer in ("orpo", "reward"):
-        what = {"orpo": "ORPO (trl/experimental/orpo) materialises the full 2B x S x V logits, their cross-entropy "
-                        "and selective_log_softmax, a path not modelled yet",
-                "reward": "the reward trainer's sequence-classification model (a score head instead of lm_head) is "
-                          "not modelled yet"}[plan.trainer]
-        raise PlanError(f"trainer: '{plan.trainer}' is not estimated yet: {what}; an SFT figure would be wrong",
-                        field="trainer")
+    if plan.trainer == "orpo":
+        raise PlanError("trainer: 'orpo' is not estimated yet: ORPO (trl/experimental/orpo) materialises the full "
+                        "2B x S x V logits, their cross-entropy and selective_log_softmax, a path not modelled yet; an "
+                        "SFT figure would be wrong", field="trainer")
+    if plan.trainer == "reward" and plan.method == "full":
+        raise PlanError("method: a fully fine-tuned reward model (its embedding and score head training beside the "
+                        "blocks) is not estimated yet; reward modelling is estimated with LoRA or QLoRA",
+                        field="method")
+    if plan.trainer == "reward" and plan.modules_to_save:
+        raise PlanError("modules_to_save: not modelled for the reward trainer (PEFT's SEQ_CLS task already trains "
+                        "the score head)", field="modules_to_save")
     if plan.sharding != "none" or plan.num_gpus > 1:
         raise PlanError(f"trainer: '{plan.trainer}' is estimated on one GPU only (the reference model's and the "
                         "generation's sharding are not modelled); set num_gpus 1", field="trainer")
@@ -110,11 +114,33 @@ def reference_mode(plan: TrainingPlan) -> str:
     return "adapter_disabled" if plan.uses_adapters else "copy"
 
 
+def reward_spec(spec):
+    """The reward model's architecture as the memory model sees it: AutoModelForSequenceClassification with
+    num_labels=1 replaces lm_head (V x H) by a score head (1 x H, no bias; transformers 5.24
+    GenericForSequenceClassification): no vocabulary logits. Modelled as the causal LM with a one-token vocabulary
+    and a tied head, so the SFT components count no V x H head, no V-wide logits tile; the real input embedding
+    (V x H, frozen under LoRA) is added back by :func:`reward_embedding_bytes`. The chunked head's terms at V = 1
+    count the final hidden states the score keeps (a·N·H) and their gradient as fp32 plus compute dtype
+    (4·N·H + a·N·H, where the score's backward makes a·T·H): an upper bound by 4·N·H."""
+    import dataclasses
+
+    return dataclasses.replace(spec, vocab_size=1, tie_word_embeddings=True)
+
+
+def reward_embedding_bytes(policy_resolved, spec) -> int:
+    """The reward model's input embedding, frozen under LoRA/QLoRA: V x H x bytes of the frozen dtype (fp32 after
+    prepare_model_for_kbit_training); the score head and PEFT's trainable copy of it (SEQ_CLS modules_to_save) are
+    2 x H weights, their gradient and optimizer states (a few KiB, counted as 5 blocks of H x 4 bytes)."""
+    frozen = DTYPE_BYTES[policy_resolved.frozen_dtype]
+    return _round_block(frozen * spec.vocab_size * spec.hidden_size) + 5 * _round_block(4 * spec.hidden_size)
+
+
 def policy_rows(plan: TrainingPlan) -> int:
     """Rows of one policy forward. DPO: ``concatenated`` [chosen; rejected], 2B rows of max_length (= seq_len)
-    (dpo_trainer.py DataCollatorForPreference). KTO: B unpaired completions (its KL batch runs under no_grad
+    (dpo_trainer.py DataCollatorForPreference); reward the same pairs (reward_trainer.py: chosen and rejected
+    concatenated, ``torch.chunk(logits, 2)``). KTO: B unpaired completions (its KL batch runs under no_grad
     before them). GRPO loss step: B rows of prompt + completion (per_device_train_batch_size rows per micro-step)."""
-    return 2 * plan.batch_size if plan.trainer == "dpo" else plan.batch_size
+    return 2 * plan.batch_size if plan.trainer in ("dpo", "reward") else plan.batch_size
 
 
 # TRL 1.16's ``disable_dropout`` default per trainer (dpo_config.py, kto_config.py, reward_config.py,
@@ -254,7 +280,8 @@ def trainer_step_peaks(r, phases_module):
     plan = r.plan
     check_supported(plan)
     Item, PhasePeak = phases_module.Item, phases_module.PhasePeak
-    policy = resolve(sft_equivalent(plan), r.spec)
+    spec = reward_spec(r.spec) if plan.trainer == "reward" else r.spec
+    policy = resolve(sft_equivalent(plan), spec)
     forward, backward, optimizer, sizes = phases_module.step_peaks(policy)
     mode = reference_mode(plan)
     ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
@@ -263,8 +290,14 @@ def trainer_step_peaks(r, phases_module):
            "none": ("none: beta is 0, GRPO loads no reference model" if plan.trainer == "grpo" else
                     "none: the reference log-probabilities are precomputed before training")}[mode]
     ref_item = Item("reference_model", ref_w, why)
+    if plan.trainer == "reward":  # no reference; the input embedding the one-token-vocabulary model left out
+        ref_w = reward_embedding_bytes(policy, r.spec)
+        ref_item = Item("reward_model_embedding_and_score", ref_w,
+                        f"the reward model's input embedding ({r.spec.vocab_size} x {r.spec.hidden_size}, frozen) and "
+                        "its score head (H -> 1, PEFT's trainable copy): no lm_head, no vocabulary logits")
     rows_note = {"dpo": f"DPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
                  "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
+                 "reward": f"reward model: chosen and rejected, {policy.plan.batch_size} rows of {plan.seq_len} tokens",
                  "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)"}[plan.trainer]
 
     def with_ref(p):
@@ -308,7 +341,8 @@ def assumptions(plan: TrainingPlan) -> list[str]:
     fields = resolved_trainer_fields(plan)
     mode = reference_mode(plan)
     out = [f"trainer {plan.trainer} (TRL 1.16): policy forward over {policy_rows(plan)} rows of {plan.seq_len} tokens "
-           f"with TRL's fused LM head; reference: {mode}"]
+           + ("with the score head (no LM head)" if plan.trainer == "reward" else "with TRL's fused LM head")
+           + f"; reference: {mode}"]
     if plan.trainer == "grpo":
         if fields.get("use_vllm"):
             if fields.get("vllm_mode") == "server":

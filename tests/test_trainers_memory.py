@@ -96,10 +96,29 @@ def test_vllm_colocate_reserves_its_fraction():
     assert any("not in the figures" in a for a in no_gpu.assumptions)
 
 
-@pytest.mark.parametrize("trainer", ["orpo", "reward"])
-def test_unmodelled_trainers_are_refused(trainer):
+def test_unmodelled_trainers_are_refused():
     with pytest.raises(PlanError, match="not estimated yet"):
-        estimate(_plan(trainer=trainer, method="lora"))
+        estimate(_plan(trainer="orpo", method="lora"))
+    with pytest.raises(PlanError, match="fully fine-tuned reward model"):
+        estimate(_plan(trainer="reward", method="full"))
+
+
+def test_reward_model_has_no_lm_head():
+    """A sequence-classification model: the input embedding stays, no V x H head, no vocabulary logits; the pairs are
+    2B rows like DPO's."""
+    spec = resolve_model(QWEN).spec
+    reward = estimate(_plan(trainer="reward", method="lora"))
+    items = _items(reward)
+    sft_weights = _items(estimate(_plan(method="lora")))["weights"]
+    score_and_copy = 5 * 512 * 7  # 5 blocks of H x 4 bytes, H = 896
+    # the one-token stand-in vocabulary keeps an H-sized embedding row (2·H bytes) the real model does not have twice
+    assert items["weights"] + items["reward_model_embedding_and_score"] - score_and_copy == sft_weights + 2 * spec.hidden_size
+    assert items["reward_model_embedding_and_score"] >= 2 * spec.vocab_size * spec.hidden_size
+    assert tm.policy_rows(reward.plan) == 4 and tm.reference_mode(reward.plan) == "none"
+    # without the vocabulary, the loss end of backward is smaller than DPO's (same 2B rows, no reference)
+    dpo = estimate(_plan(trainer="dpo", method="lora", precompute_ref_log_probs=True, gradient_checkpointing=False))
+    rwd = estimate(_plan(trainer="reward", method="lora", gradient_checkpointing=False))
+    assert rwd.peak_allocated_bytes < dpo.peak_allocated_bytes
 
 
 def test_unmodelled_combinations_are_refused():

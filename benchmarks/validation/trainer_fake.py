@@ -15,6 +15,8 @@ of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.
 - KTO (trainer/kto_trainer.py ``_compute_loss``): the KL batch (B mismatched rows) through the policy under
   ``no_grad``; the policy forward over the B completions (outputs ("log_probs", "entropy", "mean_logits")); the
   reference forwards (KL batch and completions) under ``no_grad``; the KTO loss on per-sequence sums.
+- Reward (trainer/reward_trainer.py ``compute_loss``): :func:`build_reward_model`; ``model(**inputs)`` over the
+  2B rows [chosen; rejected], ``-logsigmoid(rewards_chosen - rewards_rejected).mean()``.
 - GRPO (trainer/grpo_trainer.py ``_compute_loss``, completions given): one policy forward over B rows of
   prompt + completion (outputs ("log_probs", "entropy")), labels -100 on the prompt; old log-probs = the detached
   policy ones (num_iterations 1, steps aligned); the reference log-probs an input computed at generation time
@@ -57,6 +59,50 @@ def _reference_plan(plan):
     from canifinetune.estimator.trainer_memory import reference_plan
 
     return reference_plan(plan)
+
+
+def build_reward_model(plan, config: dict):
+    """RewardTrainer's model (trl/trainer/reward_trainer.py, 1.16): AutoModelForSequenceClassification with
+    num_labels=1 (a score head H -> 1 instead of lm_head), random weights from ``config``, quantized as recipes/setup.py
+    quantizes; PEFT LoRA with task_type SEQ_CLS (PEFT then trains a modules_to_save copy of ``score``); gradient
+    checkpointing as transformers 5 enables it, ``enable_input_require_grads`` with PEFT; on a quantized base the
+    trainable parameters are cast to bf16 (reward_trainer.py __init__)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from canifinetune.recipes import setup
+
+    qconfig = setup.quantization_config(plan)
+    dtype = setup.weight_dtype(plan) if qconfig is None else setup.torch_dtype(plan)
+    cfg = setup.hf_config(config)
+    cfg.num_labels = 1
+    if getattr(cfg, "pad_token_id", None) is None:
+        cfg.pad_token_id = 0
+    model = AutoModelForSequenceClassification.from_config(cfg, dtype=dtype, attn_implementation=plan.attn_implementation)
+    if qconfig is not None:
+        setup._quantize_model(model, plan, qconfig)
+    model.config.use_cache = False
+    quantized = qconfig is not None
+    if plan.method == "full":
+        model.requires_grad_(True)
+    if plan.uses_adapters:
+        from peft import get_peft_model
+
+        lora = setup.lora_config(plan)
+        lora.task_type = "SEQ_CLS"
+        model = get_peft_model(model, lora)
+    if plan.gradient_checkpointing:
+        base = model.get_base_model() if plan.uses_adapters else model
+        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
+        if plan.uses_adapters:
+            model.enable_input_require_grads()
+    if quantized and plan.uses_adapters:
+        for name, param in model.named_parameters():
+            if param.requires_grad and "lora_magnitude_vector" not in name:
+                param.data = param.data.to(torch.bfloat16)
+    model.train()
+    return model
 
 
 def reference_mode(plan) -> str:
@@ -105,6 +151,7 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
         "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
         "kto": ("log_probs", "entropy", "mean_logits"),
         "grpo": ("log_probs", "entropy"),
+        "reward": None,  # no LM head: the score head's (2B, S, 1) logits
     }
     if trainer not in outputs_by_trainer:
         raise ValueError(f"trainer {trainer}: not measured by this harness")
@@ -113,9 +160,10 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
-            model = setup.build_model(plan, config)
+            model = build_reward_model(plan, config) if trainer == "reward" else setup.build_model(plan, config)
         base = model.get_base_model() if plan.uses_adapters else model
-        add_fused_lm_head(base, outputs=outputs_by_trainer[trainer])
+        if trainer != "reward":
+            add_fused_lm_head(base, outputs=outputs_by_trainer[trainer])
         if DISABLE_DROPOUT[trainer]:  # DPOConfig/KTOConfig disable_dropout=True: every nn.Dropout's p = 0
             disable_dropout_in_model(model)
         if ref_mode == "copy":
@@ -159,7 +207,11 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             start = counter.current
             autocast = torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext()
             with autocast:
-                if trainer == "dpo":
+                if trainer == "reward":  # reward_trainer.py compute_loss
+                    outputs = model(input_ids=input_ids, use_cache=False)
+                    rewards_chosen, rewards_rejected = torch.chunk(outputs.logits.squeeze(-1), chunks=2)
+                    step_loss = -F.logsigmoid(rewards_chosen - rewards_rejected).mean()
+                elif trainer == "dpo":
                     outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
                     logps = outputs.log_probs.sum(dim=1)
                     chosen, rejected = logps.chunk(2, dim=0)
