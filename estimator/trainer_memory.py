@@ -199,14 +199,15 @@ def reference_forward_bytes(policy_resolved) -> int:
     return max(mlp, attn) + 3 * _round_block(e * t * h) + _round_block(4 * n)
 
 
-def kv_cache_bytes(spec, rows: int, tokens: int, dtype_bytes: int) -> int:
+def kv_cache_bytes(spec, rows: int, tokens: int, dtype_bytes: int, prefill: bool = False) -> int:
     """The KV cache of ``rows`` sequences of ``tokens`` tokens: 2 (keys, values) x layers x kv_dim x tokens x rows x
     bytes, kv_dim = num_kv_heads x head_dim (transformers 5.24 DynamicCache: per layer one key and one value tensor
-    [rows, kv_heads, tokens, head_dim]); a sliding-window layer (DynamicSlidingWindowLayer) keeps the last
-    ``sliding_window - 1`` tokens (cache_utils.py: ``full_key_states[:, :, -self.sliding_window + 1 :, :]``); each
-    tensor rounded to the allocator's 512-byte blocks."""
+    [rows, kv_heads, tokens, head_dim]), each tensor rounded to the allocator's 512-byte blocks. A sliding-window
+    layer (DynamicSlidingWindowLayer.update, cache_utils.py) keeps ``full_key_states[:, :, -sliding_window + 1:, :]``,
+    a view of the concatenated states: after a prefill (``prefill``) the view's storage is the whole prompt; after a
+    decode step it is min(tokens, sliding_window) tokens (the last window - 1 plus the new one)."""
     full_layers = spec.num_layers - spec.sliding_window_layers
-    window = min(tokens, spec.sliding_window - 1) if spec.sliding_window else tokens
+    window = tokens if (prefill or not spec.sliding_window) else min(tokens, spec.sliding_window)
     per_tensor = lambda n: _round_block(rows * spec.kv_dim * n * dtype_bytes)  # noqa: E731
     return 2 * full_layers * per_tensor(tokens) + 2 * spec.sliding_window_layers * per_tensor(window)
 
@@ -219,25 +220,35 @@ def generation_rows(plan: TrainingPlan) -> int:
     return max(1, int(fields["generation_batch_size"]) // plan.num_gpus)  # type: ignore[arg-type]
 
 
-def generation_bytes(policy_resolved, plan: TrainingPlan) -> tuple[int, int]:
+def generation_bytes(policy_resolved, plan: TrainingPlan) -> tuple[int, int, str]:
     """GRPO's generation with model.generate (no vLLM), on top of the static weights/adapters/optimizer states
-    (gradients are None between steps): the KV cache of every generated row at prompt + completion = seq_len tokens
-    (:func:`kv_cache_bytes`, in the compute dtype), and the prefill's no-grad temporaries over rows x prompt tokens
-    (one block's, :func:`reference_forward_bytes`' formula) with the fp32 next-token logits rows x V
-    (generation/utils.py: ``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``).
-    Returns (kv_cache, transient)."""
+    (gradients are None between steps): the larger of its two extremes (generation/utils.py, transformers 5.24):
+
+    - prefill: one no-grad forward over rows x P prompt tokens (``logits_to_keep=1``): the cache of the prompt
+      (:func:`kv_cache_bytes` with ``prefill``) and one block's temporaries, max(3·a·t·I, a·t·(2·q_dim +
+      2·kv_dim)) + 3·a·t·H, t = rows x P (as :func:`reference_forward_bytes`);
+    - last decode step: the cache of every row at seq_len = P + max_completion_length tokens, plus one layer's key
+      (or value) while ``torch.cat`` makes its successor (DynamicLayer.update), plus the sampling's fp32 copies of
+      the next-token logits, 3 x 4·rows·V (``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``, the
+      processed scores, the softmax probabilities).
+
+    rows = :func:`generation_rows`. Returns (kv_cache, temporaries, which extreme)."""
     spec = policy_resolved.spec
     a = policy_resolved.act_bytes
     rows = generation_rows(plan)
     fields = resolved_trainer_fields(plan)
     prompt = plan.seq_len - int(fields["max_completion_length"])  # type: ignore[arg-type]
-    kv = kv_cache_bytes(spec, rows, plan.seq_len, a)
     t = rows * prompt
     h = spec.hidden_size
-    prefill = max(3 * _round_block(a * t * spec.intermediate_size),
-                  2 * _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim))
-    prefill += 3 * _round_block(a * t * h) + 2 * _round_block(4 * rows * spec.vocab_size)
-    return kv, prefill
+    prefill_tmp = max(3 * _round_block(a * t * spec.intermediate_size),
+                      2 * _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim))
+    prefill_tmp += 3 * _round_block(a * t * h)
+    prefill_kv = kv_cache_bytes(spec, rows, prompt, a, prefill=True)
+    decode_kv = kv_cache_bytes(spec, rows, plan.seq_len, a)
+    decode_tmp = _round_block(rows * spec.kv_dim * plan.seq_len * a) + 3 * _round_block(4 * rows * spec.vocab_size)
+    if prefill_kv + prefill_tmp > decode_kv + decode_tmp:
+        return prefill_kv, prefill_tmp, "prefill"
+    return decode_kv, decode_tmp, "decode"
 
 
 def vllm_reservation_bytes(plan: TrainingPlan, gpu_bytes: int | None) -> int | None:
@@ -324,15 +335,17 @@ def trainer_step_peaks(r, phases_module):
                      "(MLP or attention), the residual stream and the reference's per-token log-probabilities")))
     extra = []
     if plan.trainer == "grpo" and not resolved_trainer_fields(plan).get("use_vllm"):
-        kv, transient = generation_bytes(policy, plan)
+        kv, transient, when = generation_bytes(policy, plan)
         statics = tuple(i for i in fwd.items if i.name in ("weights", "reference_model", "quantization_constants",
                                                            "lora_adapters", "optimizer_states", "cuda_workspaces"))
         rows = generation_rows(plan)
+        tokens = plan.seq_len if when == "decode" else plan.seq_len - int(resolved_trainer_fields(plan)["max_completion_length"])  # type: ignore[arg-type]
         extra.append(PhasePeak("generation", sum(i.bytes for i in statics) + kv + transient, statics + (
-            Item("kv_cache", kv, f"model.generate's KV cache: 2 x {r.spec.num_layers} layers x {r.spec.kv_dim} kv_dim x "
-                 f"{plan.seq_len} tokens x {rows} sequences in {policy.compute_dtype}"),
-            Item("generation_temporaries", transient, "the prefill's no-grad block temporaries over the prompts and "
-                 "the fp32 next-token logits"))))
+            Item("kv_cache", kv, f"model.generate's KV cache at the {when}: 2 x {r.spec.num_layers} layers x "
+                 f"{r.spec.kv_dim} kv_dim x {tokens} tokens x {rows} sequences in {policy.compute_dtype}"),
+            Item("generation_temporaries", transient,
+                 "the prefill's no-grad block temporaries over the prompts" if when == "prefill" else
+                 "one layer's cache being concatenated and the sampling's fp32 next-token logits"))))
     return fwd, with_ref(backward), with_ref(optimizer), sizes, tuple(extra)
 
 

@@ -314,8 +314,8 @@ def measure_trainer_fake(plan, config: dict) -> dict:
 
 def kv_cache_bytes(plan, config: dict, rows: int, tokens: int) -> dict:
     """The KV cache of a generation at ``rows`` x ``tokens``, measured: one no-grad forward with use_cache=True under
-    fake tensors; the bytes of every key and value tensor the returned cache holds (model.generate grows the same
-    DynamicCache one token at a time, transformers 5.24 cache_utils.py)."""
+    fake tensors; the bytes of every key and value storage the returned cache holds (model.generate's prefill; it then
+    grows the same DynamicCache one token at a time, transformers 5.24 cache_utils.py)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -333,12 +333,64 @@ def kv_cache_bytes(plan, config: dict, rows: int, tokens: int) -> dict:
         cache = out.past_key_values
         total = 0
         count = 0
-        for layer in cache.layers:
+        seen = set()
+        for layer in cache.layers:  # storages, not views: a sliding layer's keys are a view of the whole prompt's
             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += fm.round_block(t.numel() * t.element_size())
+                if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in seen:
+                    seen.add(t.untyped_storage()._cdata)
+                    total += fm.round_block(t.untyped_storage().nbytes())
                     count += 1
     return {"kv_cache_bytes": total, "tensors": count}
+
+
+def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> dict:
+    """Live memory of model.generate's two extremes, measured under fake tensors on the frozen model (weights only):
+    the prefill (one no-grad forward over rows x prompt tokens with ``use_cache=True, logits_to_keep=1``, as
+    generation/utils.py runs it) and the last decode step (one token on a DynamicCache already holding
+    ``total - 1`` tokens per row, filled with ``cache.update``). The sampling's own fp32 copies of the next-token
+    logits are not run here (the estimator counts them from generation/utils.py)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import DynamicCache
+
+    from canifinetune.recipes import setup
+
+    fm = _fake_mode_module()
+    Counter = fm._make_counter_class()
+    out: dict[str, int] = {}
+    with fm.gpu_routing(True), fm.classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
+        counter = Counter()
+        with counter:
+            model = setup.build_model(plan.model_copy(update={"method": "full", "gradient_checkpointing": False}), config)
+            model.eval()
+            model.requires_grad_(False)
+            vocab = int(model.config.get_text_config().vocab_size)
+            out["weights"] = counter.current
+            counter.reset_peak()
+            with torch.no_grad():
+                ids = torch.randint(0, vocab, (rows, prompt))
+                res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                out["prefill_peak"] = counter.peak
+                del res, ids
+                cfg = model.config.get_text_config()
+                cache = DynamicCache(config=cfg)
+                kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+                head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+                dtype = next(model.parameters()).dtype
+                for layer in range(cfg.num_hidden_layers):
+                    k = torch.zeros(rows, kv_heads, total - 1, head_dim, dtype=dtype)
+                    cache.update(k, torch.zeros_like(k), layer)
+                    del k
+                    entry = cache.layers[layer]
+                    if entry.keys.untyped_storage().nbytes() > entry.keys.numel() * entry.keys.element_size():
+                        # a sliding layer's view: after decode steps its storage is its own (window - 1 tokens)
+                        entry.keys, entry.values = entry.keys.clone(), entry.values.clone()
+                counter.reset_peak()
+                step = torch.randint(0, vocab, (rows, 1))
+                res = model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                            position_ids=torch.full((rows, 1), total - 1))
+                out["decode_peak"] = counter.peak
+    return out
 
 
 def main(argv=None) -> int:
