@@ -64,7 +64,8 @@ class Estimate(BaseModel):
     verdict: Verdict
     verdict_reason: str
     per_gpu: bool = Field(description="true when num_gpus > 1: every figure is for one GPU")
-    phases: dict[str, int] = Field(description="peak allocated bytes at the forward, backward and optimizer peaks")
+    phases: dict[str, int] = Field(description="peak allocated bytes at the forward, backward and optimizer peaks "
+                                   "(and generation, for GRPO generating with model.generate)")
     breakdown: list[Component]
     host_memory_bytes: int = Field(0, description="host RAM the offloaded states/parameters need (all GPUs)")
     assumptions: list[str]

@@ -17,20 +17,13 @@ grpo_config.py, utils.py; transformers 5.24 cache_utils.py (DynamicCache) and ge
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .constants import DTYPE_BYTES
+from .memory import _round_block  # the CUDA caching allocator's block (calibration CUDA_BLOCK_BYTES)
 from .errors import PlanError
 from .plan import TrainingPlan
 from .trainers import TRAINER_DEFAULTS, TRAINER_FIELDS
 
 MODELLED = ("dpo", "kto", "grpo", "reward")
-
-
-def _round_block(nbytes: float) -> int:
-    """The CUDA caching allocator's 512-byte blocks (as estimator/memory.py)."""
-    n = int(nbytes)
-    return 0 if n <= 0 else ((n + 511) // 512) * 512
 
 
 def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
@@ -266,16 +259,6 @@ def vllm_reservation_bytes(plan: TrainingPlan, gpu_bytes: int | None) -> int | N
     if gpu_bytes is None:
         return None
     return int(float(fields["vllm_gpu_memory_utilization"]) * gpu_bytes)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class TrainerExtras:
-    reference: str  # copy, adapter_disabled, none
-    reference_weights: int
-    reference_forward: int
-    kv_cache: int
-    generation_transient: int
-    generation: bool  # model.generate runs on this GPU (GRPO without vLLM)
 
 
 def trainer_step_peaks(r, phases_module):
