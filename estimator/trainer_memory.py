@@ -1,6 +1,6 @@
 """Memory of TRL 1.16's trainers beyond SFT: DPO, KTO, GRPO and reward modelling with LoRA/QLoRA (ORPO is refused).
 
-Every TRL 1.16 trainer modelled here computes the policy's per-token log-probabilities with the same fused, chunked
+DPO, KTO and GRPO compute the policy's per-token log-probabilities with the same fused, chunked
 LM head as SFTTrainer (``add_fused_lm_head``, trl/trainer/utils.py; dpo_trainer.py, kto_trainer.py and
 grpo_trainer.py call ``model(..., labels=labels, fused_lm_head=True)``): the policy's forward, backward and
 optimizer step are an SFT step over the trainer's rows (:func:`policy_rows`). What is new, one function each:
@@ -9,10 +9,12 @@ optimizer step are an SFT step over the trainer's rows (:func:`policy_rows`). Wh
 - :func:`reference_forward_bytes`: the reference forward under ``torch.no_grad()`` on top of the policy's saved
   activations (its log-probabilities and one block's temporaries);
 - :func:`kv_cache_bytes` / :func:`generation_bytes`: GRPO's generation with ``model.generate``;
-- :func:`vllm_reservation_bytes`: GRPO with vLLM colocated on the training GPU.
+- :func:`vllm_reservation_bytes`: GRPO with vLLM colocated on the training GPU;
+- :func:`reward_spec` / :func:`reward_embedding_bytes`: RewardTrainer's sequence-classification model (no LM head).
 
 Sources: .venv/lib/python3.11/site-packages/trl (1.16) trainer/dpo_trainer.py, kto_trainer.py, grpo_trainer.py,
-grpo_config.py, utils.py; transformers 5.24 cache_utils.py (DynamicCache) and generation/utils.py.
+reward_trainer.py, their *_config.py, utils.py; transformers 5.24 cache_utils.py (DynamicCache) and
+generation/utils.py. Measured by benchmarks/validation/trainer_fake.py (cohorts v4 and v5).
 """
 
 from __future__ import annotations
