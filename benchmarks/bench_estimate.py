@@ -25,7 +25,7 @@ PLANS = [
 
 def bench_estimate(repeats: int = 400) -> None:
     from canifinetune.estimator.estimate import estimate
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
     from canifinetune.estimator.plan import TrainingPlan
 
     print("one estimate (plan validated, model resolved from the catalog, estimate):")

@@ -10,7 +10,7 @@ import statistics
 import sys
 import time
 
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.search import suggest
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from canifinetune.estimator.constants import constant
-from canifinetune.estimator.models import ResolvedModel, resolve_model
+from canifinetune.estimator.model_sources import ResolvedModel, resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.spec import ModelSpec
 from canifinetune.estimator.throughput import throughput

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from .knobs import current_targets
-from .models import ResolvedModel
+from .model_sources import ResolvedModel
 from .plan import PLAN_FIELDS, TrainingPlan
 from .throughput import Throughput, throughput
 

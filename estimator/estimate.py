@@ -13,7 +13,7 @@ from . import catalog
 from . import memory as m
 from .constants import CALIBRATION_VERSION, GIB
 from .errors import PlanError, UnknownGPUError
-from .models import ResolvedModel, resolve_model
+from .model_sources import ResolvedModel, resolve_model
 from .phases import step_peaks
 from .plan import TrainingPlan
 from .resolved import resolve

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models import ResolvedModel
+from .model_sources import ResolvedModel
 from .plan import MAX_NUM_GPUS, TrainingPlan
 from .moe_adapters import PEFT_EXPERT_TARGETS
 from .spec import PEFT_DEFAULT_TARGETS

@@ -111,7 +111,7 @@ def resolve_modules_to_save(plan: "TrainingPlan", spec: "ModelSpec") -> tuple[st
 def saved_copy_dtype(r: "ResolvedPlan") -> str:
     """dtype of the modules_to_save copies: the original's (the frozen dtype: the weight dtype, fp32 after
     prepare_model_for_kbit_training), unless the stack casts the trainable parameters: TRL 1.16 to bf16 on a quantized
-    base; the transformers-style stack (recipes/setup.py) to the plan's adapter_dtype or its framework's default."""
+    base; the transformers-style stack (recipes/model_setup.py) to the plan's adapter_dtype or its framework's default."""
     stack = r.plan.stack
     quantized = r.quantization != "none"
     if r.framework == "trl":

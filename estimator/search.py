@@ -33,7 +33,7 @@ from .costs import COST_MODEL_TEXT, Change, Cost, cost_of, sort_key
 from .errors import CanIFinetuneError, PlanError
 from .estimate import Estimate, estimate
 from .knobs import GPU_COUNTS, MULTI_GPU_SHARDINGS, Knob, build_knobs, divisors_below
-from .models import ResolvedModel, resolve_model
+from .model_sources import ResolvedModel, resolve_model
 from .plan import MAX_NUM_GPUS, MAX_STRING, PLAN_FIELDS, TrainingPlan
 from .throughput import APPROXIMATE_LABEL, Throughput, throughput
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field
 
 from . import catalog
 from .constants import DTYPE_BYTES, constant
-from .models import ResolvedModel, resolve_model
+from .model_sources import ResolvedModel, resolve_model
 from .plan import TrainingPlan
 from .spec import ModelSpec
 

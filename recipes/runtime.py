@@ -1,6 +1,6 @@
 """The training runtime: `canifinetune train recipe.yaml` trains exactly the plan that was estimated.
 
-The model, quantization, LoRA adapters, gradient checkpointing and optimizer come from ``recipes/setup.py`` (the
+The model, quantization, LoRA adapters, gradient checkpointing and optimizer come from ``recipes/model_setup.py`` (the
 same code the fake-tensor measurement runs); TRL's ``SFTTrainer`` trains it with an ``SFTConfig`` mapped field by
 field from the plan. Validation happens before anything heavy loads; the dataset is tokenized and length-checked
 before the model loads. torch, transformers, peft, trl and bitsandbytes are imported only inside functions.
@@ -169,7 +169,7 @@ def require_device(device: str | None) -> None:
 
 def model_source(plan: TrainingPlan, recipe_dir: Path | None = None) -> tuple[dict, str]:
     """(config dict, what from_pretrained loads: a local folder with weights or a Hub id) for the plan's model."""
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
 
     local = _local_path(plan.model, recipe_dir)
     resolved = resolve_model(str(local) if local is not None else plan.model)
@@ -402,9 +402,9 @@ def prepare(
 
     train_dataset = Dataset.from_dict({"input_ids": ids})
 
-    from . import setup
+    from . import model_setup
 
-    model = setup.build_model(plan, config, pretrained_path=source)
+    model = model_setup.build_model(plan, config, pretrained_path=source)
     dev = _device_for(machine)
     if machine.cuda and plan.sharding in ("none", "ddp"):
         model.to(dev)
@@ -455,12 +455,12 @@ def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Pat
 
 def runtime_settings(prepared: Prepared) -> dict:
     """The settings the trainer actually resolved (model as built, the optimizer Trainer makes for ``optim``)."""
-    from . import setup
+    from . import model_setup
 
     trainer = prepared.trainer
     if trainer.optimizer is None:
         trainer.create_optimizer()
-    settings = setup.resolved_settings(prepared.plan, trainer.model, trainer.optimizer)
+    settings = model_setup.resolved_settings(prepared.plan, trainer.model, trainer.optimizer)
     args = trainer.args
     settings["trainer"] = {
         "per_device_train_batch_size": args.per_device_train_batch_size,

@@ -287,10 +287,10 @@ def load_model(plan: TrainingPlan, source: str, *, sequence_classification: bool
     """The base model as TRL loads it for ``plan`` (no adapters: the trainer applies ``peft_config``)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from . import setup
+    from . import model_setup
 
-    qconfig = setup.quantization_config(plan)
-    kwargs: dict[str, Any] = {"dtype": setup.weight_dtype(plan) if qconfig is None else setup.torch_dtype(plan),
+    qconfig = model_setup.quantization_config(plan)
+    kwargs: dict[str, Any] = {"dtype": model_setup.weight_dtype(plan) if qconfig is None else model_setup.torch_dtype(plan),
                               "attn_implementation": plan.attn_implementation}
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
@@ -306,9 +306,9 @@ def load_model(plan: TrainingPlan, source: str, *, sequence_classification: bool
 
 def peft_config(plan: TrainingPlan):
     """The plan's LoraConfig for the trainer (task SEQ_CLS for a reward model: the score head trains in full)."""
-    from . import setup
+    from . import model_setup
 
-    config = setup.lora_config(plan)
+    config = model_setup.lora_config(plan)
     if config is not None and plan.trainer == "reward":
         config.task_type = "SEQ_CLS"
         config.modules_to_save = sorted(set(config.modules_to_save or []) | {"score"})

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from canifinetune.estimator import catalog
 from canifinetune.estimator.errors import ModelConfigError, UnknownModelError
-from canifinetune.estimator.models import (
+from canifinetune.estimator.model_sources import (
     MAX_CONFIG_BYTES,
     PACKED_DTYPES,
     ResolvedModel,
@@ -50,7 +50,7 @@ SHARD_WORKERS = 8
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-# PACKED_DTYPES (estimator/models.py): dtypes a pre-quantized checkpoint packs several parameters into
+# PACKED_DTYPES (estimator/model_sources.py): dtypes a pre-quantized checkpoint packs several parameters into
 # (GPTQ/AWQ int32, bnb uint8, fp8); their element counts are not parameter counts.
 
 _TRUE = {"1", "ON", "YES", "TRUE"}

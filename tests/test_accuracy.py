@@ -4,7 +4,7 @@ Each case in accuracy_cases.json runs the real transformers (+ PEFT, + bitsandby
 two training steps under PyTorch fake tensors, in its own process, with attention and dropout routed
 as a GPU runs them and the plan's stack: TRL's chunked loss by default; for ``framework: transformers``
 transformers' loss over full logits and, on a 4-bit base, peft's prepare_model_for_kbit_training
-(benchmarks/validation/fake_mode.py, recipes/setup.py). The estimate's
+(benchmarks/validation/fake_mode.py, recipes/model_setup.py). The estimate's
 peak_allocated_bytes must never be below that measurement by more than 2% nor above it by more
 than 10%.
 """
@@ -43,7 +43,7 @@ def results():
 
 
 def test_cohort_covers_methods_families_and_checkpointing():
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
 
     assert len(CASES) >= 15
     families = {resolve_model(c["model"]).spec.model_type for c in CASES}

@@ -56,7 +56,7 @@ def test_recipes_setup_imports_without_torch():
     import subprocess
 
     code = (
-        "import sys; import canifinetune.recipes.setup as s; "
+        "import sys; import canifinetune.recipes.model_setup as s; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

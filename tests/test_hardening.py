@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from canifinetune.estimator.errors import MAX_ERROR_CHARS, ModelConfigError, PlanError, UnknownModelError, safe_text
-from canifinetune.estimator.models import local_safetensors_params, read_config_file, resolve_model
+from canifinetune.estimator.model_sources import local_safetensors_params, read_config_file, resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.spec import ModelSpec
 from canifinetune.recipes.render import FILE_NAMES, make_recipe, write_recipe

@@ -1,7 +1,7 @@
 """LoRA on MoE experts as PEFT 0.21 applies it (estimator/moe_adapters.py).
 
 The pure-estimator facts run everywhere; the comparison with PEFT's own trainable-parameter count builds
-2-layer models of the catalog's MoE families on the meta device with recipes/setup.build_model (what the
+2-layer models of the catalog's MoE families on the meta device with recipes/model_setup.build_model (what the
 trainer builds) and needs torch, transformers and peft.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from canifinetune.estimator.errors import PlanError
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
 from canifinetune.estimator.spec import ModelSpec
@@ -118,11 +118,11 @@ def test_trainable_params_match_peft(model, targets):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     r, plan, config = _resolved(model, layers=2, target_modules=targets, lora_dropout=0.0)
     with torch.device("meta"):
-        peft_model = setup.build_model(plan, config)
+        peft_model = model_setup.build_model(plan, config)
     trainable = [p for p in peft_model.parameters() if p.requires_grad]
     assert r.trainable_params == sum(p.numel() for p in trainable)
     assert r.trainable_tensors == len(trainable)

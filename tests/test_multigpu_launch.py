@@ -130,16 +130,16 @@ import json, sys, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[2])
 from torch.distributed.device_mesh import init_device_mesh
 from fsdp_fake import shard_like_accelerate
-from canifinetune.recipes import setup
+from canifinetune.recipes import model_setup
 from canifinetune.recipes.runtime import model_source
 from canifinetune.recipes.schema import load_recipe
 dist.init_process_group("gloo")
 plan = load_recipe(sys.argv[1]).plan
 config, source = model_source(plan)
 torch.manual_seed(0)
-model = setup.build_model(plan, config, pretrained_path=source)
+model = model_setup.build_model(plan, config, pretrained_path=source)
 wrapped, _ = shard_like_accelerate(model, plan, init_device_mesh("cpu", (dist.get_world_size(),)))
-opt = setup.build_optimizer(plan, model)
+opt = model_setup.build_optimizer(plan, model)
 ids = torch.randint(0, int(config["vocab_size"]), (plan.batch_size, 32), generator=torch.Generator().manual_seed(1))
 losses = []
 for _ in range(2):

@@ -185,7 +185,7 @@ def configs(draw):
 @example(config={**BASE_CONFIG, "text_config": {**BASE_CONFIG, "model_type": 10**400}}, method="lora")
 def test_no_config_json_reaches_an_internal_error(config, method):
     from canifinetune.estimator.estimate import estimate
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"

@@ -47,13 +47,13 @@ def test_trainable_params_match_peft(name, knobs):
     pytest.importorskip("peft")
     from peft import get_peft_model
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     config = CONFIGS[name]
     plan = _plan(**knobs)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
-        model = get_peft_model(model, setup.lora_config(plan))
+        model = get_peft_model(model, model_setup.lora_config(plan))
     trainable = [p for p in model.parameters() if p.requires_grad]
     r = resolve(plan, ModelSpec.from_config(config))
     assert r.trainable_params == sum(p.numel() for p in trainable) == model.get_nb_trainable_parameters()[0]
@@ -66,11 +66,11 @@ def test_tied_head_copy_is_its_own_tensor():
     pytest.importorskip("peft")
     from peft import get_peft_model
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**CONFIGS["llama_tied"]))
-        model = get_peft_model(model, setup.lora_config(_plan(modules_to_save=["embed_tokens", "lm_head"])))
+        model = get_peft_model(model, model_setup.lora_config(_plan(modules_to_save=["embed_tokens", "lm_head"])))
     base = model.get_base_model()
     head, embed = base.lm_head, base.model.embed_tokens
     # the originals stay tied and frozen; each wrapper trains its own V x H copy

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from canifinetune.estimator.models import resolve_model  # noqa: E402
+from canifinetune.estimator.model_sources import resolve_model  # noqa: E402
 from canifinetune.estimator.plan import TrainingPlan  # noqa: E402
 from canifinetune.estimator.resolved import resolve  # noqa: E402
 from canifinetune.recipes.render import make_recipe, write_recipe  # noqa: E402

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError, PlanError
 from canifinetune.estimator.estimate import estimate
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.costs import KINDS, TIER_NAMES, cost_of, sort_key
 from canifinetune.estimator.search import suggest

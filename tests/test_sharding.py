@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from canifinetune.estimator.estimate import estimate
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
 from canifinetune.estimator.sharding import shares

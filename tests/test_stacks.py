@@ -13,7 +13,7 @@ import pytest
 from canifinetune.estimator import memory as m
 from canifinetune.estimator.constants import DTYPE_BYTES
 from canifinetune.estimator.estimate import estimate
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
 

@@ -9,7 +9,7 @@ import pytest
 from canifinetune.estimator.costs import QUALITY_WEIGHTS, cost_of, kind_of
 from canifinetune.estimator.errors import PlanError
 from canifinetune.estimator.knobs import build_knobs
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"

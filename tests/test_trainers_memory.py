@@ -12,7 +12,7 @@ import pytest
 from canifinetune.estimator import trainer_memory as tm
 from canifinetune.estimator.errors import PlanError
 from canifinetune.estimator.estimate import estimate
-from canifinetune.estimator.models import resolve_model
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.constants import GIB
 

@@ -23,7 +23,7 @@ LOWER, UPPER = -2.0, 10.0
 
 
 def _specs():
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
 
     return [resolve_model(c["plan"]["model"]).spec for c in COHORT["cases"]]
 

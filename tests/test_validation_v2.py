@@ -24,7 +24,7 @@ def _plans(group: str | None = None):
 
 
 def _family(plan) -> str:
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
 
     return resolve_model(plan.model).spec.model_type
 

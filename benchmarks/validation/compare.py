@@ -24,7 +24,7 @@ LOSS_MODE = {"chunked": "trl_fused", "standard": "model"}
 
 def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
     """Measure one plan under fake tensors in a fresh interpreter."""
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
     from canifinetune.estimator.plan import TrainingPlan
 
     validated = TrainingPlan(**plan)

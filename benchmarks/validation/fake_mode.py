@@ -393,7 +393,7 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     Counter = _make_counter_class()
     counter = Counter()
@@ -415,21 +415,21 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
     with gpu_routing(route_sdpa) as routed, apply_ctx, peft_ctx as build_ctx, fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
-            model = setup.build_model(plan, config)
+            model = model_setup.build_model(plan, config)
         if loss == "trl_fused":
             from trl.trainer.utils import add_fused_lm_head
 
             base = model.get_base_model() if plan.uses_adapters else model
             add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))
-        optimizer = setup.build_optimizer(plan, model)
-        resolved = setup.resolved_settings(plan, model, optimizer)
+        optimizer = model_setup.build_optimizer(plan, model)
+        resolved = model_setup.resolved_settings(plan, model, optimizer)
         vocab = int(model.config.get_text_config().vocab_size)
         input_ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len))
         labels = input_ids.clone()
         state["after_build"] = counter.current
         state["after_build_categories"] = counter.categories_now()
         counter.reset_peak()
-        ac = setup.autocast_dtype(plan)
+        ac = model_setup.autocast_dtype(plan)
         trainable = [p for p in model.parameters() if p.requires_grad]
         for step in range(1, steps + 1):
             counter.set_phase(f"step{step}.forward")

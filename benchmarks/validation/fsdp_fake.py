@@ -2,7 +2,7 @@
 
 PyTorch's fake process group (``dist.init_process_group("fake")``) lets ``fully_shard`` run with a world size of N
 in a single process; every collective returns at once and allocates what it would allocate on one rank. The model
-is built by ``recipes/setup.build_model`` for the plan (as the training runtime builds it) and sharded as
+is built by ``recipes/model_setup.build_model`` for the plan (as the training runtime builds it) and sharded as
 accelerate 1.15's ``fsdp2_prepare_model`` does for the recipe's ``fsdp_version: 2`` config:
 
 * with ``mixed_precision`` bf16/fp16 (every bf16/fp16 plan): trainable parameters that are not fp32 are upcast to
@@ -53,12 +53,12 @@ def shard_like_accelerate(model, plan, mesh):
     import torch
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     mixed = plan.dtype in ("bf16", "fp16")
     mp = MixedPrecisionPolicy()
     if mixed:
-        dt = setup.torch_dtype(plan)
+        dt = model_setup.torch_dtype(plan)
         mp = MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=dt, output_dtype=dt)
         for p in model.parameters():
             if p.requires_grad and p.dtype != torch.float32:
@@ -132,21 +132,21 @@ def measure(plan, config: dict, steps: int = 2) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     n = plan.num_gpus
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=n, store=FakeStore())
     mesh = init_device_mesh("cpu", (n,))  # before FakeTensorMode: the mesh calls .tolist()
-    ac = setup.autocast_dtype(plan)
+    ac = model_setup.autocast_dtype(plan)
     with gpu_routing(True), classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
-        model = setup.build_model(plan, config)
+        model = model_setup.build_model(plan, config)
         from trl.trainer.utils import add_fused_lm_head
 
         base = model.get_base_model() if plan.uses_adapters else model
         add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))
         wrapped, tied = shard_like_accelerate(model, plan, mesh)
-        optimizer = setup.build_optimizer(plan, model)
+        optimizer = model_setup.build_optimizer(plan, model)
         vocab = int(model.config.get_text_config().vocab_size)
         input_ids = torch.randint(0, vocab, (plan.batch_size, plan.seq_len))
         labels = input_ids.clone()

@@ -10,7 +10,7 @@ Two obstacles, each seen with torch 2.13, peft 0.21.2, bitsandbytes 0.50.2:
   (``quant_state`` and the like on the fake 4-bit weights, shared with the original).
 - PEFT dequantizes a 4-bit base weight only when its class is named ``Params4bit``
   (peft/utils/integrations.py ``dequantize_module_weight``); under fake tensors the packed weight is a fake tensor
-  carrying ``quant_state`` (recipes/setup.py ``_quantize_model``), so DoRA would get the packed codes.
+  carrying ``quant_state`` (recipes/model_setup.py ``_quantize_model``), so DoRA would get the packed codes.
   :func:`fake_4bit_dequantize` makes PEFT dequantize those with bitsandbytes' ``dequantize_4bit`` (which has a fake
   kernel), as it does a real Params4bit.
 """

@@ -7,7 +7,7 @@
 Modes:
 
 - ``fake`` (CPU): ``fake_mode.py`` in a fresh interpreter per case: the model, adapters and optimizer built from the
-  plan with random weights by ``canifinetune.recipes.setup`` (what the training runtime uses), under fake tensors,
+  plan with random weights by ``canifinetune.recipes.model_setup`` (what the training runtime uses), under fake tensors,
   attention and dropout routed as a GPU runs them, two full steps; the peak of live tensor storage, each rounded to
   512-byte blocks (what ``torch.cuda.max_memory_allocated`` reports, less kernel scratch; docs/measuring.md).
 - ``cuda`` (a real GPU): a fresh interpreter per case calls ``canifinetune.recipes.probe.probe(plan, 3)`` — the
@@ -167,24 +167,24 @@ def measure_cuda(plan_dict: dict, steps: int = CUDA_STEPS) -> dict:
     """``probe(plan, steps)`` on this machine's GPU, with a random-weight model built from the plan's config."""
     import torch
 
-    from canifinetune.estimator.models import resolve_model
+    from canifinetune.estimator.model_sources import resolve_model
     from canifinetune.estimator.plan import TrainingPlan
     from canifinetune.recipes import probe as probe_module
-    from canifinetune.recipes import runtime, setup
+    from canifinetune.recipes import model_setup, runtime
 
     plan = TrainingPlan(**plan_dict)
     config = resolve_model(plan.model).config
     folder = Path(tempfile.mkdtemp(prefix="canifinetune-cohort-"))
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     _stand_in_tokenizer(folder)
-    build = setup.build_model
+    build = model_setup.build_model
 
     def build_random(plan, config, *, pretrained_path=None):  # random weights, built where they will train
         index = int(os.environ.get("LOCAL_RANK", "0") or 0)
         with torch.device(f"cuda:{index}"):
             return build(plan, config)
 
-    setup.build_model = build_random
+    model_setup.build_model = build_random
     runtime.model_source = lambda plan, recipe_dir=None: (config, str(folder))
     result = probe_module.probe(plan, steps)
     return result.model_dump(mode="json")

@@ -1,7 +1,7 @@
 """Measure two training steps of TRL 1.16's preference/RL trainers (DPO, KTO, GRPO's loss step) under fake tensors.
 
 The counting, the GPU routing of attention and of TRL's chunked log-prob kernel, PEFT under fake tensors and the
-model build are benchmarks/validation/fake_mode.py's and recipes/setup.py's. What is new is what one training step
+model build are benchmarks/validation/fake_mode.py's and recipes/model_setup.py's. What is new is what one training step
 of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.11/site-packages/trl):
 
 - DPO and KTO disable dropout (``disable_dropout=True`` by default: ``disable_dropout_in_model``, every nn.Dropout's
@@ -63,24 +63,24 @@ def _reference_plan(plan):
 
 def build_reward_model(plan, config: dict):
     """RewardTrainer's model (trl/trainer/reward_trainer.py, 1.16): AutoModelForSequenceClassification with
-    num_labels=1 (a score head H -> 1 instead of lm_head), random weights from ``config``, quantized as recipes/setup.py
+    num_labels=1 (a score head H -> 1 instead of lm_head), random weights from ``config``, quantized as recipes/model_setup.py
     quantizes; PEFT LoRA with task_type SEQ_CLS (PEFT then trains a modules_to_save copy of ``score``); gradient
     checkpointing as transformers 5 enables it, ``enable_input_require_grads`` with PEFT; on a quantized base the
     trainable parameters are cast to bf16 (reward_trainer.py __init__)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
-    qconfig = setup.quantization_config(plan)
-    dtype = setup.weight_dtype(plan) if qconfig is None else setup.torch_dtype(plan)
-    cfg = setup.hf_config(config)
+    qconfig = model_setup.quantization_config(plan)
+    dtype = model_setup.weight_dtype(plan) if qconfig is None else model_setup.torch_dtype(plan)
+    cfg = model_setup.hf_config(config)
     cfg.num_labels = 1
     if getattr(cfg, "pad_token_id", None) is None:
         cfg.pad_token_id = 0
     model = AutoModelForSequenceClassification.from_config(cfg, dtype=dtype, attn_implementation=plan.attn_implementation)
     if qconfig is not None:
-        setup._quantize_model(model, plan, qconfig)
+        model_setup._quantize_model(model, plan, qconfig)
     model.config.use_cache = False
     quantized = qconfig is not None
     if plan.method == "full":
@@ -88,7 +88,7 @@ def build_reward_model(plan, config: dict):
     if plan.uses_adapters:
         from peft import get_peft_model
 
-        lora = setup.lora_config(plan)
+        lora = model_setup.lora_config(plan)
         lora.task_type = "SEQ_CLS"
         model = get_peft_model(model, lora)
     if plan.gradient_checkpointing:
@@ -105,11 +105,104 @@ def build_reward_model(plan, config: dict):
     return model
 
 
+class _TritonLogProbs:
+    """What TRL 1.16's Triton ``selective_log_softmax`` allocates on a GPU (trl/trainer/utils.py: on a cuda/xpu device
+    with fp16/bf16/fp32 logits of unit last stride it calls trl/kernels/logprob_entropy.py
+    ``_LogProbEntropyFunction``): forward makes four fp32 row tensors (logprobs, entropy, log_z, expected_logit,
+    shape logits.shape[:-1]), saves the logits (the caller's view, no copy), the index, log_z and expected_logit, and
+    returns logprobs (selective_log_softmax drops the entropy); backward makes ``grad_logits =
+    torch.empty_like(logits, memory_format=torch.contiguous_format)`` and writes it in one kernel. The CPU path
+    (a per-row log_softmax loop for bf16, logsumexp for fp32) allocates otherwise; the fake harness runs on a CPU
+    device, so :func:`orpo_gpu_routing` puts this in its place."""
+
+    _function = None
+
+    @classmethod
+    def function(cls):
+        if cls._function is None:
+            import torch
+
+            class LogProbEntropy(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, logits, index):
+                    logprobs = torch.empty(logits.shape[:-1], device=logits.device, dtype=torch.float32)
+                    entropy = torch.empty_like(logprobs)
+                    log_z = torch.empty_like(logprobs)
+                    expected_logit = torch.empty_like(logprobs)
+                    ctx.save_for_backward(logits, index, log_z, expected_logit)
+                    del entropy
+                    return logprobs
+
+                @staticmethod
+                def backward(ctx, grad_logprobs):
+                    logits, _index, _log_z, _expected = ctx.saved_tensors
+                    return torch.empty_like(logits, memory_format=torch.contiguous_format), None
+
+            cls._function = LogProbEntropy
+        return cls._function
+
+
+@contextlib.contextmanager
+def orpo_gpu_routing():
+    """Route ORPO's ``selective_log_softmax`` (trl/experimental/orpo/orpo_trainer.py imports it from
+    trl/trainer/utils.py) to :class:`_TritonLogProbs`, as a GPU with Triton runs it."""
+    from trl.experimental.orpo import orpo_trainer
+
+    def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
+        return _TritonLogProbs.function().apply(logits, index)
+
+    saved = orpo_trainer.selective_log_softmax
+    orpo_trainer.selective_log_softmax = selective_log_softmax
+    try:
+        yield
+    finally:
+        orpo_trainer.selective_log_softmax = saved
+
+
 def reference_mode(plan) -> str:
     """'copy', 'adapter_disabled' or 'none' as TRL 1.16 decides it (estimator/trainer_memory.reference_mode)."""
     from canifinetune.estimator.trainer_memory import reference_mode as decide
 
     return decide(plan)
+
+
+def _orpo_loss(model, input_ids, beta):
+    """One ORPO loss (trl/experimental/orpo/orpo_trainer.py 1.16, ``concatenated_forward`` and
+    ``get_batch_loss_metrics``), its locals gone when it returns, as in the trainer (only the loss's graph is left
+    for backward). accelerate's prepared forward returns fp32 outputs (``convert_outputs_to_fp32``): the logits are
+    upcast to fp32 before ORPO sees them. Every label is valid (no padding, no prompt masking here)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from trl.experimental.orpo.orpo_trainer import ORPOTrainer, log1mexp
+
+    rows = input_ids.shape[0]
+    len_chosen = rows // 2
+    outputs = model(input_ids=input_ids, use_cache=False)
+    all_logits = outputs.logits.float()  # accelerate convert_outputs_to_fp32
+    del outputs
+    labels = input_ids.clone()
+
+    def cross_entropy_loss(logits, labels):
+        logits = logits[..., :-1, :].contiguous()
+        labels = labels[..., 1:].contiguous()
+        loss_fct = nn.CrossEntropyLoss()
+        return loss_fct(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+    chosen_nll_loss = cross_entropy_loss(all_logits[:len_chosen], labels[:len_chosen])
+    all_logps = ORPOTrainer.get_batch_logps(all_logits, input_ids, average_log_prob=True)
+    chosen_logps, rejected_logps = all_logps[:len_chosen], all_logps[len_chosen:]
+    chosen_logits = all_logits[:len_chosen, :-1, :]
+    rejected_logits = all_logits[len_chosen:, :-1, :]
+    # odds_ratio_loss
+    pc, pr = chosen_logps.float(), rejected_logps.float()
+    log_odds = (pc - pr) - (log1mexp(pc) - log1mexp(pr))
+    ratio = F.logsigmoid(log_odds)
+    losses = beta * ratio
+    loss = chosen_nll_loss - losses.mean()
+    with torch.no_grad():  # metrics (their .item() calls are left out)
+        _ = rejected_logits.detach().mean(), chosen_logits.detach().mean(), (beta * pc.detach() > beta * pr.detach()).float().mean()
+    return loss
 
 
 def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
@@ -123,7 +216,7 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
     from canifinetune.estimator.trainer_memory import DISABLE_DROPOUT
 
     from canifinetune.estimator.trainer_memory import policy_rows, resolved_trainer_fields
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     fm = _fake_mode_module()
     Counter = fm._make_counter_class()
@@ -152,29 +245,37 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
         "kto": ("log_probs", "entropy", "mean_logits"),
         "grpo": ("log_probs", "entropy"),
         "reward": None,  # no LM head: the score head's (2B, S, 1) logits
+        "orpo": None,  # the model's own full logits (ORPO computes its loss from outputs.logits)
     }
     if trainer not in outputs_by_trainer:
         raise ValueError(f"trainer {trainer}: not measured by this harness")
     gc_kwargs = {"use_reentrant": False}
+    orpo_ctx = orpo_gpu_routing() if trainer == "orpo" else contextlib.nullcontext()
     with fm.gpu_routing(True) as routed, fm.classic_module_apply(), fm._peft_fake().fake_peft_support(True) as build_ctx, \
-            fake_mode, counter:
+            orpo_ctx, fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
-            model = build_reward_model(plan, config) if trainer == "reward" else setup.build_model(plan, config)
+            model = build_reward_model(plan, config) if trainer == "reward" else model_setup.build_model(plan, config)
         base = model.get_base_model() if plan.uses_adapters else model
-        if trainer != "reward":
+        if trainer not in ("reward", "orpo"):
             add_fused_lm_head(base, outputs=outputs_by_trainer[trainer])
+        if trainer == "orpo" and plan.uses_adapters and plan.quantized_4bit:
+            # ORPOTrainer.__init__: args.bf16 and a 4-bit PEFT model -> peft_module_casting_to_bf16 (norms to fp32,
+            # fp32 embed_tokens / lm_head to bf16), and compute_loss then runs under autocast
+            from trl.experimental.utils import peft_module_casting_to_bf16
+
+            peft_module_casting_to_bf16(model)
         if DISABLE_DROPOUT[trainer]:  # DPOConfig/KTOConfig disable_dropout=True: every nn.Dropout's p = 0
             disable_dropout_in_model(model)
         if ref_mode == "copy":
             with build_ctx():
-                ref_model = setup.build_model(_reference_plan(plan), config)
+                ref_model = model_setup.build_model(_reference_plan(plan), config)
             ref_model.requires_grad_(False)
             ref_model.eval()
             disable_dropout_in_model(ref_model)
             add_fused_lm_head(ref_model)
-        optimizer = setup.build_optimizer(plan, model)
-        resolved = setup.resolved_settings(plan, model, optimizer)
+        optimizer = model_setup.build_optimizer(plan, model)
+        resolved = model_setup.resolved_settings(plan, model, optimizer)
         vocab = int(model.config.get_text_config().vocab_size)
         rows = policy_rows(plan)
         seq = plan.seq_len
@@ -191,7 +292,7 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
         state["after_build"] = counter.current
         state["after_build_categories"] = counter.categories_now()
         counter.reset_peak()
-        ac = setup.autocast_dtype(plan)
+        ac = model_setup.autocast_dtype(plan)
         trainable = [p for p in model.parameters() if p.requires_grad]
         beta = float(fields.get("beta") or 0.0)
 
@@ -207,7 +308,9 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             start = counter.current
             autocast = torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext()
             with autocast:
-                if trainer == "reward":  # reward_trainer.py compute_loss
+                if trainer == "orpo":  # orpo_trainer.py concatenated_forward + get_batch_loss_metrics
+                    step_loss = _orpo_loss(model, input_ids, beta)
+                elif trainer == "reward":  # reward_trainer.py compute_loss
                     outputs = model(input_ids=input_ids, use_cache=False)
                     rewards_chosen, rewards_rejected = torch.chunk(outputs.logits.squeeze(-1), chunks=2)
                     step_loss = -F.logsigmoid(rewards_chosen - rewards_rejected).mean()
@@ -260,6 +363,8 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
                         _ = (entropies * mask).sum()
             counter.set_phase(f"step{step}.backward")
             step_loss.backward()
+            if trainer == "orpo":
+                outputs = None
             del outputs, step_loss
             counter.set_phase(f"step{step}.optimizer")
             torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
@@ -319,12 +424,12 @@ def kv_cache_bytes(plan, config: dict, rows: int, tokens: int) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     fm = _fake_mode_module()
     with fm.gpu_routing(True), fm.classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
         base_plan = plan.model_copy(update={"method": "full", "gradient_checkpointing": False})
-        model = setup.build_model(base_plan, config)
+        model = model_setup.build_model(base_plan, config)
         model.eval()
         vocab = int(model.config.get_text_config().vocab_size)
         ids = torch.randint(0, vocab, (rows, tokens))
@@ -353,7 +458,7 @@ def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import DynamicCache
 
-    from canifinetune.recipes import setup
+    from canifinetune.recipes import model_setup
 
     fm = _fake_mode_module()
     Counter = fm._make_counter_class()
@@ -361,7 +466,7 @@ def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> 
     with fm.gpu_routing(True), fm.classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
         counter = Counter()
         with counter:
-            model = setup.build_model(plan.model_copy(update={"method": "full", "gradient_checkpointing": False}), config)
+            model = model_setup.build_model(plan.model_copy(update={"method": "full", "gradient_checkpointing": False}), config)
             model.eval()
             model.requires_grad_(False)
             vocab = int(model.config.get_text_config().vocab_size)
