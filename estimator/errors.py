@@ -1,4 +1,32 @@
-"""Errors the core raises. Each message names the field, the bad value and what to do instead."""
+"""The one error hierarchy of canifinetune: every error class the three packages raise is declared here.
+
+Each message names the field, the bad value and what to do instead. The packages re-export the classes where
+they are raised (``canifinetune.recipes.schema.RecipeError`` is this module's ``RecipeError``), so callers may
+import them from either place; imports still point one way (server -> recipes -> estimator).
+
+::
+
+    ValueError
+    └── CanIFinetuneError                an input canifinetune cannot estimate, train or parse (.field names it)
+        ├── ModelConfigError             config.json lacks what a decoder needs, or holds impossible values
+        │   └── SafetensorsHeaderError   a safetensors header that cannot be real (model_sources.py)
+        ├── UnknownModelError            neither in the catalog, nor a local folder, nor on the Hub
+        │   └── HubError                 the Hub or its cache could not give the model (server/hub.py)
+        │       ├── GatedModelError      gated or private, and no token with access
+        │       ├── HubUnreachableError  no network, a timeout, a server error
+        │       └── OfflineNotCachedError  offline, and not in the local cache
+        ├── UnknownGPUError              a GPU name not in the catalog
+        ├── PlanError                    valid field by field, but not on this model or GPU
+        ├── ConfigError                  a training config file that cannot be read (estimator/configs)
+        ├── RecipeError                  a recipe (or a run of one) that cannot go ahead (recipes/)
+        │   ├── DatasetError             a dataset the runtime cannot train on as the recipe says
+        │   │   └── SampleTooLongError   a sample longer than seq_len, truncation off
+        │   └── ProbeError               the probe cannot measure here (no CUDA, too little free memory)
+        └── UsageError                   a bad command line: one line on stderr, exit 2 (server/cli.py)
+
+pydantic's ``ValidationError`` stays pydantic's: :func:`describe_validation_error` turns it into one line per
+problem from its structured form (``loc``, ``type``, ``ctx``, ``input``), never from its message text.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +48,30 @@ class ModelConfigError(CanIFinetuneError):
     field = "model"
 
 
+class SafetensorsHeaderError(ModelConfigError):
+    """A safetensors header that cannot be a real checkpoint's (it is read, never trusted)."""
+
+
 class UnknownModelError(CanIFinetuneError):
     """A model name that is neither in the catalog, nor a local folder, nor reachable on the Hub."""
 
     field = "model"
+
+
+class HubError(UnknownModelError):
+    """The model could not be read from the Hub or its cache (the message says why and what to do)."""
+
+
+class GatedModelError(HubError):
+    """A gated (or private) repo and no token with access."""
+
+
+class HubUnreachableError(HubError):
+    """The Hub did not answer (no network, a timeout, a server error)."""
+
+
+class OfflineNotCachedError(HubError):
+    """Offline, and the model is neither in the catalog nor in the local cache."""
 
 
 class UnknownGPUError(CanIFinetuneError):
@@ -34,6 +82,34 @@ class UnknownGPUError(CanIFinetuneError):
 
 class PlanError(CanIFinetuneError):
     """A plan that is valid field by field but cannot run on this model or GPU."""
+
+
+class ConfigError(CanIFinetuneError):
+    """A config file that cannot be read or estimated: the message names the file and the line."""
+
+    field = "config"
+
+
+class RecipeError(CanIFinetuneError):
+    """A recipe (or a run of one) that cannot go ahead, with what to change."""
+
+
+class DatasetError(RecipeError):
+    """A dataset the runtime cannot train on as the recipe says."""
+
+    field = "dataset"
+
+
+class SampleTooLongError(DatasetError):
+    """A sample longer than seq_len while the recipe does not allow truncation."""
+
+
+class ProbeError(RecipeError):
+    """The probe cannot measure here (no CUDA, not enough free memory)."""
+
+
+class UsageError(CanIFinetuneError):
+    """A bad command line: printed as one line, exit 2."""
 
 
 def describe_validation_error(exc) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import catalog
 from .errors import ModelConfigError, UnknownModelError
+from .errors import SafetensorsHeaderError as SafetensorsHeaderError  # declared in errors.py, raised here
 from .spec import ModelSpec
 
 # config.json files are a few KB; anything near this is not a model config.
@@ -197,10 +198,6 @@ MAX_SAFETENSORS_FILES = 2048
 PARAMS_RATIO_BOUNDS = (0.5, 2.0)
 PACKED_DTYPES = ("I32", "U32", "I8", "U8", "I16", "U16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
 _MAX_TENSOR_ELEMENTS = 1 << 48
-
-
-class SafetensorsHeaderError(ValueError):
-    """A safetensors header that is not what a checkpoint holds."""
 
 
 def safetensors_header_counts(header: object) -> dict[str, int]:

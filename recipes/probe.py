@@ -14,15 +14,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from canifinetune.estimator.errors import ProbeError as ProbeError  # declared in errors.py (the one error tree)
 from canifinetune.estimator.plan import TrainingPlan
 
-from .schema import EstimateSummary, RecipeError
+from .schema import EstimateSummary
 
 _GIB = 1024**3
-
-
-class ProbeError(RecipeError):
-    """The probe cannot measure here (no CUDA, not enough free memory)."""
 
 
 class GPUProcess(BaseModel):

@@ -16,16 +16,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from canifinetune.estimator.errors import CanIFinetuneError, describe_validation_error
+from canifinetune.estimator.errors import RecipeError as RecipeError  # declared in errors.py (the one error tree)
+from canifinetune.estimator.errors import describe_validation_error
 from canifinetune.estimator.plan import TrainingPlan
 
 RECIPE_VERSION = 1
 RECIPE_FILE = "recipe.yaml"
 MAX_RECIPE_BYTES = 1024 * 1024  # a recipe is a few KB
-
-
-class RecipeError(CanIFinetuneError):
-    """A recipe (or a run of one) that cannot go ahead, with what to change."""
 
 
 class EstimateSummary(BaseModel):

@@ -147,7 +147,7 @@ def _text_with_eos(text: str, eos: str | None) -> str:
 
 
 def _check_value(trainer: str, key: str, value, where: str, path: Path) -> None:
-    from .runtime import DatasetError
+    from canifinetune.estimator.errors import DatasetError
 
     if key == "label":
         if not isinstance(value, bool):
@@ -166,7 +166,7 @@ def _check_value(trainer: str, key: str, value, where: str, path: Path) -> None:
 
 def sequence_lengths(plan: TrainingPlan, rows, tokenizer, path: Path) -> list[int]:
     """Each row's longest sequence as the trainer builds it (tokens), after checking the row's shape."""
-    from .runtime import DatasetError
+    from canifinetune.estimator.errors import DatasetError
 
     trainer = plan.trainer
     required, optional = ROW_KEYS[trainer]
@@ -207,7 +207,7 @@ def sequence_lengths(plan: TrainingPlan, rows, tokenizer, path: Path) -> list[in
 
 def check_sequence_lengths(plan: TrainingPlan, rows, lengths: list[int], path: Path) -> int:
     """Refuse rows longer than seq_len (naming them), unless truncation: true; returns how many are longer."""
-    from .runtime import SampleTooLongError
+    from canifinetune.estimator.errors import SampleTooLongError
 
     limit = length_limit(plan)
     too_long = [(row, n) for row, n in zip(rows, lengths) if n > limit]

@@ -16,6 +16,7 @@ import types
 import typing
 from typing import get_args, get_origin
 
+from canifinetune.estimator.errors import UsageError as UsageError  # declared in errors.py (the one error tree)
 from canifinetune.estimator.errors import safe_text
 
 EXIT_OK = 0
@@ -29,10 +30,6 @@ OFFLINE_HELP = ("never touch the network: the catalog, local folders and the loc
                 "(sets HF_HUB_OFFLINE=1); without it, other Hub ids are read from the Hub (config.json and "
                 "safetensors headers, never weights)")
 _LIST_FIELDS = {"target_modules"}
-
-
-class UsageError(Exception):
-    """A bad command line: printed as one line, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_recipe_commands(sub) -> None:
-    """`recipe` (write a runnable recipe) and `train` (run one, or --probe it): recipes/render.py, recipes/runtime.py."""
+    """`recipe` (write a runnable recipe) and `train` (run one, or --probe it): recipes/render.py, recipes/train.py."""
     rec = sub.add_parser("recipe", help="write a runnable recipe for a plan: recipe.yaml, launch command, requirements")
     _add_plan_arguments(rec)
     rec.add_argument("--out", required=True, metavar="DIR",
@@ -349,7 +346,7 @@ def _cmd_recipe(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    from canifinetune.recipes.runtime import train
+    from canifinetune.recipes.train import train
 
     train(args.recipe, dataset=args.dataset, probe_steps=args.probe, device=args.device)
     return EXIT_OK

@@ -29,7 +29,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from canifinetune.estimator import catalog
-from canifinetune.estimator.errors import ModelConfigError, UnknownModelError
+from canifinetune.estimator.errors import (  # the Hub's errors are declared in errors.py (the one error tree)
+    GatedModelError,
+    HubError,
+    HubUnreachableError,
+    ModelConfigError,
+    OfflineNotCachedError,
+    UnknownModelError,
+)
 from canifinetune.estimator.model_sources import (
     MAX_CONFIG_BYTES,
     PACKED_DTYPES,
@@ -56,22 +63,6 @@ SINGLE_FILE = "model.safetensors"
 _TRUE = {"1", "ON", "YES", "TRUE"}
 # A Hub repo id: "name" or "namespace/name" (huggingface_hub's validate_repo_id, without importing it).
 _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.\-]{0,95}/)?[A-Za-z0-9][\w.\-]{0,95}$")
-
-
-class HubError(UnknownModelError):
-    """The model could not be read from the Hub or its cache (the message says why and what to do)."""
-
-
-class GatedModelError(HubError):
-    """A gated (or private) repo and no token with access."""
-
-
-class HubUnreachableError(HubError):
-    """The Hub did not answer (no network, a timeout, a server error)."""
-
-
-class OfflineNotCachedError(HubError):
-    """Offline, and the model is neither in the catalog nor in the local cache."""
 
 
 # ------------------------------------------------------------------------------------------ environment

@@ -108,7 +108,7 @@ def test_generated_recipe_trains_two_steps_under_an_ascii_locale(tiny_model, tmp
         "rc = main(['recipe', '--model', model, '--dataset', data, '--dtype', 'fp32', '--seq-len', '64',\n"
         "           '--batch-size', '2', '--max-steps', '2', '--learning-rate', '1e-3', '--out', out, '--offline'])\n"
         "assert rc == 0, rc\n"
-        "from canifinetune.recipes.runtime import train\n"
+        "from canifinetune.recipes.train import train\n"
         "result = train(out + '/recipe.yaml', out=sys.stderr, device='cpu')\n"
         "print(json.dumps({'steps': result.steps, 'losses': result.losses, 'output': str(result.output_dir)}))\n"
     )

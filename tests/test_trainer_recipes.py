@@ -173,7 +173,7 @@ def _estimate_or_skip(plan: TrainingPlan):
 @pytest.mark.parametrize("trainer", ["dpo", "orpo", "kto", "reward", "grpo"])
 def test_make_recipe_ships_an_example_dataset_and_trains_it(trainer, tiny_model, tmp_path):
     from canifinetune.recipes.render import make_recipe, write_recipe
-    from canifinetune.recipes.runtime import train
+    from canifinetune.recipes.train import train
 
     plan = _plan(tiny_model, trainer, dataset=None)
     est = _estimate_or_skip(plan)

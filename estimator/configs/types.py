@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..errors import CanIFinetuneError
+from ..errors import ConfigError as ConfigError  # declared in errors.py (the one error tree)
 
 ConfigFormat = Literal["axolotl", "llama_factory", "trl", "transformers", "peft", "accelerate", "deepspeed"]
 CONFIG_FORMATS: tuple[str, ...] = ConfigFormat.__args__  # type: ignore[attr-defined]
@@ -23,12 +23,6 @@ FORMAT_VERSIONS = {
     "accelerate": "accelerate 1.x config (accelerate config / default_config.yaml)",
     "deepspeed": "DeepSpeed JSON config (zero_optimization)",
 }
-
-
-class ConfigError(CanIFinetuneError):
-    """A config file that cannot be read or estimated: the message names the file and the line."""
-
-    field = "config"
 
 
 class KeyUse(BaseModel):

@@ -1,0 +1,72 @@
+"""`canifinetune train recipe.yaml`: train a recipe with the runtime, or (``--probe N``) measure N steps with the probe.
+
+The one entry point above both: :mod:`.runtime` prepares and trains, :mod:`.probe` measures with what the runtime
+prepares, and only this module chooses between them, so neither imports the other back.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from canifinetune.estimator.plan import TrainingPlan
+
+from .probe import format_probe, probe
+from .runtime import checked_output_dir, prepare, require_device
+from .schema import RecipeError, RecipeFile, load_recipe
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    losses: list[float]
+    output_dir: Path
+    samples: int
+    notes: list[str]
+
+
+def require_train_dependencies(plan: TrainingPlan) -> None:
+    """Refuse with the install command when the runtime's libraries are missing."""
+    import importlib.util
+
+    needed = ["torch", "transformers", "peft", "trl", "accelerate", "datasets"]
+    if plan.quantized_4bit or plan.load_in_8bit or plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+        needed.append("bitsandbytes")
+    if plan.sharding.startswith("zero"):
+        needed.append("deepspeed")
+    if plan.trainer == "grpo" and plan.use_vllm:
+        needed.append("vllm")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RecipeError(f"train: {', '.join(missing)} not installed; run pip install 'canifinetune[train]'"
+                          + (" deepspeed" if "deepspeed" in missing else "") + (" vllm" if "vllm" in missing else "") + " (see requirements.txt in the recipe folder)")
+
+
+def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: int | None = None,
+          device: str | None = None, out=None):
+    """Train the recipe (or, with ``probe_steps``, measure that many steps: see recipes/probe.py)."""
+    out = out or sys.stdout
+    recipe_path = Path(recipe_path)
+    recipe: RecipeFile = load_recipe(recipe_path)
+    require_train_dependencies(recipe.plan)
+    recipe_dir = recipe_path.resolve().parent
+    if probe_steps is not None:
+        if recipe.plan.trainer != "sft":
+            raise RecipeError(f"--probe: the probe measures SFT steps on synthetic samples; for a {recipe.plan.trainer} "
+                              "recipe run a few steps (max_steps: 3 in the recipe) and watch nvidia-smi")
+        result = probe(recipe.plan, probe_steps, recipe_dir=recipe_dir, estimate_summary=recipe.estimate, device=device)
+        print(format_probe(result), file=out)
+        return result
+    require_device(device)
+    prepared = prepare(recipe.plan, recipe_dir=recipe_dir, dataset=dataset, device=device)
+    for note in prepared.notes:
+        print(f"canifinetune: {note}", file=out)
+    output = prepared.trainer.train()
+    losses = [float(h["loss"]) for h in prepared.trainer.state.log_history if "loss" in h]
+    checked_output_dir(recipe.plan, recipe_dir)  # again: a link planted during the run is refused too
+    prepared.trainer.save_model(str(prepared.output_dir))
+    print(f"canifinetune: trained {output.global_step} steps on {prepared.samples} samples; "
+          f"saved to {prepared.output_dir}", file=out)
+    return TrainResult(steps=int(output.global_step), losses=losses, output_dir=prepared.output_dir,
+                       samples=prepared.samples, notes=prepared.notes)
