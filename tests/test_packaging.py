@@ -19,14 +19,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["pyproject.toml", "README.md", "estimator", "recipes", "server"]
+SOURCES = ["pyproject.toml", "README.md", "estimator", "recipes", "server", "docs/memory_model.md"]
 
 
-def test_packaged_memory_model_equals_the_doc():
-    """server/memory_model.md ships in the wheel for the MCP resource; docs/memory_model.md is authoritative."""
-    doc = (ROOT / "docs" / "memory_model.md").read_text(encoding="utf-8")
-    packaged = (ROOT / "server" / "memory_model.md").read_text(encoding="utf-8")
-    assert packaged == doc, "copy docs/memory_model.md to server/memory_model.md (cp docs/memory_model.md server/)"
+def test_tests_import_only_the_installed_package():
+    """tests/conftest.py refuses the checkout's bare package names; benchmarks/ still imports from the checkout."""
+    import importlib
+
+    for name in ("estimator", "recipes", "server"):
+        with pytest.raises(ModuleNotFoundError, match=f"import canifinetune.{name}`, not `import {name}`"):
+            importlib.import_module(name)
+        with pytest.raises(ModuleNotFoundError, match=f"import canifinetune.{name}`"):
+            importlib.import_module(f"{name}.errors")
+    importlib.import_module("benchmarks.estimate_snapshot")
+    from canifinetune.estimator.plan import TrainingPlan
+
+    assert TrainingPlan.__module__ == "canifinetune.estimator.plan"
+
+
+def test_memory_model_has_one_copy_in_the_checkout():
+    """docs/memory_model.md is the one to edit; the wheel's copy is made from it at build time (pyproject.toml)."""
+    assert (ROOT / "docs" / "memory_model.md").is_file()
+    assert not (ROOT / "server" / "memory_model.md").exists(), "edit docs/memory_model.md; the wheel copies it"
 
 
 def test_extras_declared():
@@ -50,6 +64,7 @@ def wheel(tmp_path_factory) -> Path:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     dist = src / "dist"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
@@ -81,11 +96,16 @@ def test_wheel_contents(wheel):
     import zipfile
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("canifinetune/server/cli.py", "canifinetune/server/app.py", "canifinetune/server/memory_model.md",
+    for needed in ("canifinetune/server/cli.py", "canifinetune/server/app.py", "canifinetune/docs/memory_model.md",
                    "canifinetune/estimator/data/models.json", "canifinetune/estimator/data/gpus.json",
                    "canifinetune/recipes/render.py", "canifinetune/estimator/configs/combine.py",
                    "canifinetune/server/config_face.py"):
         assert needed in names
+    # built from docs/memory_model.md, the only copy; nothing else of docs/ ships
+    doc = (ROOT / "docs" / "memory_model.md").read_bytes()
+    assert zipfile.ZipFile(wheel).read("canifinetune/docs/memory_model.md") == doc
+    assert not [n for n in names if n.startswith("canifinetune/docs/") and n != "canifinetune/docs/memory_model.md"]
+    assert "canifinetune/server/memory_model.md" not in names
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     for extra in ("train", "validate", "test"):
@@ -130,7 +150,7 @@ def test_installed_serve_lists_tools_over_stdio(venv, tmp_path):
     out = _stdio_session([str(_bin(venv, "canifinetune")), "serve"], tmp_path)
     assert out["tools"] == ["estimate_memory", "suggest_cheaper_config", "make_recipe"]
     assert out["verdict"] == "fits"
-    assert out["doc"] == (ROOT / "docs" / "memory_model.md").read_text(encoding="utf-8")  # the packaged copy
+    assert out["doc"] == (ROOT / "docs" / "memory_model.md").read_text(encoding="utf-8")  # the wheel's copy
 
 
 def _uvx() -> str | None:
