@@ -1,4 +1,4 @@
-"""Memory of TRL 1.16's trainers beyond SFT: DPO, KTO, GRPO and reward modelling with LoRA/QLoRA (ORPO is refused).
+"""Memory of TRL 1.16's trainers beyond SFT: DPO, ORPO, KTO, GRPO and reward modelling.
 
 DPO, KTO and GRPO compute the policy's per-token log-probabilities with the same fused, chunked
 LM head as SFTTrainer (``add_fused_lm_head``, trl/trainer/utils.py; dpo_trainer.py, kto_trainer.py and
@@ -10,7 +10,9 @@ optimizer step are an SFT step over the trainer's rows (:func:`policy_rows`). Wh
   activations (its log-probabilities and one block's temporaries);
 - :func:`kv_cache_bytes` / :func:`generation_bytes`: GRPO's generation with ``model.generate``;
 - :func:`vllm_reservation_bytes`: GRPO with vLLM colocated on the training GPU;
-- :func:`reward_spec` / :func:`reward_embedding_bytes`: RewardTrainer's sequence-classification model (no LM head).
+- :func:`reward_spec` / :func:`reward_embedding_bytes`: RewardTrainer's sequence-classification model (no LM head);
+- :func:`orpo_logits_bytes`: ORPO (trl/experimental/orpo), whose loss is computed from the model's full logits
+  (no fused head), their cross-entropy and ``selective_log_softmax``.
 
 Sources: .venv/lib/python3.11/site-packages/trl (1.16) trainer/dpo_trainer.py, kto_trainer.py, grpo_trainer.py,
 reward_trainer.py, their *_config.py, utils.py; transformers 5.24 cache_utils.py (DynamicCache) and
@@ -25,7 +27,7 @@ from .errors import PlanError
 from .plan import TrainingPlan
 from .trainers import TRAINER_DEFAULTS, TRAINER_FIELDS
 
-MODELLED = ("dpo", "kto", "grpo", "reward")
+MODELLED = ("dpo", "orpo", "kto", "grpo", "reward")
 
 
 def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
@@ -49,10 +51,6 @@ def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
 
 def check_supported(plan: TrainingPlan) -> None:
     """Refuse, naming why, what this module cannot model or the harness cannot measure."""
-    if plan.trainer == "orpo":
-        raise PlanError("trainer: 'orpo' is not estimated yet: ORPO (trl/experimental/orpo) materialises the full "
-                        "2B x S x V logits, their cross-entropy and selective_log_softmax, a path not modelled yet; an "
-                        "SFT figure would be wrong", field="trainer")
     if plan.trainer == "reward" and plan.method == "full":
         raise PlanError("method: a fully fine-tuned reward model (its embedding and score head training beside the "
                         "blocks) is not estimated yet; reward modelling is estimated with LoRA or QLoRA",
@@ -130,12 +128,61 @@ def reward_embedding_bytes(policy_resolved, spec) -> int:
     return _round_block(frozen * spec.vocab_size * spec.hidden_size) + 5 * _round_block(4 * spec.hidden_size)
 
 
+def orpo_logits_bytes(policy_resolved) -> tuple[int, int]:
+    """ORPO's loss on the full logits (trl/experimental/orpo/orpo_trainer.py 1.16 ``concatenated_forward``), on top of
+    the policy's saved activations: returns (forward peak, backward peak) of its tensors. T = 2B x S tokens (chosen and
+    rejected concatenated), V the vocabulary, a the compute dtype's bytes.
+
+    The model runs without labels (no fused head): ``lm_head`` makes bf16 logits a·T·V, and accelerate's prepared
+    forward returns them upcast to fp32 (accelerate accelerator.py ``convert_outputs_to_fp32``): L = 4·T·V, the bf16
+    ones then freed. ORPO then takes (i) the chosen rows' cross-entropy, ``logits[..., :-1, :].contiguous()`` (a copy,
+    Lc = 4·B·(S-1)·V) and ``nn.CrossEntropyLoss`` (log_softmax's fp32 output, Lc, saved for backward); (ii)
+    ``selective_log_softmax(logits[:, :-1], labels)`` (trl/trainer/utils.py), which on a GPU with Triton runs
+    trl/kernels/logprob_entropy.py: four fp32 per-row vectors, the logits saved as a view (no copy), and in backward
+    ``grad_logits = torch.empty_like(logits)`` (G = 4·2B·(S-1)·V).
+
+    forward = max(a·T·V + L (the upcast), L + 2·Lc (the contiguous copy and log_softmax's output)).
+    backward = max(3·L, L + Lc + G): autograd runs the selective branch first (its grad_logits, then
+    ``slice_backward`` widens it to the logits' shape, L, while log_softmax's output waits), then the cross-entropy
+    branch, whose two ``slice_backward`` calls widen the chosen half's gradient to all rows (L), and the out-of-place
+    sum with the first branch's (L): three T x V fp32 tensors at once (measured under fake tensors on Qwen2.5-0.5B,
+    4 x 256: the peak's three largest tensors are slice_backward, slice_backward and add, each 4·T·V).
+    The per-row vectors (a few x 4·T bytes) are below a block of the T x V tensors and not counted."""
+    plan = policy_resolved.plan
+    v = policy_resolved.spec.vocab_size
+    t = policy_resolved.tokens
+    half = (plan.batch_size // 2) * max(plan.seq_len - 1, 1)
+    full = _round_block(4 * t * v)
+    chosen = _round_block(4 * half * v)
+    grad_logits = _round_block(4 * plan.batch_size * max(plan.seq_len - 1, 1) * v)
+    forward = max(_round_block(policy_resolved.act_bytes * t * v) + full, full + 2 * chosen)
+    backward = max(3 * full, full + chosen + grad_logits)
+    return forward, backward
+
+
+def orpo_qlora_policy(policy_resolved):
+    """ORPO on a 4-bit base with LoRA (trl/experimental/orpo/orpo_trainer.py 1.16 __init__): the trainer runs
+    ``prepare_model_for_kbit_training`` (peft 0.21: every non-quantized parameter to fp32), then, with bf16,
+    ``peft_module_casting_to_bf16`` (trl/experimental/utils.py: modules named *norm* to fp32, fp32 ``lm_head`` /
+    ``embed_tokens`` back to bf16). So the frozen embedding and head are in the compute dtype (no autocast copy of an
+    fp32 head), while the fp32 norms feed bitsandbytes' Linear4bit fp32 inputs, whose outputs it casts back to fp32
+    (``.to(inp_dtype)``): the residual stream is fp32 as after kbit preparation. The fp32 norm weights (a few x H
+    per block) are counted in the compute dtype."""
+    import dataclasses
+
+    if not (policy_resolved.plan.quantized_4bit and policy_resolved.plan.uses_adapters):
+        return policy_resolved
+    return dataclasses.replace(policy_resolved, kbit_prepared=False, frozen_dtype=policy_resolved.compute_dtype,
+                               residual_dtype="fp32")
+
+
 def policy_rows(plan: TrainingPlan) -> int:
     """Rows of one policy forward. DPO: ``concatenated`` [chosen; rejected], 2B rows of max_length (= seq_len)
     (dpo_trainer.py DataCollatorForPreference); reward the same pairs (reward_trainer.py: chosen and rejected
     concatenated, ``torch.chunk(logits, 2)``). KTO: B unpaired completions (its KL batch runs under no_grad
-    before them). GRPO loss step: B rows of prompt + completion (per_device_train_batch_size rows per micro-step)."""
-    return 2 * plan.batch_size if plan.trainer in ("dpo", "reward") else plan.batch_size
+    before them). GRPO loss step: B rows of prompt + completion (per_device_train_batch_size rows per micro-step).
+    ORPO: chosen and rejected concatenated as DPO (experimental/orpo/orpo_trainer.py ``concatenated_inputs``)."""
+    return 2 * plan.batch_size if plan.trainer in ("dpo", "reward", "orpo") else plan.batch_size
 
 
 # TRL 1.16's ``disable_dropout`` default per trainer (dpo_config.py, kto_config.py, reward_config.py,
@@ -278,12 +325,15 @@ def trainer_step_peaks(r, phases_module):
     Item, PhasePeak = phases_module.Item, phases_module.PhasePeak
     spec = reward_spec(r.spec) if plan.trainer == "reward" else r.spec
     policy = resolve(sft_equivalent(plan), spec)
+    if plan.trainer == "orpo":
+        policy = orpo_qlora_policy(policy)
     forward, backward, optimizer, sizes = phases_module.step_peaks(policy)
     mode = reference_mode(plan)
     ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
     why = {"copy": "a second frozen copy of the base model (TRL loads it in the policy's dtype)",
            "adapter_disabled": "none: the reference is the policy's base with its LoRA adapters disabled",
            "none": ("none: beta is 0, GRPO loads no reference model" if plan.trainer == "grpo" else
+                    "none: ORPO has no reference model" if plan.trainer == "orpo" else
                     "none: the reference log-probabilities are precomputed before training")}[mode]
     ref_item = Item("reference_model", ref_w, why)
     if plan.trainer == "reward":  # no reference; the input embedding the one-token-vocabulary model left out
@@ -292,6 +342,7 @@ def trainer_step_peaks(r, phases_module):
                         f"the reward model's input embedding ({r.spec.vocab_size} x {r.spec.hidden_size}, frozen) and "
                         "its score head (H -> 1, PEFT's trainable copy): no lm_head, no vocabulary logits")
     rows_note = {"dpo": f"DPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
+                 "orpo": f"ORPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
                  "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
                  "reward": f"reward model: chosen and rejected, {policy.plan.batch_size} rows of {plan.seq_len} tokens",
                  "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)"}[plan.trainer]
@@ -302,6 +353,20 @@ def trainer_step_peaks(r, phases_module):
         return PhasePeak(p.phase, p.bytes + ref_w, items[:1] + (ref_item,) + items[1:])
 
     fwd = with_ref(forward)
+    if plan.trainer == "orpo":  # the chunked head's terms give way to ORPO's full-logits loss (orpo_logits_bytes)
+        fwd_loss, bwd_loss = orpo_logits_bytes(policy)
+        keep = ("weights", "reference_model", "quantization_constants", "lora_adapters", "optimizer_states",
+                "cuda_workspaces", "activations")
+        base = tuple(i for i in fwd.items if i.name in keep)
+        below = sum(i.bytes for i in base)
+        note = (f"ORPO's loss on the full logits: {policy.tokens} tokens x {r.spec.vocab_size} vocab in fp32 "
+                "(accelerate's upcast), the chosen rows' cross-entropy and Triton selective_log_softmax")
+        if below + fwd_loss > fwd.bytes:
+            fwd = PhasePeak("forward", below + fwd_loss, base + (Item("logits_and_loss", fwd_loss, note),))
+        orpo_bwd = PhasePeak("backward", below + bwd_loss, base + (Item("logits_and_loss", bwd_loss, note + "; in "
+                             "backward three fp32 T x V gradients at once (both branches' and their sum)"),))
+    else:
+        orpo_bwd = None
     if mode != "none" and plan.trainer in ("dpo", "kto"):
         ref_fwd = reference_forward_bytes(policy)
         kept = {i.name: i.bytes for i in fwd.items}
@@ -331,7 +396,10 @@ def trainer_step_peaks(r, phases_module):
             Item("generation_temporaries", transient,
                  "the prefill's no-grad block temporaries over the prompts" if when == "prefill" else
                  "one layer's cache being concatenated and the sampling's fp32 next-token logits"))))
-    return fwd, with_ref(backward), with_ref(optimizer), sizes, tuple(extra)
+    bwd = with_ref(backward)
+    if orpo_bwd is not None and orpo_bwd.bytes > bwd.bytes:
+        bwd = orpo_bwd
+    return fwd, bwd, with_ref(optimizer), sizes, tuple(extra)
 
 
 def assumptions(plan: TrainingPlan) -> list[str]:
@@ -339,7 +407,9 @@ def assumptions(plan: TrainingPlan) -> list[str]:
     fields = resolved_trainer_fields(plan)
     mode = reference_mode(plan)
     out = [f"trainer {plan.trainer} (TRL 1.16): policy forward over {policy_rows(plan)} rows of {plan.seq_len} tokens "
-           + ("with the score head (no LM head)" if plan.trainer == "reward" else "with TRL's fused LM head")
+           + ("with the score head (no LM head)" if plan.trainer == "reward" else
+              "with the model's full logits in fp32 (ORPO's own loss)" if plan.trainer == "orpo" else
+              "with TRL's fused LM head")
            + f"; reference: {mode}"]
     if plan.trainer == "grpo":
         if fields.get("use_vllm"):

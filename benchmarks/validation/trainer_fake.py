@@ -255,7 +255,14 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             orpo_ctx, fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
-            model = build_reward_model(plan, config) if trainer == "reward" else model_setup.build_model(plan, config)
+            if trainer == "reward":
+                model = build_reward_model(plan, config)
+            elif trainer == "orpo" and plan.uses_adapters and plan.quantized_4bit:
+                # ORPOTrainer.__init__ runs prepare_model_for_kbit_training on a quantized base before get_peft_model
+                model = model_setup.build_model(plan.model_copy(update={"prepare_model_for_kbit_training": True}),
+                                                config)
+            else:
+                model = model_setup.build_model(plan, config)
         base = model.get_base_model() if plan.uses_adapters else model
         if trainer not in ("reward", "orpo"):
             add_fused_lm_head(base, outputs=outputs_by_trainer[trainer])
