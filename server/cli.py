@@ -27,7 +27,7 @@ EXIT_TIGHT = 4
 
 # Fields the CLI takes as subcommand options; everything in TrainingPlan is one.
 OFFLINE_HELP = ("never touch the network: the catalog, local folders and the local Hugging Face cache only "
-                "(sets HF_HUB_OFFLINE=1); without it, other Hub ids are read from the Hub (config.json and "
+                "(as HF_HUB_OFFLINE=1 does); without it, other Hub ids are read from the Hub (config.json and "
                 "safetensors headers, never weights)")
 _LIST_FIELDS = {"target_modules"}
 
@@ -194,8 +194,6 @@ def _cmd_estimate(args) -> int:
 
     from .text import format_estimate
 
-    if args.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
     plan = _plan_from_args(args)
     result = estimate(plan, model=_resolve_model(plan, args))
     from .config_face import cli_json, cli_text
@@ -270,8 +268,6 @@ def _cmd_serve(args) -> int:
 
     if not 0 < args.port < 65536:
         raise UsageError(f"--port: must be between 1 and 65535; got {args.port}")
-    if args.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
     if args.http:
         from .mcp_server import AUTH_TOKEN_ENV, check_http_exposure
 
@@ -297,8 +293,6 @@ def _cmd_suggest(args) -> int:
 
     from .text import format_suggestions
 
-    if args.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
     plan = _plan_from_args(args)
     result = suggest(plan, keep=args.keep, max_suggestions=args.max_suggestions, training_tokens=args.training_tokens,
                      model=_resolve_model(plan, args))
@@ -324,8 +318,6 @@ COMMANDS["suggest"] = _cmd_suggest
 def _cmd_recipe(args) -> int:
     from canifinetune.recipes.render import make_recipe, recipe_json, write_recipe
 
-    if args.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
     from canifinetune.estimator.estimate import estimate
 
     if not args.out.strip():

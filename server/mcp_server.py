@@ -64,11 +64,6 @@ def _annotations(offline: bool) -> ToolAnnotations:
                            open_world_hint=not offline)
 
 
-# build_server(offline=...) sets both: the tools resolve models through server/hub.py with this setting.
-_HUB_OFFLINE = False
-_ANNOTATIONS = _annotations(_HUB_OFFLINE)
-
-
 # --------------------------------------------------------------------------------------------- outputs
 
 
@@ -148,25 +143,29 @@ def _guard(tool: str, fn, *args, **kwargs):
 # --------------------------------------------------------------------------------------------- tools
 
 
-def _resolve(name: str):
-    """Catalog -> local folder -> Hugging Face cache -> Hub (unless the server is offline)."""
+# Every function that may resolve a model takes ``offline`` as a value: build_server passes its server's setting
+# down (HF_HUB_OFFLINE is read, never written), so two servers in one process keep their own.
+
+
+def _resolve(name: str, offline: bool):
+    """Catalog -> local folder -> Hugging Face cache -> Hub (unless ``offline`` or HF_HUB_OFFLINE)."""
     from .hub import resolve_any
 
-    return resolve_any(name, offline=_HUB_OFFLINE)
+    return resolve_any(name, offline=offline)
 
 
-def _estimate(plan: TrainingPlan) -> Estimate:
+def _estimate(plan: TrainingPlan, offline: bool) -> Estimate:
     from canifinetune.estimator.estimate import estimate
 
-    return estimate(plan, model=_resolve(plan.model))
+    return estimate(plan, model=_resolve(plan.model, offline))
 
 
-def estimate_memory_impl(arguments: dict[str, Any]) -> CallToolResult:
+def estimate_memory_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
     from .text import format_estimate_brief
 
     def run():
         plan = _plan_from(arguments)
-        return _estimate(plan)
+        return _estimate(plan, offline)
 
     est = _guard("estimate_memory", run)
     return CallToolResult(
@@ -209,7 +208,7 @@ def _get(obj: Any, *names: str) -> Any:
     return None
 
 
-def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
+def suggest_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
     """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text."""
     from canifinetune.estimator.search import SuggestResult, suggest
 
@@ -217,7 +216,7 @@ def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     def run() -> SuggestResult:
         plan = _plan_from(arguments)
-        rm = _resolve(plan.model)  # the search resolves catalog and local models itself; Hub models are passed in
+        rm = _resolve(plan.model, offline)  # the search resolves catalog and local models itself; Hub models are passed in
         extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
         return suggest(plan, keep=arguments.get("keep") or (), **extra)
 
@@ -228,7 +227,7 @@ def suggest_impl(arguments: dict[str, Any]) -> CallToolResult:
     )
 
 
-def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
+def recipe_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
     """The recipe's files as resource links (canifinetune://recipe/<plan>/<file>): the text says what they are
     and how to run them; a client reads a file only when it needs it."""
     from .mcp_views import cli_command, mime_of, recipe_key
@@ -236,7 +235,7 @@ def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
 
     def run() -> tuple[dict, dict[str, int]]:
         plan = _plan_from(arguments)
-        est = _estimate(plan)
+        est = _estimate(plan, offline)
         try:
             from canifinetune.recipes.render import make_recipe
         except ImportError as exc:
@@ -262,14 +261,14 @@ def recipe_impl(arguments: dict[str, Any]) -> CallToolResult:
     )
 
 
-def recipe_file(key: str, name: str) -> str:
+def recipe_file(key: str, name: str, *, offline: bool = False) -> str:
     """One file of the recipe a canifinetune://recipe/<key>/<name> link names, made again from its plan."""
     from .mcp_views import plan_from_key
 
     plan = plan_from_key(key)
     from canifinetune.recipes.render import make_recipe
 
-    est = _estimate(plan)
+    est = _estimate(plan, offline)
     made = make_recipe(plan, est) if est.model_source not in ("catalog", "local") else make_recipe(plan)
     if name not in made.files:
         raise ResourceNotFoundError(f"recipe: no file {safe_text(repr(name), 80)}; the recipe's files: "
@@ -397,14 +396,14 @@ def _catalog_models_json() -> str:
     return json.dumps({"models": rows}, indent=1)
 
 
-def _model_spec_json(model_id: str) -> str:
+def _model_spec_json(model_id: str, offline: bool = False) -> str:
     from canifinetune.estimator.catalog import find_model, suggest_models
     from canifinetune.estimator.spec import ModelSpec
 
     entry = find_model(model_id, forgiving=False)  # a partial name is never taken for a model
     if entry is None:
         try:  # a Hub id or a local folder, through the same resolver as the tools
-            rm = _resolve(model_id)
+            rm = _resolve(model_id, offline)
         except CanIFinetuneError as exc:
             close = suggest_models(model_id, limit=5)
             hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
@@ -480,13 +479,12 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     """The MCP server with its tools, resources, prompt and completions.
 
     ``offline`` (default: HF_HUB_OFFLINE) keeps the tools off the Hugging Face Hub; only then are
-    they annotated closed-world. One setting per process: the last server built sets it.
+    they annotated closed-world. The setting is this server's own: its tools and resources take it as a value.
     """
-    global _HUB_OFFLINE, _ANNOTATIONS
     from .hub import env_offline
 
-    _HUB_OFFLINE = bool(offline) or env_offline()
-    _ANNOTATIONS = _annotations(_HUB_OFFLINE)
+    hub_offline = bool(offline) or env_offline()
+    annotations = _annotations(hub_offline)
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -502,18 +500,18 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     apps = Apps()
     apps.add_html_resource(BUDGET_APP_URI, budget_app_html(), name="budget-picture", title="GPU memory budget",
                            description="The budget as a stacked bar against the GPU, and suggestions side by side.")
-    apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=_ANNOTATIONS)(
-        _tool_function("estimate_memory", estimate_memory_impl, tool_parameters(MEMORY_FIELDS), EstimateView,
+    apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=annotations)(
+        _tool_function("estimate_memory", functools.partial(estimate_memory_impl, offline=hub_offline), tool_parameters(MEMORY_FIELDS), EstimateView,
                        ESTIMATE_DOC))
-    apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=_ANNOTATIONS)(
-        _tool_function("suggest_cheaper_config", suggest_impl, tool_parameters(MEMORY_FIELDS, keep=True),
+    apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=annotations)(
+        _tool_function("suggest_cheaper_config", functools.partial(suggest_impl, offline=hub_offline), tool_parameters(MEMORY_FIELDS, keep=True),
                        SuggestView, SUGGEST_DOC))
     mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
                              instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
 
-    mcp.add_tool(_tool_function("make_recipe", recipe_impl, tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS),
+    mcp.add_tool(_tool_function("make_recipe", functools.partial(recipe_impl, offline=hub_offline), tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS),
                                 RecipeView, RECIPE_DOC),
-                 title="Make a runnable fine-tuning recipe", annotations=_ANNOTATIONS)
+                 title="Make a runnable fine-tuning recipe", annotations=annotations)
     for tool in mcp._tool_manager.list_tools():  # what tools/list sends: small (server/mcp_views.py)
         compact_schema(tool.parameters, arguments=True)
         if tool.fn_metadata.output_schema is not None:
@@ -536,7 +534,7 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
                               "(e.g. canifinetune://spec/Qwen/Qwen2.5-7B-Instruct): shapes, parameter counts, linear modules.")
     def model_spec(model_id: str) -> str:
         try:
-            return _model_spec_json(model_id)
+            return _model_spec_json(model_id, hub_offline)
         except ResourceError:
             raise
         except CanIFinetuneError as exc:
@@ -561,7 +559,7 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
                   description="One file of a recipe make_recipe made (its links name them); made again from the plan.")
     def recipe_resource(key: str, name: str) -> str:
         try:
-            return recipe_file(key, name)
+            return recipe_file(key, name, offline=hub_offline)
         except ResourceError:
             raise
         except CanIFinetuneError as exc:

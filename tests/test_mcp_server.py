@@ -252,7 +252,7 @@ async def test_unknown_tool_names_the_closest():
 
 
 async def test_a_crash_in_the_core_is_reported_with_its_message(monkeypatch):
-    def boom(plan):
+    def boom(plan, offline):
         raise RuntimeError("the calibration table is corrupt")
 
     monkeypatch.setattr(mcp_server, "_estimate", boom)
@@ -709,3 +709,13 @@ async def test_assistant_loop(args):
             assert f"fewest GPUs for the plan unchanged: {out.min_gpus} x" in text
             on = {**args, "num_gpus": out.min_gpus, "sharding": out.min_gpus_sharding}
             assert (await client.call_tool("estimate_memory", on)).structured_content["verdict"] == "fits"
+
+
+async def test_each_server_keeps_its_own_offline_setting(monkeypatch):
+    """The setting travels as a value: building a second server does not change the first one's tools."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    offline, online = build_server(offline=True), build_server(offline=False)
+    assert {t.annotations.open_world_hint for t in offline._tool_manager.list_tools()} == {False}
+    assert {t.annotations.open_world_hint for t in online._tool_manager.list_tools()} == {True}
+    assert not hasattr(mcp_server, "_HUB_OFFLINE") and not hasattr(mcp_server, "_ANNOTATIONS")
