@@ -16,28 +16,29 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Generic, Iterable, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .gpu_names import GPULookup, lookup_gpu, suggest_gpu_names
 
 __all__ = [
-    "CatalogModel",
     "CatalogGPU",
-    "load_models",
-    "load_gpus",
-    "find_model",
-    "find_gpu",
-    "suggest_models",
-    "suggest_gpus",
-    "search_models",
-    "search_gpus",
-    "normalize_name",
-    "lookup_gpu",
+    "CatalogModel",
     "GPULookup",
+    "find_gpu",
+    "find_model",
+    "load_gpus",
+    "load_models",
+    "lookup_gpu",
+    "normalize_name",
+    "search_gpus",
+    "search_models",
+    "suggest_gpus",
+    "suggest_models",
 ]
 
 
@@ -131,11 +132,11 @@ class CatalogGPU:
 
 
 def _read_json(filename: str) -> dict[str, Any]:
-    text = resources.files(__package__ or "estimator").joinpath("data", filename).read_text(encoding="utf-8")
+    text = (resources.files(__package__ or "estimator") / "data" / filename).read_text(encoding="utf-8")
     return json.loads(text)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_models() -> tuple[CatalogModel, ...]:
     """Every catalog model, in catalog order (cached)."""
     out = []
@@ -156,7 +157,7 @@ def load_models() -> tuple[CatalogModel, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_gpus() -> tuple[CatalogGPU, ...]:
     """Every catalog GPU, in catalog order (cached)."""
     out = []
@@ -289,7 +290,8 @@ class _Index(Generic[T]):
         words = [w for w in words if w]
         if not words:
             return list(self.entries)
-        return [e for e, keys in zip(self.entries, self.token_keys) if all(any(_contains_run(w, k) for k in keys) for w in words)]
+        return [e for e, keys in zip(self.entries, self.token_keys, strict=True)
+                if all(any(_contains_run(w, k) for k in keys) for w in words)]
 
 
 def _contains_run(run: tuple[str, ...], hay: tuple[str, ...]) -> bool:
@@ -324,12 +326,12 @@ def _gpu_names(g: CatalogGPU) -> list[str]:
     return [g.name, *g.aliases]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model_index() -> _Index[CatalogModel]:
     return _Index(load_models(), _model_names)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _gpu_index() -> _Index[CatalogGPU]:
     return _Index(load_gpus(), _gpu_names)
 

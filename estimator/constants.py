@@ -13,7 +13,7 @@ from importlib import resources
 
 CALIBRATION_FILE = "calibration.json"
 
-with resources.files(__package__).joinpath("data", CALIBRATION_FILE).open("r", encoding="utf-8") as _fh:
+with (resources.files(__package__) / "data" / CALIBRATION_FILE).open("r", encoding="utf-8") as _fh:
     CALIBRATION: dict = json.load(_fh)
 
 _CONSTANTS: dict[str, dict] = CALIBRATION["constants"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the catalog imports this module; its GPU type is only needed for annotations
@@ -94,13 +94,16 @@ def parse_gpu_name(name: str) -> ParsedName:
     return ParsedName(model, memory, form)
 
 
+LookupStatus = Literal["found", "ambiguous", "no_such_size", "unknown", "apple", "laptop", "empty"]
+
+
 @dataclass(frozen=True)
 class GPULookup:
     """The outcome of a lookup: the entry, or why there is none (with the names to offer)."""
 
     query: str
-    entry: "CatalogGPU | None"
-    status: Literal["found", "ambiguous", "no_such_size", "unknown", "apple", "laptop", "empty"]
+    entry: CatalogGPU | None
+    status: LookupStatus
     candidates: tuple[str, ...] = ()
     memory_gb: float | None = None  # the size the name stated (no_such_size)
 
@@ -112,7 +115,7 @@ class GPULookup:
 class _GPUNames:
     """Every catalog GPU's names, parsed once."""
 
-    def __init__(self, gpus: tuple["CatalogGPU", ...]):
+    def __init__(self, gpus: tuple[CatalogGPU, ...]):
         self.gpus = gpus
         self.exact: dict[str, set[int]] = {}
         self.keys: dict[tuple, set[int]] = {}
@@ -122,7 +125,7 @@ class _GPUNames:
         # an alias ending in a bare size ('a100 80') is read as a query is: that size, of the family before it
         self.parsed = [[_bare_size(p, self.family) or p for p in names] for names in self.parsed]
         for i, g in enumerate(gpus):
-            for n, p in zip((g.name, *g.aliases), self.parsed[i]):
+            for n, p in zip((g.name, *g.aliases), self.parsed[i], strict=True):
                 self.exact.setdefault(n.strip().lower(), set()).add(i)
                 if p.model:
                     self.keys.setdefault(p.key, set()).add(i)
@@ -146,7 +149,7 @@ def _bare_size(p: ParsedName, family) -> ParsedName | None:
     return ParsedName(p.model[:-1], float(p.model[-1]), p.form)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _names() -> _GPUNames:
     from .catalog import load_gpus
 
@@ -182,7 +185,8 @@ def lookup_gpu(name: str) -> GPULookup:
             return GPULookup(name, idx.gpus[next(iter(hit))], "found")
     family = idx.family(q.model)
     if not family:
-        status = "apple" if _is_apple(q.model) else "laptop" if set(q.model) & _LAPTOP_WORDS else "unknown"
+        status: LookupStatus = (
+            "apple" if _is_apple(q.model) else "laptop" if set(q.model) & _LAPTOP_WORDS else "unknown")
         return GPULookup(name, None, status, tuple(suggest_gpu_names(name, 5)))
     fits = [i for i in family if q.memory_gb is None or idx.size_matches(i, q.memory_gb)]
     if q.form and any(idx.has_form(i, q.form) for i in fits):

@@ -13,9 +13,9 @@ optim=adamw_torch_fused). ``docs/memory_model.md`` lists them.
 from __future__ import annotations
 
 import math
-import unicodedata
 import re
-from typing import Annotated, Literal, Union
+import unicodedata
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -120,8 +120,10 @@ class TrainingPlan(BaseModel):
     # --- LoRA (PEFT LoraConfig names) ---
     lora_r: int = Field(16, ge=1, le=MAX_LORA_R, description="LoRA rank r (TRL default 16).")
     lora_alpha: float = Field(32, gt=0, le=1e6, description="LoRA alpha (TRL default 32); does not change memory.")
-    lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout (TRL default 0.05); >0 keeps a dropout mask per adapted input.")
-    target_modules: Union[Literal["all-linear"], list[SafeName], None] = Field(
+    lora_dropout: float = Field(
+        0.05, ge=0, lt=1, description="LoRA dropout (TRL default 0.05); >0 keeps a dropout mask per adapted input."
+    )
+    target_modules: Literal["all-linear"] | list[SafeName] | None = Field(
         None,
         description=(
             "Modules that get adapters: 'all-linear', a list of module names (q_proj, k_proj, v_proj, "
@@ -136,10 +138,13 @@ class TrainingPlan(BaseModel):
     load_in_8bit: bool = Field(False, description="Load the frozen base in 8 bit (bitsandbytes LLM.int8); LoRA only.")
     bnb_4bit_quant_type: QuantType = Field("nf4", description="4-bit data type: nf4 (QLoRA default) or fp4.")
     bnb_4bit_use_double_quant: bool = Field(
-        False, description="Quantize the 4-bit absmax constants again (QLoRA's double quantization, TRL use_bnb_nested_quant)."
+        False, description="Quantize the 4-bit absmax constants again (QLoRA's double quantization, TRL "
+                           "use_bnb_nested_quant)."
     )
     # --- precision ---
-    dtype: DType = Field("bf16", description="Weight and compute dtype: bf16, fp16 or fp32. T4 and V100 have no bf16: use fp16.")
+    dtype: DType = Field(
+        "bf16", description="Weight and compute dtype: bf16, fp16 or fp32. T4 and V100 have no bf16: use fp16."
+    )
     precision: Precision = Field(
         "pure",
         description=(
@@ -149,10 +154,19 @@ class TrainingPlan(BaseModel):
     )
     # --- optimization (TrainingArguments names) ---
     optim: Optim = Field("adamw_torch_fused", description="Optimizer, with TrainingArguments' names.")
-    seq_len: int = Field(1024, ge=1, le=MAX_SEQ_LEN, description="Tokens per sample (TRL max_length; default 1024). Every sample is assumed this long.")
-    batch_size: int = Field(8, ge=1, le=MAX_BATCH_SIZE, description="Micro-batch per GPU (per_device_train_batch_size; default 8).")
-    gradient_accumulation_steps: int = Field(1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step; no memory cost.")
-    gradient_checkpointing: bool = Field(True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on).")
+    seq_len: int = Field(
+        1024, ge=1, le=MAX_SEQ_LEN,
+        description="Tokens per sample (TRL max_length; default 1024). Every sample is assumed this long."
+    )
+    batch_size: int = Field(
+        8, ge=1, le=MAX_BATCH_SIZE, description="Micro-batch per GPU (per_device_train_batch_size; default 8)."
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step; no memory cost."
+    )
+    gradient_checkpointing: bool = Field(
+        True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on)."
+    )
     attn_implementation: AttnImplementation | None = Field(
         None,
         description=(
@@ -201,9 +215,13 @@ class TrainingPlan(BaseModel):
             "'lm_head']), each a trainable copy with its gradients and optimizer states."
         ),
     )
-    use_dora: bool = Field(False, description="PEFT use_dora: weight-decomposed LoRA (a magnitude vector and the weight norm per adapted linear).")
+    use_dora: bool = Field(
+        False,
+        description="PEFT use_dora: weight-decomposed LoRA (a magnitude vector and the weight norm per adapted linear)."
+    )
     activation_offloading: bool = Field(
-        False, description="TRL activation_offloading: saved activations move to the CPU during forward (not modelled yet: refused)."
+        False, description="TRL activation_offloading: saved activations move to the CPU during forward (not modelled "
+                           "yet: refused)."
     )
     packing: bool = Field(
         False,
@@ -214,10 +232,12 @@ class TrainingPlan(BaseModel):
     )
     padding_free: bool = Field(
         False,
-        description="TRL padding_free: one row of batch_size x seq_len tokens without padding; the same tokens, the same memory as full rows.",
+        description="TRL padding_free: one row of batch_size x seq_len tokens without padding; the same tokens, the "
+                    "same memory as full rows.",
     )
     use_liger_kernel: bool = Field(
-        False, description="Liger kernels (fused RMSNorm, SwiGLU, RoPE, fused linear cross-entropy): not modelled yet: refused."
+        False, description="Liger kernels (fused RMSNorm, SwiGLU, RoPE, fused linear cross-entropy): not modelled yet: "
+                           "refused."
     )
     # --- the trainer (TRL 1.16's names; null: the trainer's default, estimator/trainers.py) ---
     trainer: Trainer = Field(
@@ -231,7 +251,8 @@ class TrainingPlan(BaseModel):
         ),
     )
     precompute_ref_log_probs: bool | None = Field(
-        None, description="dpo/kto: compute the reference log-probabilities once before training (no reference model in the step)."
+        None, description="dpo/kto: compute the reference log-probabilities once before training (no reference model "
+                          "in the step)."
     )
     reference_model: ReferenceModel | None = Field(
         None,
@@ -241,7 +262,8 @@ class TrainingPlan(BaseModel):
         ),
     )
     loss_type: str | None = Field(
-        None, max_length=32, pattern=r"^[a-z0-9_]+$", description="dpo (default sigmoid) or grpo (default dapo) loss_type."
+        None, max_length=32, pattern=r"^[a-z0-9_]+$",
+        description="dpo (default sigmoid) or grpo (default dapo) loss_type."
     )
     beta: float | None = Field(
         None, ge=0, le=1e3, description="dpo/orpo/kto (default 0.1) or grpo (default 0.0: no reference model) beta."
@@ -251,12 +273,16 @@ class TrainingPlan(BaseModel):
         None, ge=1, le=MAX_SEQ_LEN, description="grpo: tokens per completion (default 512)."
     )
     generation_batch_size: int | None = Field(
-        None, ge=1, le=1_048_576, description="grpo: completions generated at once (default batch_size x GPUs x steps_per_generation)."
+        None, ge=1, le=1_048_576,
+        description="grpo: completions generated at once (default batch_size x GPUs x steps_per_generation)."
     )
     steps_per_generation: int | None = Field(
-        None, ge=1, le=65536, description="grpo: optimizer micro-steps per generation round (default gradient_accumulation_steps)."
+        None, ge=1, le=65536,
+        description="grpo: optimizer micro-steps per generation round (default gradient_accumulation_steps)."
     )
-    use_vllm: bool | None = Field(None, description="grpo: generate with vLLM instead of model.generate (default false).")
+    use_vllm: bool | None = Field(
+        None, description="grpo: generate with vLLM instead of model.generate (default false)."
+    )
     vllm_mode: VllmMode | None = Field(
         None, description="grpo with use_vllm: colocate (vLLM shares the training GPU) or server (its own GPUs)."
     )
@@ -268,22 +294,35 @@ class TrainingPlan(BaseModel):
     )
     # --- hardware and distribution ---
     num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")
-    sharding: Sharding = Field("none", description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op.")
+    sharding: Sharding = Field(
+        "none", description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op."
+    )
     offload_optimizer: bool = Field(False, description="Keep optimizer states on the CPU (ZeRO/FSDP offload).")
-    offload_params: bool = Field(False, description="Keep parameters on the CPU between uses (ZeRO-3/FSDP full shard offload).")
+    offload_params: bool = Field(
+        False, description="Keep parameters on the CPU between uses (ZeRO-3/FSDP full shard offload)."
+    )
     gpu: SafeName | None = Field(None, description="Target GPU from the catalog ('RTX 4090', 'A100 80GB', 'H100').")
     gpu_vram_gb: float | None = Field(
-        None, gt=0, le=MAX_GPU_VRAM_GB, description="Target GPU memory in GB as sold (16 for a 16 GB card), instead of gpu."
+        None, gt=0, le=MAX_GPU_VRAM_GB,
+        description="Target GPU memory in GB as sold (16 for a 16 GB card), instead of gpu."
     )
     # --- the run itself (recipe) ---
-    dataset: SafeName | None = Field(None, description="Training data for the recipe: a JSONL file or a dataset folder.")
+    dataset: SafeName | None = Field(
+        None, description="Training data for the recipe: a JSONL file or a dataset folder."
+    )
     truncation: bool = Field(False, description="Truncate samples longer than seq_len instead of refusing them.")
-    learning_rate: float = Field(2e-5, gt=0, le=1.0, description="Learning rate (SFTConfig default 2e-5; LoRA runs often use 2e-4; no memory cost).")
+    learning_rate: float = Field(
+        2e-5, gt=0, le=1.0,
+        description="Learning rate (SFTConfig default 2e-5; LoRA runs often use 2e-4; no memory cost)."
+    )
     max_steps: int = Field(-1, ge=-1, le=10_000_000, description="Optimizer steps to run; -1 trains num_train_epochs.")
     num_train_epochs: float = Field(1.0, gt=0, le=1000, description="Epochs when max_steps is -1.")
-    output_dir: SafeName = Field("outputs", description="Where the recipe writes checkpoints (relative to the recipe folder).")
+    output_dir: SafeName = Field(
+        "outputs", description="Where the recipe writes checkpoints (relative to the recipe folder)."
+    )
 
-    @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs", "beta", "vllm_gpu_memory_utilization")
+    @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs", "beta",
+                     "vllm_gpu_memory_utilization")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
@@ -326,7 +365,7 @@ class TrainingPlan(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainingPlan":
+    def _consistent(self) -> TrainingPlan:
         four_bit = self.quantized_4bit
         self._check_stack_fields()
         self._check_trainer_fields()
@@ -363,7 +402,8 @@ class TrainingPlan(BaseModel):
                 "the optimizer"
             )
         if self.precision == "mixed" and self.dtype == "fp32":
-            raise ValueError("precision: 'mixed' means fp32 master weights with bf16/fp16 compute; with dtype fp32 use 'pure'")
+            raise ValueError("precision: 'mixed' means fp32 master weights with bf16/fp16 compute; "
+                             "with dtype fp32 use 'pure'")
         if self.gpu is not None and self.gpu_vram_gb is not None:
             raise ValueError("gpu: give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
         return self
@@ -390,7 +430,8 @@ class TrainingPlan(BaseModel):
         if not self.uses_adapters:
             for name in ("modules_to_save", "use_dora", "adapter_dtype", "prepare_model_for_kbit_training"):
                 if getattr(self, name) not in (None, False):
-                    raise ValueError(f"{name}: a PEFT setting, for method 'lora' or 'qlora'; got method '{self.method}'")
+                    raise ValueError(f"{name}: a PEFT setting, for method 'lora' or 'qlora'; got method "
+                                     f"'{self.method}'")
         if self.prepare_model_for_kbit_training and not (self.quantized_4bit or self.load_in_8bit):
             raise ValueError(
                 "prepare_model_for_kbit_training: it prepares a 4-bit or 8-bit base; use method 'qlora' or "
@@ -425,7 +466,7 @@ class TrainingPlan(BaseModel):
     def uses_adapters(self) -> bool:
         return self.method in ("lora", "qlora")
 
-    def replace(self, **changes) -> "TrainingPlan":
+    def replace(self, **changes) -> TrainingPlan:
         """A new validated plan with some fields changed."""
         data = self.model_dump()
         data.update(changes)

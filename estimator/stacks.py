@@ -26,7 +26,8 @@ class Stack:
     version: str  # the version whose source these defaults were read from
     loss_implementation: str  # "chunked" or "standard"
     kbit_preparation: bool  # calls peft.prepare_model_for_kbit_training on a quantized base
-    adapter_dtype_quantized: str | None  # adapter dtype on a 4/8-bit base; None = PEFT's (fp32 on a 16-bit compute dtype)
+    # adapter dtype on a 4/8-bit base; None = PEFT's (fp32 on a 16-bit compute dtype)
+    adapter_dtype_quantized: str | None
     adapter_dtype_unquantized: str | None  # adapter dtype on a 16-bit base; None = PEFT's (fp32)
     measured: bool  # the validation harness runs this stack as the framework runs it
     source: str  # where the defaults come from
