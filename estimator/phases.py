@@ -31,8 +31,12 @@ class PhasePeak:
     items: tuple[Item, ...]
 
 
-def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[str, int]]:
-    """The live set at the forward, backward and optimizer-step peaks, and the static sizes."""
+def step_peaks(r: ResolvedPlan, end_grad: int = 0) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[str, int]]:
+    """The live set at the forward, backward and optimizer-step peaks, and the static sizes.
+
+    ``end_grad``: gradient bytes made by the very last op of backward and kept through the optimizer step, beyond
+    ``r``'s own: a reward model's trainable input embedding (estimator/trainer_memory.py reward_embedding_grad_bytes;
+    it has no lm_head, so its V x H gradient is made by the embedding's backward alone and becomes ``.grad``)."""
     spec = r.spec
     plan = r.plan
     # One GPU: every component whole. Several: estimator/sharding.py says what each GPU holds.
@@ -168,11 +172,11 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     elif r.full and spec.tie_word_embeddings:
         embed_grad = 2 * int(spec.embedding_params * r.trainable_bytes_per_param * grad_factor)
     end_gather = sh.gather_backward_end if fsdp else gather_bwd
-    end = static_bytes + end_gather + grads + buckets + shared + embed_grad
+    end = static_bytes + end_gather + grads + buckets + shared + embed_grad + end_grad
     if end > best:
         best = end
         best_gather = end_gather
-        best_parts = (shared, 0, grads + embed_grad, 0)
+        best_parts = (shared, 0, grads + embed_grad + end_grad, 0)
     backward = PhasePeak(
         "backward",
         best,
@@ -190,10 +194,10 @@ def step_peaks(r: ResolvedPlan) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[s
     opt_tmp = int(m.optimizer_step_temporary_bytes(r) * (1.0 if sh is None else (1 / plan.num_gpus if sh.states else 0)))
     optimizer = PhasePeak(
         "optimizer",
-        static_bytes + grads + buckets + opt_tmp,
+        static_bytes + grads + end_grad + buckets + opt_tmp,
         tuple(static)
         + (
-            Item("gradients", grads + buckets, _grad_note(r, sh)),
+            Item("gradients", grads + end_grad + buckets, _grad_note(r, sh)),
             Item("optimizer_temporaries", opt_tmp, _optimizer_tmp_note(r)),
         ),
     )

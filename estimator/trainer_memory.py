@@ -51,10 +51,9 @@ def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
 
 def check_supported(plan: TrainingPlan) -> None:
     """Refuse, naming why, what this module cannot model or the harness cannot measure."""
-    if plan.trainer == "reward" and plan.method == "full":
-        raise PlanError("method: a fully fine-tuned reward model (its embedding and score head training beside the "
-                        "blocks) is not estimated yet; reward modelling is estimated with LoRA or QLoRA",
-                        field="method")
+    if plan.trainer == "reward" and plan.method == "full" and plan.optim != "adamw_torch_fused":
+        raise PlanError(f"optim: a fully fine-tuned reward model is estimated with adamw_torch_fused only (its input "
+                        f"embedding's optimizer states and step under '{plan.optim}' are not modelled)", field="optim")
     if plan.trainer == "reward" and plan.modules_to_save:
         raise PlanError("modules_to_save: not modelled for the reward trainer (PEFT's SEQ_CLS task already trains "
                         "the score head)", field="modules_to_save")
@@ -123,9 +122,28 @@ def reward_spec(spec):
 def reward_embedding_bytes(policy_resolved, spec) -> int:
     """The reward model's input embedding, frozen under LoRA/QLoRA: V x H x bytes of the frozen dtype (fp32 after
     prepare_model_for_kbit_training); the score head and PEFT's trainable copy of it (SEQ_CLS modules_to_save) are
-    2 x H weights, their gradient and optimizer states (a few KiB, counted as 5 blocks of H x 4 bytes)."""
+    2 x H weights, their gradient and optimizer states (a few KiB, counted as 5 blocks of H x 4 bytes).
+
+    Full fine-tuning: the embedding trains: its weight and AdamW's two states, 3 x V x H x w (w the trainable
+    dtype's bytes: torch.optim.AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype), static in every phase;
+    its gradient only from the end of backward (:func:`reward_embedding_grad_bytes`); the score head (H weights)
+    with its gradient and states, 4 blocks of H x w."""
+    if policy_resolved.full:
+        w = policy_resolved.trainable_bytes_per_param
+        return 3 * _round_block(w * spec.vocab_size * spec.hidden_size) + 4 * _round_block(w * spec.hidden_size)
     frozen = DTYPE_BYTES[policy_resolved.frozen_dtype]
     return _round_block(frozen * spec.vocab_size * spec.hidden_size) + 5 * _round_block(4 * spec.hidden_size)
+
+
+def reward_embedding_grad_bytes(policy_resolved, spec) -> int:
+    """A fully fine-tuned reward model's input-embedding gradient: V x H x w, made by the embedding's backward
+    (``embedding_dense_backward``, a dense gradient in the gradient's dtype), the last op of backward; with no
+    lm_head (AutoModelForSequenceClassification, tied or not) there is no earlier gradient to add it to, so it simply
+    becomes ``.grad`` and lives through the optimizer step (estimator/phases.py step_peaks ``end_grad``). 0 under
+    LoRA/QLoRA (the embedding is frozen)."""
+    if not policy_resolved.full:
+        return 0
+    return _round_block(policy_resolved.trainable_bytes_per_param * spec.vocab_size * spec.hidden_size)
 
 
 def orpo_logits_bytes(policy_resolved) -> tuple[int, int]:
@@ -327,7 +345,8 @@ def trainer_step_peaks(r, phases_module):
     policy = resolve(sft_equivalent(plan), spec)
     if plan.trainer == "orpo":
         policy = orpo_qlora_policy(policy)
-    forward, backward, optimizer, sizes = phases_module.step_peaks(policy)
+    end_grad = reward_embedding_grad_bytes(policy, r.spec) if plan.trainer == "reward" else 0
+    forward, backward, optimizer, sizes = phases_module.step_peaks(policy, end_grad=end_grad)
     mode = reference_mode(plan)
     ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
     why = {"copy": "a second frozen copy of the base model (TRL loads it in the policy's dtype)",
@@ -339,8 +358,10 @@ def trainer_step_peaks(r, phases_module):
     if plan.trainer == "reward":  # no reference; the input embedding the one-token-vocabulary model left out
         ref_w = reward_embedding_bytes(policy, r.spec)
         ref_item = Item("reward_model_embedding_and_score", ref_w,
-                        f"the reward model's input embedding ({r.spec.vocab_size} x {r.spec.hidden_size}, frozen) and "
-                        "its score head (H -> 1, PEFT's trainable copy): no lm_head, no vocabulary logits")
+                        f"the reward model's input embedding ({r.spec.vocab_size} x {r.spec.hidden_size}, "
+                        + ("trained: weight and AdamW states; its gradient from the end of backward" if policy.full
+                           else "frozen") + ") and its score head (H -> 1"
+                        + ("" if policy.full else ", PEFT's trainable copy") + "): no lm_head, no vocabulary logits")
     rows_note = {"dpo": f"DPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
                  "orpo": f"ORPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
                  "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
