@@ -5,8 +5,16 @@ as edits to the same file. Pure Python: pyyaml and json only. docs/configs.md de
 from .combine import LoadedConfig, load_configs
 from .edits import apply_edits, config_edits
 from .parse import MAX_CONFIG_BYTES
-from .types import (CONFIG_FORMATS, ConfigEdit, ConfigError, ConfigOverride, ConfigReport, ConfigWarning, KeyUse,
-                    SuggestionEdits)
+from .types import (
+    CONFIG_FORMATS,
+    ConfigEdit,
+    ConfigError,
+    ConfigOverride,
+    ConfigReport,
+    ConfigWarning,
+    KeyUse,
+    SuggestionEdits,
+)
 
 __all__ = ["CONFIG_FORMATS", "MAX_CONFIG_BYTES", "ConfigEdit", "ConfigError", "ConfigOverride", "ConfigReport",
            "ConfigWarning", "KeyUse", "LoadedConfig", "SuggestionEdits", "apply_edits", "config_edits", "load_configs",

@@ -70,7 +70,8 @@ def read(r: Reading) -> None:
     if precision is not None:
         mapped = PRECISIONS.get(precision.lower(), "unknown")
         if mapped == "unknown" or precision.lower() == "fp8":
-            r.warn("mixed_precision", f"mixed_precision '{precision}' is not modelled; the training config's dtype is used")
+            r.warn("mixed_precision", f"mixed_precision '{precision}' is not modelled; the training config's dtype is "
+                                      "used")
         elif mapped:
             r.use("mixed_precision", "dtype", precision, mapped, soft=True)
         else:
@@ -81,7 +82,7 @@ def read(r: Reading) -> None:
 def edits(changes: dict, old: dict, r: Reading) -> list[tuple]:
     out: list[tuple] = []
     kind = str(r.get("distributed_type", "NO")).upper()
-    sharding = changes.get("sharding", old.get("sharding"))
+    sharding = changes.get("sharding", old["sharding"])  # old: the whole plan, which always has it
     if "num_gpus" in changes:
         out.append(("num_processes", changes["num_gpus"], ["num_gpus"]))
     if "sharding" in changes or "offload_optimizer" in changes or "offload_params" in changes:

@@ -17,17 +17,23 @@ NOT_MODELLED = {
     "lora_qkv_kernel": "Axolotl's LoRA kernels are not modelled (an upper bound)",
     "lora_o_kernel": "Axolotl's LoRA kernels are not modelled (an upper bound)",
     "unsloth_cross_entropy_loss": "Unsloth's cross-entropy is not modelled (full logits are counted: an upper bound)",
-    "unsloth_lora_mlp": "Unsloth's LoRA kernels are not modelled", "unsloth_lora_qkv": "Unsloth's LoRA kernels are not modelled",
-    "unsloth_lora_o": "Unsloth's LoRA kernels are not modelled", "unsloth_rms_norm": "Unsloth's RMSNorm is not modelled",
+    "unsloth_lora_mlp": "Unsloth's LoRA kernels are not modelled",
+    "unsloth_lora_qkv": "Unsloth's LoRA kernels are not modelled",
+    "unsloth_lora_o": "Unsloth's LoRA kernels are not modelled",
+    "unsloth_rms_norm": "Unsloth's RMSNorm is not modelled",
     "flash_attn_cross_entropy": "flash-attn's cross-entropy is not modelled (full logits are counted: an upper bound)",
     "flash_attn_fuse_mlp": "flash-attn's fused MLP is not modelled", "flash_attn_fuse_qkv": "fused QKV is not modelled",
     "sequence_parallel_degree": "sequence parallelism is not modelled (estimated with whole sequences per GPU)",
     "context_parallel_size": "context parallelism is not modelled (estimated with whole sequences per GPU)",
     "tensor_parallel_size": "tensor parallelism is not modelled", "fp8": "fp8 training is not modelled",
-    "torch_compile": "torch.compile's memory is not modelled", "activation_offloading": "activation offloading is not modelled (an upper bound)",
-    "eval_batch_size": "evaluation batches are not estimated (training only)", "gpu_memory_limit": "a memory cap is not modelled",
-    "max_memory": "a device map with a memory cap is not modelled", "xformers_attention": "xformers attention: estimated as sdpa",
-    "s2_attention": "shifted-sparse attention: estimated as sdpa", "flex_attention": "flex attention: estimated as sdpa",
+    "torch_compile": "torch.compile's memory is not modelled",
+    "activation_offloading": "activation offloading is not modelled (an upper bound)",
+    "eval_batch_size": "evaluation batches are not estimated (training only)",
+    "gpu_memory_limit": "a memory cap is not modelled",
+    "max_memory": "a device map with a memory cap is not modelled",
+    "xformers_attention": "xformers attention: estimated as sdpa",
+    "s2_attention": "shifted-sparse attention: estimated as sdpa",
+    "flex_attention": "flex attention: estimated as sdpa",
     "liger_fused_linear_cross_entropy": "Liger's fused loss is not modelled (full logits are counted: an upper bound)",
     "liger_rms_norm": "Liger's RMSNorm is not modelled", "liger_glu_activation": "Liger's SwiGLU is not modelled",
     "liger_rope": "Liger's RoPE is not modelled", "liger_layer_norm": "Liger's LayerNorm is not modelled",
@@ -99,7 +105,8 @@ def _precision(r: Reading) -> None:
 
 
 def _attention(r: Reading) -> None:
-    for key, impl in (("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
+    for key, impl in (("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"),
+                      ("eager_attention", "eager")):
         if r.boolean(key, False):
             r.use(key, "attn_implementation", True, impl)
         elif r.has(key):
@@ -112,7 +119,8 @@ def _distribution(r: Reading) -> None:
         r.use("deepspeed", None, ds)
         r.refs.append(("deepspeed", ds))
     elif isinstance(ds, dict):
-        r.warn("deepspeed", "an inline DeepSpeed config is not read; save it as a JSON file and pass it as another --config")
+        r.warn("deepspeed", "an inline DeepSpeed config is not read; save it as a JSON file and pass it as another "
+                            "--config")
     fsdp = r.get("fsdp")
     version = r.get("fsdp_version", r.get("fsdp_config.fsdp_version"))
     if fsdp or version or r.get("fsdp_config"):
@@ -190,7 +198,8 @@ SIMPLE = {"model": "base_model", "lora_r": "lora_r", "seq_len": "sequence_len", 
           "modules_to_save": "lora_modules_to_save", "packing": "sample_packing", "lora_dropout": "lora_dropout"}
 ATTENTION_KEYS = {"flash_attention_2": "flash_attention", "sdpa": "sdp_attention", "eager": "eager_attention"}
 CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
-SHIPPED_DS = {("zero1", False, False): "deepspeed_configs/zero1.json", ("zero2", False, False): "deepspeed_configs/zero2.json",
+SHIPPED_DS = {("zero1", False, False): "deepspeed_configs/zero1.json",
+              ("zero2", False, False): "deepspeed_configs/zero2.json",
               ("zero3", False, False): "deepspeed_configs/zero3_bf16.json",
               ("zero3", True, True): "deepspeed_configs/zero3_bf16_cpuoffload_all.json",
               ("zero3", False, True): "deepspeed_configs/zero3_bf16_cpuoffload_params.json"}
@@ -215,7 +224,8 @@ def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
         if CCE_PLUGIN not in plugins:
             out.append(("plugins", [*plugins, CCE_PLUGIN], ["loss_implementation"]))
         out.append(("cut_cross_entropy", True, ["loss_implementation"],
-                    "Axolotl's Cut Cross Entropy plugin never builds the full logits, as the chunked loss estimated here"))
+                    "Axolotl's Cut Cross Entropy plugin never builds the full logits, as the chunked loss estimated "
+                    "here"))
     if "dtype" in changes:
         out.append(("fp16" if changes["dtype"] == "fp16" else "bf16", changes["dtype"] != "fp32", ["dtype"]))
     return out

@@ -13,8 +13,7 @@ from ..errors import describe_validation_error, safe_text
 from ..plan import TrainingPlan
 from . import accelerate, axolotl, deepspeed, detect, llama_factory, parse, peft_adapter, transformers_args, trl
 from .reading import Reading, deepspeed_from_name
-from .types import (FORMAT_VERSIONS, LAUNCHER_FORMATS, ConfigError, ConfigFile, ConfigOverride, ConfigReport,
-                    KeyUse)
+from .types import FORMAT_VERSIONS, LAUNCHER_FORMATS, ConfigError, ConfigFile, ConfigOverride, ConfigReport, KeyUse
 
 READERS = {"axolotl": axolotl, "llama_factory": llama_factory, "trl": trl, "transformers": transformers_args,
            "peft": peft_adapter, "accelerate": accelerate, "deepspeed": deepspeed}
@@ -47,9 +46,10 @@ def _read_files(files: list[tuple[str, bytes | str]], formats: list[str | None])
     if not files:
         raise ConfigError("no config file given")
     if len(files) > MAX_FILES:
-        raise ConfigError(f"{len(files)} config files; at most {MAX_FILES} (a training config and its launcher configs)")
+        raise ConfigError(f"{len(files)} config files; at most {MAX_FILES} (a training config and its launcher "
+                          "configs)")
     readings = []
-    for (name, raw), fmt in zip(files, formats + [None] * len(files)):
+    for (name, raw), fmt in zip(files, formats + [None] * len(files), strict=False):  # formats padded, then cut
         doc = parse.parse(name, raw)
         fmt = detect.check_format(name, fmt) if fmt else detect.detect(doc)
         reading = Reading(doc, fmt)
@@ -90,7 +90,8 @@ def _resolve_refs(readings: list[Reading]) -> None:
                 continue
             for field_name, value in guess.items():
                 r.use(key, field_name, path, value)
-            r.warn(key, f"ZeRO settings read from the file name {path} ({', '.join(f'{k}={v}' for k, v in guess.items())}); "
+            r.warn(key, f"ZeRO settings read from the file name {path} "
+                        f"({', '.join(f'{k}={v}' for k, v in guess.items())}); "
                         "pass the file as another --config to read it")
 
 
@@ -112,8 +113,9 @@ def _merge(readings: list[Reading]) -> dict[str, Any]:
     for r in readings:
         if r.format in LAUNCHER_FORMATS:
             if own_precision and "dtype" in r.soft and r.soft.pop("dtype") != "bf16":
-                r.warn(None, "the launcher's precision is not used: the trainer's own setting (bf16 by default) decides")
-            merged.update({k: v for k, v in r.soft.items()})
+                r.warn(None, "the launcher's precision is not used: the trainer's own setting (bf16 by default) "
+                             "decides")
+            merged.update(r.soft)
     for r in readings:
         if r.format not in LAUNCHER_FORMATS:
             merged.update(r.fields)

@@ -37,7 +37,7 @@ def detect(doc: Doc) -> str:
     scores = {fmt: len(keys & set(markers)) for fmt, markers in MARKERS.items()}
     if scores["peft"] and "peft_type" in keys:
         return "peft"
-    if scores["deepspeed"] and "zero_optimization" in keys or "train_micro_batch_size_per_gpu" in keys:
+    if (scores["deepspeed"] and "zero_optimization" in keys) or "train_micro_batch_size_per_gpu" in keys:
         return "deepspeed"
     if "distributed_type" in keys or "compute_environment" in keys:
         return "accelerate"
@@ -61,5 +61,6 @@ def check_format(name: str, fmt: str) -> str:
                "training_arguments": "transformers", "adapter_config": "peft", "ds": "deepspeed"}
     fmt = aliases.get(fmt, fmt)
     if fmt not in CONFIG_FORMATS:
-        raise ConfigError(f"{name}: config format {safe_text(repr(fmt), 60)} is not known; one of {', '.join(CONFIG_FORMATS)}")
+        raise ConfigError(f"{name}: config format {safe_text(repr(fmt), 60)} is not known; one of "
+                          f"{', '.join(CONFIG_FORMATS)}")
     return fmt

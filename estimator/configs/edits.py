@@ -144,7 +144,7 @@ _KEY = re.compile(r"( *)([\"']?)(.+?)\2 *:(?:\s|$)")
 
 def _key_line(line: str, key: str, indent: int) -> bool:
     m = _KEY.match(line)
-    return bool(m) and len(m.group(1)) == indent and m.group(3) == key
+    return m is not None and len(m.group(1)) == indent and m.group(3) == key
 
 
 def _indent(line: str) -> int:
@@ -157,7 +157,8 @@ def _extent(lines: list[str], i: int, indent: int) -> int:
     while j < len(lines):
         stripped = lines[j].strip()
         if stripped and not stripped.startswith("#"):
-            if _indent(lines[j]) > indent or (_indent(lines[j]) == indent and (stripped == "-" or stripped.startswith("- "))):
+            item = stripped == "-" or stripped.startswith("- ")
+            if _indent(lines[j]) > indent or (_indent(lines[j]) == indent and item):
                 last = j
             else:
                 break
@@ -182,7 +183,7 @@ def _child_indent(lines: list[str], start: int, end: int, parent: int) -> int | 
 
 def _nested(parts: list[str], value: Any, indent: int) -> list[str]:
     out = [" " * (indent + 2 * k) + f"{p}:" for k, p in enumerate(parts[:-1])]
-    return out + [" " * (indent + 2 * (len(parts) - 1)) + f"{parts[-1]}: {yaml_value(value)}"]
+    return [*out, " " * (indent + 2 * (len(parts) - 1)) + f"{parts[-1]}: {yaml_value(value)}"]
 
 
 def yaml_set(text: str, key: str, value: Any, data: dict) -> str:
@@ -228,13 +229,13 @@ def _set_in(data: dict, parts: list[str], value: Any) -> dict:
     return data
 
 
-def json_text(text: str, data: dict, edits: list[ConfigEdit]) -> str:
-    """The JSON file with the edits applied, in its own indentation (key order kept)."""
+def json_text(text: str, data: dict, edits: list[tuple[str, Any]]) -> str:
+    """The JSON file with the edits (dotted key, new value) applied, in its own indentation (key order kept)."""
     import copy
 
     data = copy.deepcopy(data)
-    for e in edits:
-        _set_in(data, e.key.split("."), e.new)
+    for key, new in edits:
+        _set_in(data, key.split("."), new)
     rows = [line for line in text.splitlines()[1:] if line.strip()]
     indent = _indent(rows[0]) if rows and _indent(rows[0]) else 2
     return json.dumps(data, indent=indent) + "\n"
@@ -244,14 +245,14 @@ def apply_edits(loaded: LoadedConfig, edits: list[ConfigEdit]) -> dict[str, str]
     """The edited text of every file the edits touch: {file name: new text}. Never writes anything."""
     out: dict[str, str] = {}
     for r in loaded.readings:
-        mine = [e for e in edits if e.file == r.doc.name and e.key]
+        mine = [(e.key, e.new) for e in edits if e.file == r.doc.name and e.key]
         if not mine:
             continue
         if r.doc.syntax == "json":
             out[r.doc.name] = json_text(r.doc.text, r.doc.data, mine)
             continue
         text = r.doc.text
-        for e in mine:
-            text = yaml_set(text, e.key, e.new, parse.parse(r.doc.name, text).data)
+        for key, new in mine:
+            text = yaml_set(text, key, new, parse.parse(r.doc.name, text).data)
         out[r.doc.name] = text
     return out

@@ -15,8 +15,10 @@ NOT_MODELLED = {
     "enable_liger_kernel": "Liger's kernels are not modelled (an upper bound)",
     "use_galore": "GaLore's projected optimizer states are not modelled", "use_apollo": "APOLLO is not modelled",
     "use_badam": "BAdam's block-wise training is not modelled", "use_adam_mini": "Adam-mini is not modelled",
-    "upcast_layernorm": "norms upcast to fp32 are not modelled", "upcast_lmhead_output": "an fp32 lm_head output is not modelled",
-    "pure_bf16": "pure bf16 training (no fp32 copies of trainable weights) is not modelled; estimated with fp32 trainables",
+    "upcast_layernorm": "norms upcast to fp32 are not modelled",
+    "upcast_lmhead_output": "an fp32 lm_head output is not modelled",
+    "pure_bf16": "pure bf16 training (no fp32 copies of trainable weights) is not modelled; estimated with fp32 "
+                 "trainables",
     "neat_packing": "neat packing is modelled as packing", "shift_attn": "shifted-sparse attention is not modelled",
     "use_llama_pro": "LLaMA Pro's expanded blocks are not modelled", "pissa_init": None, "use_rslora": None,
     "freeze_vision_tower": None, "train_mm_proj_only": "training the projector only is not modelled",
@@ -138,7 +140,8 @@ SHIPPED_DS = {"ddp": "examples/deepspeed/ds_z0_config.json", "zero2": "examples/
 def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
     out: list[tuple] = [(SIMPLE[f], v, [f]) for f, v in changes.items() if f in SIMPLE]
     if "gradient_checkpointing" in changes:
-        out.append(("disable_gradient_checkpointing", not changes["gradient_checkpointing"], ["gradient_checkpointing"]))
+        out.append(("disable_gradient_checkpointing", not changes["gradient_checkpointing"],
+                    ["gradient_checkpointing"]))
     if "target_modules" in changes:
         targets = changes["target_modules"]
         out.append(("lora_target", "all" if targets == "all-linear" else ",".join(targets), ["target_modules"]))
@@ -173,6 +176,7 @@ def distribution_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
         return [("deepspeed", f"examples/deepspeed/ds_z{sharding[-1]}_offload_config.json", fields,
                  "a DeepSpeed config LLaMA-Factory ships (examples/deepspeed/)")]
     if sharding in SHIPPED_DS:
-        return [("deepspeed", SHIPPED_DS[sharding], fields, "a DeepSpeed config LLaMA-Factory ships (examples/deepspeed/)")]
+        return [("deepspeed", SHIPPED_DS[sharding], fields, "a DeepSpeed config LLaMA-Factory ships "
+                                                            "(examples/deepspeed/)")]
     return [(None, None, fields, f"{sharding}: LLaMA-Factory takes FSDP and ZeRO-1 from an accelerate config "
              "(accelerate launch --config_file ...); pass one as another --config")]

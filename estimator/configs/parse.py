@@ -49,7 +49,8 @@ def decode(name: str, raw: bytes | str) -> str:
         return raw.decode("utf-8").lstrip("\ufeff")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{name} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+        raise ConfigError(f"{name} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
+                          "UTF-8") from None
 
 
 class _Loader(yaml.SafeLoader):
@@ -108,7 +109,7 @@ def _node_lines(node, prefix: str, out: dict[str, int]) -> None:
             continue
 
 
-_BRACKET_RUN = re.compile(r"(?:[\[{][ \t]*){%d}" % (MAX_DEPTH + 1))
+_BRACKET_RUN = re.compile(r"(?:[\[{][ \t]*){" + str(MAX_DEPTH + 1) + "}")
 
 
 def parse_yaml(name: str, text: str) -> Doc:
@@ -162,7 +163,8 @@ def _json_depth(name: str, text: str) -> None:
         elif char in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                raise ConfigError(f"{name} line {line}: nested deeper than {MAX_DEPTH} levels; this is not a training config")
+                raise ConfigError(f"{name} line {line}: nested deeper than {MAX_DEPTH} levels; this is not a training "
+                                  "config")
         elif char in "]}":
             depth -= 1
         if char == "\n":

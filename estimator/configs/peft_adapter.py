@@ -64,4 +64,5 @@ def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
 
 def distribution_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
     fields = [f for f in ("sharding", "offload_optimizer", "offload_params") if f in changes]
-    return [(None, None, fields, "sharding lives in the launcher: pass an accelerate or DeepSpeed config as another --config")]
+    return [(None, None, fields, "sharding lives in the launcher: pass an accelerate or DeepSpeed config as another "
+                                 "--config")]

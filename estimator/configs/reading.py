@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 from ..errors import safe_text
 from .parse import Doc
-from .types import ConfigError, ConfigWarning, KeyUse
+from .types import ConfigError, ConfigFormat, ConfigWarning, KeyUse
 
 MAX_IGNORED_NAMES = 40
 MISSING = object()
@@ -18,9 +18,10 @@ class Reading:
 
     def __init__(self, doc: Doc, fmt: str):
         self.doc = doc
-        self.format = fmt
+        self.format = cast(ConfigFormat, fmt)  # detect.detect and detect.check_format give only its names
         self.fields: dict[str, Any] = {}
-        self.soft: dict[str, Any] = {}  # launcher values a training config's own value replaces (DeepSpeed batch, dtype)
+        # launcher values a training config's own value replaces (DeepSpeed batch, dtype)
+        self.soft: dict[str, Any] = {}
         self.used: list[KeyUse] = []
         self.warnings: list[ConfigWarning] = []
         self.seen: set[str] = set()

@@ -52,7 +52,8 @@ def read_training_args(r: Reading) -> None:
         r.use("deepspeed", None, ds)
         r.refs.append(("deepspeed", ds))
     elif isinstance(ds, dict):
-        r.warn("deepspeed", "an inline DeepSpeed config is not read; save it as a JSON file and pass it as another --config")
+        r.warn("deepspeed", "an inline DeepSpeed config is not read; save it as a JSON file and pass it as another "
+                            "--config")
     _fsdp(r)
     for key, message in NOT_MODELLED.items():
         if message is None:
