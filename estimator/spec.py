@@ -314,10 +314,76 @@ def _text_config(config: dict) -> dict:
     return config
 
 
+@dataclass(frozen=True)
+class FamilyTraits:
+    """What a model family's decoder layer has beyond a Llama layer (transformers 5 modeling_<family>.py)."""
+
+    qkv_bias: bool | None = None  # q/k/v biases whatever attention_bias says (None: attention_bias decides)
+    qkv_bias_field: str | None = None  # the config field that says it instead (qwen2_moe: qkv_bias, default true)
+    out_bias: bool | None = None  # o_proj's bias (None: as the q/k/v biases)
+    fused_qkv: bool = False  # one qkv_proj and one gate_up_proj (phi3)
+    qk_norm: str = "none"  # "head": RMSNorm over head_dim on q and k; "full": over the whole projection
+    norms_per_layer: int = 2
+    embed_scale: bool = False  # embeddings scaled by sqrt(hidden) (a temporary of the embedding's size)
+    logit_softcapping: bool = False  # reads final_logit_softcapping and attn_logit_softcapping (gemma2)
+
+
+# One row per family that differs from Llama; every other model type (llama, mistral, mixtral, an unknown one)
+# takes the defaults.
+FAMILY_TRAITS: dict[str, FamilyTraits] = {
+    "qwen2": FamilyTraits(qkv_bias=True, out_bias=False),  # q/k/v carry biases, o_proj does not
+    "qwen2_moe": FamilyTraits(qkv_bias_field="qkv_bias", out_bias=False),
+    "qwen3": FamilyTraits(qk_norm="head"),
+    "qwen3_moe": FamilyTraits(qk_norm="head"),
+    "gemma": FamilyTraits(embed_scale=True),
+    "gemma2": FamilyTraits(embed_scale=True, norms_per_layer=4, logit_softcapping=True),
+    "gemma3_text": FamilyTraits(embed_scale=True, norms_per_layer=4, qk_norm="head"),
+    "phi3": FamilyTraits(fused_qkv=True),
+    "olmo2": FamilyTraits(qk_norm="full"),
+}
+
+
 def _spec_from_config(config: dict) -> ModelSpec:
     if not isinstance(config, dict):
         raise ModelConfigError(f"config.json must be a JSON object; got {type(config).__name__}")
     config = _text_config(config)
+    model_type = _model_type(config)
+    warnings: list[str] = []
+    known = model_type in SUPPORTED_FAMILIES
+    if not known:
+        warnings.append(
+            f"model_type '{model_type}' is not one of the families canifinetune checks against transformers "
+            f"({', '.join(SUPPORTED_FAMILIES)}); it is estimated as a Llama-like decoder from its standard "
+            "config fields. Measure a short run before relying on it."
+        )
+    shape = _shape_fields(config)
+    layers = shape["num_layers"]
+    max_pos = _int_field(config, ("max_position_embeddings", "n_positions"), required=False, default=None,
+                         high=1 << 31)
+    tie = _bool_field(config, "tie_word_embeddings", model_type.startswith("gemma"))
+    traits = _trait_fields(config, model_type)
+    moe, moe_layers = _moe_fields(config, model_type, known, layers, shape["intermediate_size"], warnings)
+    if shape["intermediate_size"] is None:
+        if moe is None or any(not m for m in moe_layers):
+            raise ModelConfigError("config.json has no 'intermediate_size'; a decoder config needs it")
+        shape["intermediate_size"] = moe.expert_intermediate if moe else 0
+    window, window_layers = _sliding_window(config, model_type, layers)
+    return ModelSpec(
+        model_type=model_type,
+        **shape,
+        tie_word_embeddings=tie,
+        max_position_embeddings=max_pos,
+        **traits,
+        moe=moe,
+        moe_layers=moe_layers,
+        sliding_window=window,
+        sliding_window_layers=window_layers,
+        known_family=known,
+        warnings=tuple(warnings),
+    )
+
+
+def _model_type(config: dict) -> str:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ModelConfigError("config.json has no 'model_type'; cannot tell the architecture")
@@ -327,15 +393,11 @@ def _spec_from_config(config: dict) -> ModelSpec:
             f"config.json field 'model_type' must be a transformers model type (letters, digits, '_', '.', '-', "
             f"at most {MAX_MODEL_TYPE} characters); got {shown}"
         )
-    warnings: list[str] = []
-    known = model_type in SUPPORTED_FAMILIES
-    if not known:
-        warnings.append(
-            f"model_type '{model_type}' is not one of the families canifinetune checks against transformers "
-            f"({', '.join(SUPPORTED_FAMILIES)}); it is estimated as a Llama-like decoder from its standard "
-            "config fields. Measure a short run before relying on it."
-        )
+    return model_type
 
+
+def _shape_fields(config: dict) -> dict:
+    """The decoder's sizes (ModelSpec's fields by name), checked; intermediate_size may be None (an MoE's)."""
     hidden = _int_field(config, ("hidden_size", "n_embd", "d_model"), required=True)
     layers = _int_field(config, ("num_hidden_layers", "n_layer", "num_layers"), required=True, high=MAX_LAYERS)
     heads = _int_field(config, ("num_attention_heads", "n_head"), required=True, high=MAX_DIM)
@@ -359,104 +421,65 @@ def _spec_from_config(config: dict) -> ModelSpec:
                                     or not all(isinstance(t, str) and len(t) <= MAX_MODEL_TYPE for t in layer_types)):
         raise ModelConfigError(f"config.json field 'layer_types' must be a list of num_hidden_layers ({layers}) "
                                "layer type names")
-    max_pos = _int_field(config, ("max_position_embeddings", "n_positions"), required=False, default=None,
-                         high=1 << 31)
-    tie_default = model_type.startswith("gemma")
-    tie = _bool_field(config, "tie_word_embeddings", tie_default)
+    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+                num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
 
+
+def _trait_fields(config: dict, model_type: str) -> dict:
+    """ModelSpec's per-family fields, from FAMILY_TRAITS and the config's bias and softcapping fields."""
+    traits = FAMILY_TRAITS.get(model_type, FamilyTraits())
     attention_bias = _bool_field(config, "attention_bias", False)
-    attention_out_bias = attention_bias
     mlp_bias = _bool_field(config, "mlp_bias", False)
-    fused = False
-    qk_norm = "none"
-    norms = 2
-    embed_scale = False
+    if traits.qkv_bias is not None:
+        attention_bias = traits.qkv_bias
+    elif traits.qkv_bias_field is not None:
+        attention_bias = _bool_field(config, traits.qkv_bias_field, True)
     softcap = None
     attn_softcap = False
-
-    if model_type == "qwen2":
-        attention_bias, attention_out_bias = True, False  # q/k/v carry biases, o_proj does not
-    elif model_type == "qwen2_moe":
-        attention_bias = _bool_field(config, "qkv_bias", True)
-        attention_out_bias = False
-    elif model_type in ("qwen3", "qwen3_moe"):
-        attention_out_bias = attention_bias
-        qk_norm = "head"
-    elif model_type == "gemma":
-        embed_scale = True
-    elif model_type in ("gemma2", "gemma3_text"):
-        embed_scale = True
-        norms = 4
-        qk_norm = "head" if model_type == "gemma3_text" else "none"
-        if model_type == "gemma2":
-            softcap = _softcap_field(config, "final_logit_softcapping")
-            attn_softcap = _softcap_field(config, "attn_logit_softcapping") is not None
-    elif model_type == "phi3":
-        fused = True
-    elif model_type == "olmo2":
-        qk_norm = "full"
-    elif model_type in ("mistral", "mixtral", "llama"):
-        pass
-
-    moe = None
-    moe_layers: tuple[bool, ...] = ()
-    experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts"), required=False,
-                         default=None, high=MAX_EXPERTS)
-    if experts and experts > 1:
-        top_k = _int_field(config, ("num_experts_per_tok", "top_k", "moe_topk"), required=False, default=2,
-                           high=MAX_EXPERTS)
-        expert_i = _int_field(config, ("moe_intermediate_size",), required=False, default=intermediate)
-        if expert_i is None:
-            raise ModelConfigError("config.json: an MoE config needs 'moe_intermediate_size' or 'intermediate_size'")
-        shared_i = _int_field(config, ("shared_expert_intermediate_size",), required=False, default=0, low=0)
-        if top_k > experts:
-            raise ModelConfigError(f"config.json: num_experts_per_tok {top_k} exceeds the {experts} experts")
-        moe = MoESpec(experts, top_k, expert_i, shared_i if model_type == "qwen2_moe" else 0)
-        step = _int_field(config, ("decoder_sparse_step",), required=False, default=1, high=MAX_LAYERS)
-        dense_only = config.get("mlp_only_layers") or []
-        if not isinstance(dense_only, list) or len(dense_only) > layers:
-            raise ModelConfigError(f"config.json field 'mlp_only_layers' must be a list of at most num_hidden_layers "
-                                   f"({layers}) layer indices")
-        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < layers for x in dense_only):
-            raise ModelConfigError(f"config.json field 'mlp_only_layers' must hold layer indices from 0 to {layers - 1}")
-        dense_only = frozenset(dense_only)
-        moe_layers = tuple(
-            (i not in dense_only) and ((i + 1) % step == 0) for i in range(layers)
-        )
-        if not known or model_type not in ("mixtral", "qwen2_moe", "qwen3_moe"):
-            warnings.append(f"MoE layout of '{model_type}' assumed to follow Mixtral/Qwen-MoE (fused experts, top-k routing)")
-    if intermediate is None:
-        if moe is None or any(not m for m in moe_layers):
-            raise ModelConfigError("config.json has no 'intermediate_size'; a decoder config needs it")
-        intermediate = moe.expert_intermediate if moe else 0
-
-    return ModelSpec(
-        model_type=model_type,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        tie_word_embeddings=tie,
-        max_position_embeddings=max_pos,
+    if traits.logit_softcapping:
+        softcap = _softcap_field(config, "final_logit_softcapping")
+        attn_softcap = _softcap_field(config, "attn_logit_softcapping") is not None
+    return dict(
         attention_bias=attention_bias,
-        attention_out_bias=attention_out_bias,
+        attention_out_bias=attention_bias if traits.out_bias is None else traits.out_bias,
         mlp_bias=mlp_bias,
-        fused_qkv=fused,
-        qk_norm=qk_norm,
-        norms_per_layer=norms,
-        moe=moe,
-        moe_layers=moe_layers,
-        embed_scale=embed_scale,
+        fused_qkv=traits.fused_qkv,
+        qk_norm=traits.qk_norm,
+        norms_per_layer=traits.norms_per_layer,
+        embed_scale=traits.embed_scale,
         attn_logit_softcapping=attn_softcap,
         final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) else None,
-        sliding_window=_sliding_window(config, model_type, layers)[0],
-        sliding_window_layers=_sliding_window(config, model_type, layers)[1],
-        known_family=known,
-        warnings=tuple(warnings),
     )
+
+
+def _moe_fields(config: dict, model_type: str, known: bool, layers: int, intermediate: int | None,
+                warnings: list[str]) -> tuple[MoESpec | None, tuple[bool, ...]]:
+    """(the experts, which layers are sparse), or (None, ()) for a dense model; appends an assumption's warning."""
+    experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts"), required=False,
+                         default=None, high=MAX_EXPERTS)
+    if not experts or experts <= 1:
+        return None, ()
+    top_k = _int_field(config, ("num_experts_per_tok", "top_k", "moe_topk"), required=False, default=2,
+                       high=MAX_EXPERTS)
+    expert_i = _int_field(config, ("moe_intermediate_size",), required=False, default=intermediate)
+    if expert_i is None:
+        raise ModelConfigError("config.json: an MoE config needs 'moe_intermediate_size' or 'intermediate_size'")
+    shared_i = _int_field(config, ("shared_expert_intermediate_size",), required=False, default=0, low=0)
+    if top_k > experts:
+        raise ModelConfigError(f"config.json: num_experts_per_tok {top_k} exceeds the {experts} experts")
+    moe = MoESpec(experts, top_k, expert_i, shared_i if model_type == "qwen2_moe" else 0)
+    step = _int_field(config, ("decoder_sparse_step",), required=False, default=1, high=MAX_LAYERS)
+    dense_only = config.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or len(dense_only) > layers:
+        raise ModelConfigError(f"config.json field 'mlp_only_layers' must be a list of at most num_hidden_layers "
+                               f"({layers}) layer indices")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < layers for x in dense_only):
+        raise ModelConfigError(f"config.json field 'mlp_only_layers' must hold layer indices from 0 to {layers - 1}")
+    dense = frozenset(dense_only)
+    moe_layers = tuple((i not in dense) and ((i + 1) % step == 0) for i in range(layers))
+    if not known or model_type not in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        warnings.append(f"MoE layout of '{model_type}' assumed to follow Mixtral/Qwen-MoE (fused experts, top-k routing)")
+    return moe, moe_layers
 
 
 # transformers 5.24 families whose decoder builds ``create_sliding_window_causal_mask`` for every layer when
