@@ -9,12 +9,21 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from canifinetune.estimator.configs import (CONFIG_FORMATS, MAX_CONFIG_BYTES, ConfigError, ConfigReport, LoadedConfig,
-                                            apply_edits, config_edits, load_configs, suggestion_edits)
+from canifinetune.estimator.configs import (
+    CONFIG_FORMATS,
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    ConfigReport,
+    LoadedConfig,
+    apply_edits,
+    config_edits,
+    load_configs,
+    suggestion_edits,
+)
 from canifinetune.estimator.errors import safe_text
 
 MAX_SHOWN = 60
@@ -198,17 +207,17 @@ def config_parameters(params: list[inspect.Parameter]) -> list[inspect.Parameter
         if p.name == "model":
             hint = p.annotation
             extra = tuple(getattr(hint, "__metadata__", ()))
-            base = Optional[hint.__origin__] if hasattr(hint, "__origin__") else Optional[hint]
+            base = (hint.__origin__ if hasattr(hint, "__origin__") else hint) | None
             desc = Field(description="The model (required unless config names it): a Hugging Face id, a catalog "
                                      "name or a local folder holding config.json.",
                          examples=["Qwen/Qwen2.5-1.5B-Instruct"])
-            p = p.replace(annotation=Annotated[(base, *[m for m in extra if not hasattr(m, "description")], desc)],
-                          default=None)
+            args = (base, *[m for m in extra if not hasattr(m, "description")], desc)
+            p = p.replace(annotation=Annotated[args], default=None)
         out.append(p)
     out.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        Optional[str], Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
+        str | None, Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
     out.append(inspect.Parameter("config_format", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        Optional[ConfigFormatName], Field(description="The config's format when detection from its keys is not "
+        ConfigFormatName | None, Field(description="The config's format when detection from its keys is not "
                                                       "enough (null: detected)")]))
     return out
 

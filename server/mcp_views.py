@@ -19,7 +19,7 @@ import json
 import re
 import shlex
 from functools import lru_cache
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
@@ -90,12 +90,14 @@ def plan_parameter(name: str) -> inspect.Parameter:
         checks.append(BeforeValidator(_no_bool_number))
     if name in ENUM_FIELDS + LIST_FIELDS:  # 'QLoRA', 'q_proj,v_proj': as the plan itself reads them
         checks.append(BeforeValidator(functools.partial(normalize_raw, name)))
-    annotation, default = field.annotation, field.default
+    annotation: Any = field.annotation
+    default = field.default
     if name == "model":  # optional here only because a config can name it
-        annotation, default = Optional[field.annotation], None
+        annotation, default = annotation | None, None
     description = SHORT.get(name, field.description)
     extra = (*field.metadata, *([Field(description=description)] if description else []), *checks)
-    hint = Annotated[(annotation, *extra)] if extra else annotation
+    args = (annotation, *extra)
+    hint = Annotated[args] if extra else annotation
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=default)
 
 
@@ -106,15 +108,15 @@ def tool_parameters(names: tuple[str, ...], *, keep: bool = False) -> list[inspe
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [plan_parameter(n) for n in names]
     params.append(inspect.Parameter("plan", kw, default=None, annotation=Annotated[
-        Optional[dict[str, Any]], Field(description=PLAN_DESCRIPTION)]))
+        dict[str, Any] | None, Field(description=PLAN_DESCRIPTION)]))
     params.append(inspect.Parameter("config", kw, default=None, annotation=Annotated[
-        Optional[str], Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
+        str | None, Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
     params.append(inspect.Parameter("config_format", kw, default=None, annotation=Annotated[
-        Optional[Literal[CONFIG_FORMATS]], BeforeValidator(_lower),  # type: ignore[valid-type]
+        Literal[CONFIG_FORMATS] | None, BeforeValidator(_lower),
         Field(description="if not detected")]))
     if keep:
         params.append(inspect.Parameter("keep", kw, default=None, annotation=Annotated[
-            Optional[list[Annotated[str, Field(max_length=64)]]], Field(max_length=64, description=KEEP_DESCRIPTION)]))
+            list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=64, description=KEEP_DESCRIPTION)]))
     return params
 
 
@@ -156,9 +158,9 @@ def output_model(base: type[BaseModel]) -> type[BaseModel]:
     (server/config_face.py; docs/configs.md describes their fields), typed loosely to keep the schema small."""
     from pydantic import create_model
 
-    extra: dict[str, Any] = {"config": (Optional[dict[str, Any]], None)}
+    extra: dict[str, Any] = {"config": (dict[str, Any] | None, None)}
     if "suggestions" in base.model_fields:
-        extra["config_edits"] = (Optional[list[dict[str, Any]]], None)
+        extra["config_edits"] = (list[dict[str, Any]] | None, None)
     return create_model(base.__name__, __base__=base, **extra)
 
 
@@ -235,7 +237,8 @@ _BOUNDS = {"greater_than_equal": ("ge", "greater than or equal to"), "greater_th
            "less_than_equal": ("le", "less than or equal to"), "less_than": ("lt", "less than"),
            "string_too_short": ("min_length", "at least this many characters:"),
            "string_too_long": ("max_length", "at most this many characters:"),
-           "too_short": ("min_length", "at least this many items:"), "too_long": ("max_length", "at most this many items:")}
+           "too_short": ("min_length", "at least this many items:"),
+           "too_long": ("max_length", "at most this many items:")}
 
 
 def _union_choices(branches: list[str]) -> str:
@@ -263,9 +266,9 @@ def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
     """A pydantic ValidationError as sentences a model can act on, read from its structured form (loc, type,
     ctx, input), never from pydantic's text: each names the field, the bad value and the valid choices."""
     by_field: dict[str, list[dict]] = {}
-    for err in exc.errors(include_url=False):
-        loc = [str(p) for p in err.get("loc", ()) if not isinstance(p, int)]
-        by_field.setdefault(loc[0] if loc else "", []).append({**err, "_rest": loc[1:]})
+    for detail in exc.errors(include_url=False):
+        loc = [str(p) for p in detail.get("loc", ()) if not isinstance(p, int)]
+        by_field.setdefault(loc[0] if loc else "", []).append({**detail, "_rest": loc[1:]})
     sentences = []
     for name, errs in by_field.items():
         field = f"{prefix}{name}" if name else (prefix.rstrip(".") or "plan")
@@ -278,9 +281,10 @@ def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
                 choices += " (or a comma list, 'q_proj,v_proj')"
             sentences.append(f"{field}: {_shown(got)} is not valid; give {choices}")
         elif kind == "literal_error":
-            choices = _choices(str(ctx.get("expected", "")))
-            close = difflib.get_close_matches(str(got).lower(), choices, n=1, cutoff=0.3) if isinstance(got, str) else []
-            sentences.append(f"{field}: {_shown(got)} is not one of " + ", ".join(f"'{c}'" for c in choices)
+            allowed = _choices(str(ctx.get("expected", "")))
+            close = (difflib.get_close_matches(str(got).lower(), allowed, n=1, cutoff=0.3) if isinstance(got, str)
+                     else [])
+            sentences.append(f"{field}: {_shown(got)} is not one of " + ", ".join(f"'{c}'" for c in allowed)
                              + (f"; did you mean '{close[0]}'?" if close else ""))
         elif kind == "missing":
             hint = (" (e.g. 'Qwen/Qwen2.5-7B-Instruct'; canifinetune://catalog/models lists the catalog)"
@@ -310,7 +314,7 @@ def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
 class Part(BaseModel):
     name: str
     bytes: int
-    explanation: Optional[str] = None
+    explanation: str | None = None
 
 
 class GPU(BaseModel):
@@ -324,8 +328,8 @@ class Budget(BaseModel):
     verdict: Literal["fits", "tight", "does_not_fit", "unknown"]
     budget_bytes: int = Field(description="peak with CUDA context and safety margin")
     total_bytes: int
-    gpu_usable_bytes: Optional[int] = None
-    used_fraction: Optional[float] = None
+    gpu_usable_bytes: int | None = None
+    used_fraction: float | None = None
     per_gpu: bool = False
     host_memory_bytes: int = 0
     breakdown: list[Part]
@@ -339,7 +343,7 @@ class EstimateView(Budget):
     model_source: str = Field(description="catalog, local, hub-cache or hub")
     params_source: str = "config"
     method: str
-    gpu: Optional[GPU] = None
+    gpu: GPU | None = None
     peak_allocated_bytes: int
     peak_phase: str
     params_total: int
@@ -379,11 +383,11 @@ class SuggestView(BaseModel):
     keep: list[str]
     suggestions: list[SuggestionView]
     nothing_fits: bool
-    min_reachable_bytes: Optional[int] = None
-    smallest_gpu: Optional[str] = None
-    smallest_gpu_usable_bytes: Optional[int] = None
-    min_gpus: Optional[int] = None
-    min_gpus_sharding: Optional[str] = None
+    min_reachable_bytes: int | None = None
+    smallest_gpu: str | None = None
+    smallest_gpu_usable_bytes: int | None = None
+    min_gpus: int | None = None
+    min_gpus_sharding: str | None = None
     notes: list[str] = []
 
 
@@ -393,11 +397,11 @@ class RecipeView(BaseModel):
     verdict: Literal["fits", "tight", "does_not_fit", "unknown"]
     verdict_reason: str
     budget_bytes: int
-    gpu_usable_bytes: Optional[int] = None
+    gpu_usable_bytes: int | None = None
     launch_command: str
     cli_command: str = Field(description="writes the same files into a folder")
     files: dict[str, str]
-    framework_note: Optional[str] = None
+    framework_note: str | None = None
 
 
 @lru_cache(maxsize=1)
@@ -424,7 +428,8 @@ def budget_view(est, explain: bool = False) -> dict:
 
 def estimate_view(est, explain: bool = True) -> dict:
     return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, "model": est.model,
-            "model_source": est.model_source, "params_source": est.params_source, "method": est.method, "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
+            "model_source": est.model_source, "params_source": est.params_source, "method": est.method,
+            "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
             "peak_allocated_bytes": est.peak_allocated_bytes, "peak_phase": est.peak_phase,
             "params_total": est.params_total, "params_trainable": est.params_trainable,
             "warnings": list(est.warnings), "plan": plan_delta(est.plan)}
@@ -506,4 +511,4 @@ def cli_command(plan: TrainingPlan, out: str = "my-recipe") -> str:
             words.append(flag if value else "--no-" + key.replace("_", "-"))
         elif value is not None:
             words += [flag, ",".join(value) if isinstance(value, list) else str(value)]
-    return shlex.join(words + ["--out", out])
+    return shlex.join([*words, "--out", out])

@@ -2,10 +2,11 @@
 
 One fixed colour per budget component, by name (never by row position), from the Okabe-Ito palette
 (Okabe & Ito 2008, "Color Universal Design") completed with Paul Tol's muted scheme, both chosen to stay
-distinguishable with the common colour-vision deficiencies (checked by simulation in tests/test_palette.py). Components that never appear together
-share a colour (only the peak phase's temporaries are in a breakdown). The safety margin is hatched, not
-coloured, and the GPU's usable-memory line is drawn in the text colour, so neither can be mistaken for
-a component. Every component is also named, with its size, next to its colour (legend or table).
+distinguishable with the common colour-vision deficiencies (checked by simulation in tests/test_palette.py).
+Components that never appear together share a colour (only the peak phase's temporaries are in a breakdown).
+The safety margin is hatched, not coloured, and the GPU's usable-memory line is drawn in the text colour, so
+neither can be mistaken for a component. Every component is also named, with its size, next to its colour
+(legend or table).
 
 Text colours come as pairs (text on background) for a light and a dark theme; tests/test_palette.py
 checks each pair's WCAG 2 contrast ratio is at least 4.5:1. The terminal uses only the verdict badges'

@@ -104,7 +104,7 @@ def budget_bar(est, width: int):
     axis = [" "] * len(bar.plain)
     _put(axis, 1, "0")
     right = f"{scale / GIB:.2f} GiB"
-    if usable:
+    if cap is not None:  # usable memory given
         col = 1 + cap  # where the ┃ is
         label = f"↑ GPU usable {usable / GIB:.2f} GiB"
         if col + len(label) > len(axis):
@@ -154,11 +154,11 @@ def show_estimate(console, est) -> None:
 
     plan = est.plan
     console.print(lead(est, where=False))
-    console.print(Text(f"{est.model}" + (f" on {est.gpu.name}" if est.gpu else "") + (" (per GPU)" if est.per_gpu else ""),
-                       style="bold"))
+    console.print(Text(f"{est.model}" + (f" on {est.gpu.name}" if est.gpu else "")
+                       + (" (per GPU)" if est.per_gpu else ""), style="bold"))
     console.print(Text(est.verdict_reason, style="dim"))
-    console.print(Text(f"{est.params_total / 1e9:.3g}B params ({est.model_source}), {plan.method}, seq_len {plan.seq_len} "
-                       f"x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, checkpointing "
+    console.print(Text(f"{est.params_total / 1e9:.3g}B params ({est.model_source}), {plan.method}, "
+                       f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, checkpointing "
                        f"{'on' if plan.gradient_checkpointing else 'off'}; peak in {est.peak_phase}", style="dim"))
     console.print()
     for line in budget_bar(est, console.width):
@@ -173,8 +173,9 @@ def show_estimate(console, est) -> None:
         table.add_row(Text(_char(c.name) * 2, style=_style(c.name)), c.name, f"{c.bytes / GIB:.3f}",
                       f"{c.bytes / max(est.budget_bytes, 1):.0%}", c.explanation)
     table.add_row("", Text("budget", style="bold"), Text(f"{est.budget_bytes / GIB:.3f}", style="bold"), "",
-                  f"peak allocated {est.peak_allocated_bytes / GIB:.2f} GiB, reserved {est.peak_reserved_bytes / GIB:.2f}"
-                  f" GiB, process {est.total_bytes / GIB:.2f} GiB, plus the safety margin")
+                  f"peak allocated {est.peak_allocated_bytes / GIB:.2f} GiB, "
+                  f"reserved {est.peak_reserved_bytes / GIB:.2f} GiB, process {est.total_bytes / GIB:.2f} GiB, "
+                  "plus the safety margin")
     console.print(table)
     for w in est.warnings:
         console.print(Text.assemble(("warning: ", "bold"), w))
@@ -184,7 +185,8 @@ def show_estimate(console, est) -> None:
 
 
 def cli_flag(field: str, value) -> str | None:
-    """A change as the flag the user would type: ``--seq-len 1408``, ``--no-gradient-checkpointing``, ``--gpu "A100 80GB"``."""
+    """A change as the flag the user would type: ``--seq-len 1408``, ``--no-gradient-checkpointing``,
+    ``--gpu "A100 80GB"``."""
     import shlex
 
     name = "--" + field.replace("_", "-")

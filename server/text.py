@@ -97,7 +97,8 @@ def format_suggestions(result) -> str:
         lines.append(f"it fits on {_on(o)} as it is: nothing to change")
     elif first is not None:
         lines.append(f"{len(result.suggestions)} configuration(s) fit"
-                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)" if result.nothing_fits else "")
+                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)"
+                        if result.nothing_fits else "")
                      + f"; apply the first: {changes_summary(first.changes)}")
     else:
         lines.append(f"nothing fits on {_on(o)} with the allowed changes")
@@ -123,7 +124,8 @@ def format_suggestions(result) -> str:
                          + (f" of {gib(usable)}" if usable else ""))
         if result.smallest_gpu:
             lines.append(f"smallest catalog GPU for the plan unchanged: {result.smallest_gpu}"
-                         + (f" ({gib(result.smallest_gpu_usable_bytes)} usable)" if result.smallest_gpu_usable_bytes else ""))
+                         + (f" ({gib(result.smallest_gpu_usable_bytes)} usable)"
+                            if result.smallest_gpu_usable_bytes else ""))
         if result.min_gpus:
             lines.append(f"fewest GPUs for the plan unchanged: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
                          f"with sharding '{result.min_gpus_sharding}'")
@@ -135,10 +137,11 @@ def format_suggestions(result) -> str:
     elif result.fits_already:
         move = "make_recipe (`canifinetune recipe`) with the same arguments"
     else:
-        named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus)) if there]
+        named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus))
+                 if there]
         move = (f"pick {' or '.join(named)} named above, or unpin a field (keep) and ask again" if named
                 else "unpin a field (keep) and ask again: no catalog GPU holds the plan unchanged")
-    return "\n".join(lines + ["", f"next: {move}"])
+    return "\n".join([*lines, "", f"next: {move}"])
 
 
 def format_recipe(result) -> str:
@@ -214,7 +217,8 @@ def format_suggestions_brief(result) -> str:
         lines.append(f"it fits on {_on(o)} as it is: nothing to change")
     elif first is not None:
         lines.append(f"{len(result.suggestions)} configuration(s) fit"
-                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)" if result.nothing_fits else "")
+                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)"
+                        if result.nothing_fits else "")
                      + f"; apply the first: {changes_summary(first.changes)}")
     else:
         lines.append(f"nothing fits on {_on(o)} with the allowed changes")
@@ -243,10 +247,11 @@ def format_suggestions_brief(result) -> str:
     elif result.fits_already:
         move = "make_recipe with the same arguments"
     else:
-        named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus)) if there]
+        named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus))
+                 if there]
         move = (f"pick {' or '.join(named)} named above, or unpin a field (keep) and ask again" if named
                 else "unpin a field (keep) and ask again: no catalog GPU holds the plan unchanged")
-    return "\n".join(lines + [f"next: {move}"])
+    return "\n".join([*lines, f"next: {move}"])
 
 
 def format_recipe_brief(view: dict) -> str:
