@@ -31,49 +31,101 @@ class PhasePeak:
     items: tuple[Item, ...]
 
 
+_GATHER_NOTE = ("all-gathered parameters: the layer running and the one prefetched (ZeRO-3/FSDP full shard), "
+                "every layer until its backward (FSDP shard_grad_op), FSDP's unsharded tail unit "
+                "(final norm + lm_head), and in backward the unsharded gradients before reduce-scatter")
+
+
+@dataclass(frozen=True)
+class _Static:
+    """What one GPU holds through the whole step (``sh``: its sharding shares; None on one GPU)."""
+
+    sh: sharding.Shares | None
+    weights: int
+    grads: int
+    states: int
+    buckets: int
+    grad_factor: float
+    gather: int  # all-gathered bytes in forward (ZeRO-3/FSDP)
+    gather_bwd: int  # and in backward
+    fsdp: bool  # FSDP2: the gathered bytes vary within a phase (the shares' *_start/_copy/_end figures)
+    items: tuple[Item, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class _Activations:
+    """The step's activation sizes: saved per block, shared, the loss's, and the forward's temporaries."""
+
+    layer_full: dict[int, int]  # one block's full saved set, by layer kind
+    boundary: int  # a checkpointed block's input
+    saved_per_layer: dict[int, int]
+    saved_layers: int  # every block's saved tensors at the end of forward
+    shared: int
+    loss_fwd: int
+    loss_fwd_tmp: int
+    loss_bwd: int
+    dequant: int
+    adapter_tmp: int
+    note: str
+
+
+@dataclass(frozen=True)
+class _Live:
+    """The largest live set found in backward: its total, its gathered bytes and (activations, loss, grads, temps)."""
+
+    bytes: int
+    gather: int
+    parts: tuple[int, int, int, int]
+
+
 def step_peaks(r: ResolvedPlan, end_grad: int = 0) -> tuple[PhasePeak, PhasePeak, PhasePeak, dict[str, int]]:
     """The live set at the forward, backward and optimizer-step peaks, and the static sizes.
 
-    ``end_grad``: gradient bytes made by the very last op of backward and kept through the optimizer step, beyond
-    ``r``'s own: a reward model's trainable input embedding (estimator/trainer_memory.py reward_embedding_grad_bytes;
-    it has no lm_head, so its V x H gradient is made by the embedding's backward alone and becomes ``.grad``)."""
-    spec = r.spec
-    plan = r.plan
-    # One GPU: every component whole. Several: estimator/sharding.py says what each GPU holds.
-    sh = sharding.shares(r) if plan.sharding != "none" else None
+    ``r`` is the ResolvedPlan (as in estimator/memory.py). ``end_grad``: gradient bytes made by the very last op of
+    backward and kept through the optimizer step, beyond ``r``'s own: a reward model's trainable input embedding
+    (estimator/trainer_memory.py reward_embedding_grad_bytes; it has no lm_head, so its V x H gradient is made by
+    the embedding's backward alone and becomes ``.grad``)."""
+    st = _static(r)
+    acts = _activations(r)
+    forward = _forward_peak(r, st, acts)
+    backward = _backward_peak(r, st, acts, end_grad)
+    optimizer = _optimizer_peak(r, st, end_grad)
+    sizes = {
+        "weights": st.weights,
+        "gradients": st.grads,
+        "optimizer_states": st.states,
+        "host_memory": 0 if st.sh is None else st.sh.host,
+    }
+    return forward, backward, optimizer, sizes
+
+
+def _static(r: ResolvedPlan) -> _Static:
+    """One GPU: every component whole. Several: estimator/sharding.py says what each GPU holds."""
+    sh = sharding.shares(r) if r.plan.sharding != "none" else None
     workspace = m.workspace_bytes(r)
     if sh is None:
-        weights = m.weight_bytes(r)
-        qconst = m.quantization_constant_bytes(r)
-        adapters = m.adapter_bytes(r)
-        grads = m.gradient_bytes(r)
-        states = m.optimizer_state_bytes(r)
-        buckets = 0
-        grad_factor = 1.0
-        gather = gather_bwd = 0
+        weights, qconst, adapters = m.weight_bytes(r), m.quantization_constant_bytes(r), m.adapter_bytes(r)
+        grads, states, buckets = m.gradient_bytes(r), m.optimizer_state_bytes(r), 0
+        grad_factor, gather, gather_bwd = 1.0, 0, 0
     else:
         weights, qconst, adapters = sh.weights, sh.qconst, sh.adapters
         grads, states, buckets = sh.grads, sh.states + sh.master, sh.buckets
-        grad_factor = sh.grad_factor
-        gather, gather_bwd = sh.gather_forward, sh.gather_backward
-    # FSDP2: the gathered bytes vary within a phase (None elsewhere: one figure per phase)
-    fsdp = sh is not None and sh.gather_forward_start is not None
-
-    static = [
+        grad_factor, gather, gather_bwd = sh.grad_factor, sh.gather_forward, sh.gather_backward
+    items = (
         Item("weights", weights, _weights_note(r) if sh is None else _weights_note(r) + f"; {sh.note}"),
         Item("quantization_constants", qconst, "4-bit absmax/code tensors (or 8-bit row scales) of the quantized linears"),
         Item("lora_adapters", adapters, _adapter_note(r)),
         Item("optimizer_states", states, _optimizer_note(r) if sh is None else _sharded_optimizer_note(r, sh)),
         Item("cuda_workspaces", workspace, "cuBLAS workspace allocated through the caching allocator"),
-    ]
-    static_bytes = sum(i.bytes for i in static)
-    gather_note = ("all-gathered parameters: the layer running and the one prefetched (ZeRO-3/FSDP full shard), "
-                   "every layer until its backward (FSDP shard_grad_op), FSDP's unsharded tail unit "
-                   "(final norm + lm_head), and in backward the unsharded gradients before reduce-scatter")
+    )
+    return _Static(sh=sh, weights=weights, grads=grads, states=states, buckets=buckets, grad_factor=grad_factor,
+                   gather=gather, gather_bwd=gather_bwd, fsdp=sh is not None and sh.gather_forward_start is not None,
+                   items=items, bytes=sum(i.bytes for i in items))
 
-    # Activations
-    groups = spec.layer_groups
-    ckpt = plan.gradient_checkpointing
+
+def _activations(r: ResolvedPlan) -> _Activations:
+    spec, groups, ckpt = r.spec, r.spec.layer_groups, r.plan.gradient_checkpointing
     layer_full = {i: m.layer_activation_bytes(r, i) for i, _ in groups}
     boundary = m.checkpoint_boundary_bytes(r)
     saved_per_layer = {i: (boundary if ckpt else layer_full[i]) for i, _ in groups}
@@ -82,132 +134,150 @@ def step_peaks(r: ResolvedPlan, end_grad: int = 0) -> tuple[PhasePeak, PhasePeak
         saved_layers = boundary * (spec.num_layers - 1)
     else:
         saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
-    shared = m.shared_activation_bytes(r)
-    loss_fwd = m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r)
-    loss_fwd_tmp = m.loss_forward_transient_bytes(r)
-    loss_bwd = m.loss_backward_bytes(r)
-    dequant = m.dequantization_bytes(r)
-    act_note = (
+    note = (
         f"gradient checkpointing: each of {spec.num_layers} blocks keeps its input (a·T·H)"
         if ckpt
         else f"{spec.num_layers} blocks x what each saves for backward (norms, attention, MLP, adapters)"
     )
+    return _Activations(
+        layer_full=layer_full, boundary=boundary, saved_per_layer=saved_per_layer, saved_layers=saved_layers,
+        shared=m.shared_activation_bytes(r), loss_fwd=m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r),
+        loss_fwd_tmp=m.loss_forward_transient_bytes(r), loss_bwd=m.loss_backward_bytes(r),
+        dequant=m.dequantization_bytes(r), adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
 
-    # --- forward: everything saved, plus the loss tile or a dequantized weight
-    adapter_tmp = m.adapter_forward_transient_bytes(r)
-    block_tmp = dequant + adapter_tmp
+
+def _forward_peak(r: ResolvedPlan, st: _Static, acts: _Activations) -> PhasePeak:
+    """Forward: everything saved, plus the loss tile or a dequantized weight."""
+    ckpt = r.plan.gradient_checkpointing
+    block_tmp = acts.dequant + acts.adapter_tmp
     if ckpt:
         # the block being run keeps its full activations until it returns
-        block_tmp = max(block_tmp, max(layer_full.values()) - boundary + dequant + adapter_tmp)
+        block_tmp = max(block_tmp, max(acts.layer_full.values()) - acts.boundary + acts.dequant + acts.adapter_tmp)
     # the blocks run before the LM head: their temporaries never meet the loss's tensors
-    if block_tmp > loss_fwd + loss_fwd_tmp:
+    if block_tmp > acts.loss_fwd + acts.loss_fwd_tmp:
         fwd_loss, fwd_transient = 0, block_tmp
     else:
-        fwd_loss, fwd_transient = loss_fwd, loss_fwd_tmp
-    fwd_gather, fwd_acts = gather, saved_layers + shared
-    if fsdp:
+        fwd_loss, fwd_transient = acts.loss_fwd, acts.loss_fwd_tmp
+    fwd_gather, fwd_acts = st.gather, acts.saved_layers + acts.shared
+    if st.fsdp:
         # FSDP2's all-gather copy-outs: at the start (the tail unit and block 0, nothing saved yet but the shared
         # activations) and at the last block's (the blocks below it saved); the end-of-forward set is the default
-        last_saved = boundary if ckpt else max(layer_full.values())
-        fwd_best = static_bytes + gather + saved_layers + shared + fwd_loss + fwd_transient
-        for g, acts in ((sh.gather_forward_start, shared), (sh.gather_forward_copy, max(saved_layers - last_saved, 0) + shared)):
-            if static_bytes + g + acts > fwd_best:
-                fwd_best = static_bytes + g + acts
-                fwd_gather, fwd_acts, fwd_loss, fwd_transient = g, acts, 0, 0
-    forward = PhasePeak(
+        last_saved = acts.boundary if ckpt else max(acts.layer_full.values())
+        fwd_best = st.bytes + st.gather + acts.saved_layers + acts.shared + fwd_loss + fwd_transient
+        for g, live_acts in ((st.sh.gather_forward_start, acts.shared),
+                             (st.sh.gather_forward_copy, max(acts.saved_layers - last_saved, 0) + acts.shared)):
+            if st.bytes + g + live_acts > fwd_best:
+                fwd_best = st.bytes + g + live_acts
+                fwd_gather, fwd_acts, fwd_loss, fwd_transient = g, live_acts, 0, 0
+    return PhasePeak(
         "forward",
-        static_bytes + fwd_gather + fwd_acts + fwd_loss + fwd_transient,
-        tuple(static)
+        st.bytes + fwd_gather + fwd_acts + fwd_loss + fwd_transient,
+        st.items
         + (
-            Item("sharding_gather_buffers", fwd_gather, gather_note),
-            Item("activations", fwd_acts, act_note),
+            Item("sharding_gather_buffers", fwd_gather, _GATHER_NOTE),
+            Item("activations", fwd_acts, acts.note),
             Item("logits_and_loss", fwd_loss, _loss_note(r)),
             Item("forward_temporaries", fwd_transient, _temporaries_note(r, "forward")),
         ),
     )
 
-    # --- backward: the loss backward on top of every saved activation, then block by block
-    head_grad = 0
+
+def _head_grad_bytes(r: ResolvedPlan, grad_factor: float) -> int:
+    """The LM head's gradient (full fine-tuning), or a modules_to_save copy's, made at the loss end of backward."""
     if r.full:
-        head_grad = int(spec.vocab_size * spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
-    else:  # a modules_to_save copy of lm_head gets its gradient at the loss end of backward
-        head_grad = int(peft_knobs.head_copy_grad_bytes(r) * grad_factor)
-    # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
-    start_head = head_grad if r.loss_implementation == "standard" else 0
-    loss_start = loss_fwd + loss_bwd
-    if start_head and not r.full:
-        # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_knobs)
-        loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head)
-    start_gather = sh.gather_backward_start if fsdp else gather_bwd
-    best_gather = start_gather
-    start = static_bytes + start_gather + saved_layers + shared + loss_start + start_head
-    best = start
-    best_parts = (saved_layers + shared, loss_start, start_head, 0)
-    # Block-by-block: at block i (from the top), blocks below keep their saved tensors, blocks above
-    # have produced their gradients. Blocks of one kind are identical, so evaluate each kind's top-most
-    # and bottom-most position (the live set changes linearly in between).
-    layer_grad = _layer_grad_bytes(r, grad_factor)
-    for index, _ in groups:
-        # with checkpointing the block is first recomputed, so its adapters' forward temporaries recur
-        recompute = adapter_tmp if ckpt else 0
-        transient = max(m.layer_backward_transient_bytes(r, index), recompute) + dequant
-        for below in (spec.num_layers - 1, 0):
-            saved_below = _saved_below(r, below, saved_per_layer)
-            current = layer_full[index]
-            grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
-            # FSDP2 SHARD_GRAD_OP: the blocks above have resharded after their backward
-            block_gather = gather_bwd - (sh.gather_release_per_layer * (spec.num_layers - 1 - below) if fsdp else 0)
-            live = static_bytes + block_gather + saved_below + shared + current + grads_above + transient + buckets
-            if live > best:
-                best = live
-                best_gather = block_gather
-                best_parts = (saved_below + shared + current, 0, grads_above, transient)
-    # Tied head: the embedding's backward makes a dense V x H gradient and AccumulateGrad adds it to the
-    # head's existing one out of place, so two extra V x H tensors exist for a moment at the very end
-    # (measured under fake tensors: exactly 2 x V x H x bytes beyond all gradients). Untied, the new
-    # gradient simply becomes .grad.
-    embed_grad = 0
-    if sh is not None and plan.sharding.startswith("fsdp"):
-        embed_grad = sh.tail_grads  # the tail unit's unsharded gradients before its reduce-scatter
-    elif r.full and spec.tie_word_embeddings:
-        embed_grad = 2 * int(spec.embedding_params * r.trainable_bytes_per_param * grad_factor)
-    end_gather = sh.gather_backward_end if fsdp else gather_bwd
-    end = static_bytes + end_gather + grads + buckets + shared + embed_grad + end_grad
-    if end > best:
-        best = end
-        best_gather = end_gather
-        best_parts = (shared, 0, grads + embed_grad + end_grad, 0)
-    backward = PhasePeak(
+        return int(r.spec.vocab_size * r.spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
+    return int(peft_knobs.head_copy_grad_bytes(r) * grad_factor)
+
+
+def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: int) -> PhasePeak:
+    """Backward: the loss backward on top of every saved activation, then block by block, then its very end."""
+    head_grad = _head_grad_bytes(r, st.grad_factor)
+    best = _backward_start(r, st, acts, head_grad)
+    best = _backward_blocks(r, st, acts, head_grad, best)
+    best = _backward_end(r, st, acts, end_grad, best)
+    return PhasePeak(
         "backward",
-        best,
-        tuple(static)
+        best.bytes,
+        st.items
         + (
-            Item("sharding_gather_buffers", best_gather, gather_note),
-            Item("activations", best_parts[0], act_note + "; those of blocks already back-propagated are freed"),
-            Item("logits_and_loss", best_parts[1], _loss_note(r)),
-            Item("gradients", best_parts[2] + buckets, _grad_note(r, sh)),
-            Item("backward_temporaries", best_parts[3], _temporaries_note(r, "backward")),
+            Item("sharding_gather_buffers", best.gather, _GATHER_NOTE),
+            Item("activations", best.parts[0], acts.note + "; those of blocks already back-propagated are freed"),
+            Item("logits_and_loss", best.parts[1], _loss_note(r)),
+            Item("gradients", best.parts[2] + st.buckets, _grad_note(r, st.sh)),
+            Item("backward_temporaries", best.parts[3], _temporaries_note(r, "backward")),
         ),
     )
 
-    # --- optimizer step: all gradients plus the step's temporaries
-    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * (1.0 if sh is None else (1 / plan.num_gpus if sh.states else 0)))
-    optimizer = PhasePeak(
+
+def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad: int) -> _Live:
+    """The loss's backward, before any block's: every activation saved, the loss's gradients, the head's."""
+    # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
+    start_head = head_grad if r.loss_implementation == "standard" else 0
+    loss_start = acts.loss_fwd + acts.loss_bwd
+    if start_head and not r.full:
+        # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_knobs)
+        loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head)
+    start_gather = st.sh.gather_backward_start if st.fsdp else st.gather_bwd
+    start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head
+    return _Live(start, start_gather, (acts.saved_layers + acts.shared, loss_start, start_head, 0))
+
+
+def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad: int, best: _Live) -> _Live:
+    """Block by block: at block i (from the top), blocks below keep their saved tensors, blocks above have
+    produced their gradients. Blocks of one kind are identical, so each kind's top-most and bottom-most
+    position is evaluated (the live set changes linearly in between)."""
+    spec = r.spec
+    layer_grad = _layer_grad_bytes(r, st.grad_factor)
+    for index, _ in spec.layer_groups:
+        # with checkpointing the block is first recomputed, so its adapters' forward temporaries recur
+        recompute = acts.adapter_tmp if r.plan.gradient_checkpointing else 0
+        transient = max(m.layer_backward_transient_bytes(r, index), recompute) + acts.dequant
+        for below in (spec.num_layers - 1, 0):
+            saved_below = _saved_below(r, below, acts.saved_per_layer)
+            current = acts.layer_full[index]
+            grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
+            # FSDP2 SHARD_GRAD_OP: the blocks above have resharded after their backward
+            released = st.sh.gather_release_per_layer * (spec.num_layers - 1 - below) if st.fsdp else 0
+            block_gather = st.gather_bwd - released
+            live = (st.bytes + block_gather + saved_below + acts.shared + current + grads_above + transient
+                    + st.buckets)
+            if live > best.bytes:
+                best = _Live(live, block_gather, (saved_below + acts.shared + current, 0, grads_above, transient))
+    return best
+
+
+def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: int, best: _Live) -> _Live:
+    """The very end of backward: every gradient made, the embedding's last.
+
+    Tied head: the embedding's backward makes a dense V x H gradient and AccumulateGrad adds it to the
+    head's existing one out of place, so two extra V x H tensors exist for a moment at the very end
+    (measured under fake tensors: exactly 2 x V x H x bytes beyond all gradients). Untied, the new
+    gradient simply becomes .grad."""
+    embed_grad = 0
+    if st.sh is not None and r.plan.sharding.startswith("fsdp"):
+        embed_grad = st.sh.tail_grads  # the tail unit's unsharded gradients before its reduce-scatter
+    elif r.full and r.spec.tie_word_embeddings:
+        embed_grad = 2 * int(r.spec.embedding_params * r.trainable_bytes_per_param * st.grad_factor)
+    end_gather = st.sh.gather_backward_end if st.fsdp else st.gather_bwd
+    end = st.bytes + end_gather + st.grads + st.buckets + acts.shared + embed_grad + end_grad
+    if end > best.bytes:
+        return _Live(end, end_gather, (acts.shared, 0, st.grads + embed_grad + end_grad, 0))
+    return best
+
+
+def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
+    """The optimizer step: all gradients plus the step's temporaries (sharded with the states)."""
+    share = 1.0 if st.sh is None else (1 / r.plan.num_gpus if st.sh.states else 0)
+    opt_tmp = int(m.optimizer_step_temporary_bytes(r) * share)
+    return PhasePeak(
         "optimizer",
-        static_bytes + grads + end_grad + buckets + opt_tmp,
-        tuple(static)
+        st.bytes + st.grads + end_grad + st.buckets + opt_tmp,
+        st.items
         + (
-            Item("gradients", grads + end_grad + buckets, _grad_note(r, sh)),
+            Item("gradients", st.grads + end_grad + st.buckets, _grad_note(r, st.sh)),
             Item("optimizer_temporaries", opt_tmp, _optimizer_tmp_note(r)),
         ),
     )
-    sizes = {
-        "weights": weights,
-        "gradients": grads,
-        "optimizer_states": states,
-        "host_memory": 0 if sh is None else sh.host,
-    }
-    return forward, backward, optimizer, sizes
 
 
 def _layer_grad_bytes(r: ResolvedPlan, factor: float) -> dict[int, int]:
