@@ -126,12 +126,13 @@ def describe_validation_error(exc) -> str:
             loc, msg = msg.split(": ", 1)  # a cross-field check names its own field first
             err = {**err, "type": "cross_field"}
         got = err.get("input")
-        if isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
+        if (isinstance(got, float) and got != got) or got in (float("inf"), float("-inf")):
             msg = "must be a finite number"
         if err.get("type") == "extra_forbidden":
             msg = "is not a known field"
         text = f"{loc}: {msg}"
-        if err.get("type") not in ("extra_forbidden", "missing", "cross_field") and loc != "plan" and not isinstance(got, dict):
+        shows_value = err.get("type") not in ("extra_forbidden", "missing", "cross_field") and loc != "plan"
+        if shows_value and not isinstance(got, dict):
             shown = repr(got)
             text += f"; got {shown[:80] + '...' if len(shown) > 80 else shown}"
         lines.append(text)

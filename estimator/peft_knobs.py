@@ -79,7 +79,7 @@ def _round_block(nbytes: float) -> int:
 # resolution
 
 
-def resolve_modules_to_save(plan: "TrainingPlan", spec: "ModelSpec") -> tuple[str, ...]:
+def resolve_modules_to_save(plan: TrainingPlan, spec: ModelSpec) -> tuple[str, ...]:
     """The plan's modules_to_save, checked against the model: embed_tokens and lm_head are modelled; a module the
     model has but the memory model does not train in full yet is refused, and so is a name the model does not have
     (PlanError on field modules_to_save, naming the valid choices)."""
@@ -108,10 +108,11 @@ def resolve_modules_to_save(plan: "TrainingPlan", spec: "ModelSpec") -> tuple[st
     return tuple(sorted({n.rsplit(".", 1)[-1] for n in names}))
 
 
-def saved_copy_dtype(r: "ResolvedPlan") -> str:
+def saved_copy_dtype(r: ResolvedPlan) -> str:
     """dtype of the modules_to_save copies: the original's (the frozen dtype: the weight dtype, fp32 after
     prepare_model_for_kbit_training), unless the stack casts the trainable parameters: TRL 1.16 to bf16 on a quantized
-    base; the transformers-style stack (recipes/model_setup.py) to the plan's adapter_dtype or its framework's default."""
+    base; the transformers-style stack (recipes/model_setup.py) to the plan's adapter_dtype or its framework's
+    default."""
     stack = r.plan.stack
     quantized = r.quantization != "none"
     if r.framework == "trl":
@@ -121,7 +122,7 @@ def saved_copy_dtype(r: "ResolvedPlan") -> str:
     return cast or r.frozen_dtype
 
 
-def magnitude_dtype(r: "ResolvedPlan") -> str:
+def magnitude_dtype(r: ResolvedPlan) -> str:
     """dtype of DoRA's magnitude vectors: fp32 (PEFT's autocast_adapter_dtype; TRL's bf16 cast skips them), unless a
     non-TRL stack casts every trainable parameter to the plan's adapter_dtype."""
     if r.framework != "trl" and r.plan.adapter_dtype:
@@ -129,15 +130,15 @@ def magnitude_dtype(r: "ResolvedPlan") -> str:
     return "fp32"
 
 
-def head_trains_as_copy(r: "ResolvedPlan") -> bool:
+def head_trains_as_copy(r: ResolvedPlan) -> bool:
     return not r.full and HEAD in r.modules_to_save
 
 
-def embedding_trains_as_copy(r: "ResolvedPlan") -> bool:
+def embedding_trains_as_copy(r: ResolvedPlan) -> bool:
     return not r.full and EMBEDDING in r.modules_to_save
 
 
-def dora(r: "ResolvedPlan") -> bool:
+def dora(r: ResolvedPlan) -> bool:
     return r.use_dora and r.adapter_dtype is not None
 
 
@@ -145,7 +146,7 @@ def dora(r: "ResolvedPlan") -> bool:
 # trainable parameters beside the LoRA matrices
 
 
-def extra_trainable_groups(r: "ResolvedPlan") -> list[tuple[int, int, int]]:
+def extra_trainable_groups(r: ResolvedPlan) -> list[tuple[int, int, int]]:
     """(parameters, bytes per parameter, tensors) of what trains beside the LoRA A/B matrices: one V x H copy per
     modules_to_save entry, one out_features magnitude vector per DoRA-adapted linear."""
     groups: list[tuple[int, int, int]] = []
@@ -163,15 +164,15 @@ def extra_trainable_groups(r: "ResolvedPlan") -> list[tuple[int, int, int]]:
     return groups
 
 
-def extra_trainable_params(r: "ResolvedPlan") -> int:
+def extra_trainable_params(r: ResolvedPlan) -> int:
     return sum(p for p, _, _ in extra_trainable_groups(r))
 
 
-def extra_trainable_tensors(r: "ResolvedPlan") -> int:
+def extra_trainable_tensors(r: ResolvedPlan) -> int:
     return sum(t for _, _, t in extra_trainable_groups(r))
 
 
-def extra_weight_bytes(r: "ResolvedPlan") -> int:
+def extra_weight_bytes(r: ResolvedPlan) -> int:
     """The copies and magnitude vectors themselves, each tensor rounded to the allocator block."""
     if r.full:
         return 0
@@ -181,11 +182,12 @@ def extra_weight_bytes(r: "ResolvedPlan") -> int:
     total += copies * _round_block(spec.vocab_size * spec.hidden_size * DTYPE_BYTES[saved_copy_dtype(r)])
     if dora(r):
         per = DTYPE_BYTES[magnitude_dtype(r)]
-        total += sum(n * _round_block(lin.out_features * per) for i, n in spec.layer_groups for lin in r.adapted_linears(i))
+        total += sum(n * _round_block(lin.out_features * per)
+                     for i, n in spec.layer_groups for lin in r.adapted_linears(i))
     return total
 
 
-def trainable_bytes(r: "ResolvedPlan") -> int:
+def trainable_bytes(r: ResolvedPlan) -> int:
     """Bytes of all trainable parameters in their own dtypes (params x bytes, unrounded): the size of their gradients,
     of torch AdamW's states per moment, and of foreach AdamW's temporary. Without the knobs: trainable params x bytes
     per param, as before."""
@@ -194,7 +196,7 @@ def trainable_bytes(r: "ResolvedPlan") -> int:
     return base + sum(p * b for p, b, _ in groups)
 
 
-def extra_matrix_shapes(r: "ResolvedPlan") -> list[tuple[int, int, int]]:
+def extra_matrix_shapes(r: ResolvedPlan) -> list[tuple[int, int, int]]:
     """(rows, cols, count) of the extra trainable tensors, for Adafactor's factored states and 8-bit blocks."""
     shapes: list[tuple[int, int, int]] = []
     if r.full:
@@ -209,7 +211,7 @@ def extra_matrix_shapes(r: "ResolvedPlan") -> list[tuple[int, int, int]]:
     return shapes
 
 
-def largest_trainable_bytes_per_param(r: "ResolvedPlan") -> int:
+def largest_trainable_bytes_per_param(r: ResolvedPlan) -> int:
     """bytes per parameter of the largest trainable tensor (Adafactor upcasts it to fp32: two or four copies)."""
     if r.full or not r.modules_to_save:
         return r.trainable_bytes_per_param
@@ -221,7 +223,7 @@ def largest_trainable_bytes_per_param(r: "ResolvedPlan") -> int:
     return r.trainable_bytes_per_param
 
 
-def layer_extra_grad_bytes(r: "ResolvedPlan", layer: int) -> int:
+def layer_extra_grad_bytes(r: ResolvedPlan, layer: int) -> int:
     """Gradient bytes one block adds beside its LoRA matrices: DoRA's magnitude vectors (out x bytes per linear)."""
     if not dora(r):
         return 0
@@ -233,14 +235,14 @@ def layer_extra_grad_bytes(r: "ResolvedPlan", layer: int) -> int:
 # the trainable head and embedding in the step
 
 
-def head_copy_grad_bytes(r: "ResolvedPlan") -> int:
+def head_copy_grad_bytes(r: ResolvedPlan) -> int:
     """The head copy's gradient, V x H in its dtype (0 unless lm_head is in modules_to_save)."""
     if not head_trains_as_copy(r):
         return 0
     return r.spec.vocab_size * r.spec.hidden_size * DTYPE_BYTES[saved_copy_dtype(r)]
 
 
-def head_copy_loss_backward_bytes(r: "ResolvedPlan") -> int:
+def head_copy_loss_backward_bytes(r: ResolvedPlan) -> int:
     """TRL's chunked head with a trainable head copy (trl/kernels/chunked_logprob.py backward): the gradient is
     accumulated in fp32 (``torch.zeros(weight.shape, dtype=float32)``, 4·V·H) and returned as
     ``grad_weight.to(weight.dtype)``, a second V x H in the copy's dtype (none when the copy is fp32)."""
@@ -251,7 +253,7 @@ def head_copy_loss_backward_bytes(r: "ResolvedPlan") -> int:
     return _round_block(4 * vh) + (_round_block(per * vh) if per != 4 else 0)
 
 
-def head_copy_saved_bytes(r: "ResolvedPlan") -> int:
+def head_copy_saved_bytes(r: ResolvedPlan) -> int:
     """What a trainable head copy keeps for backward under the standard loss: lm_head's input, the final norm's
     output a·T·H (a frozen head keeps nothing: the matmul saves its input only for the weight's gradient), plus the
     compute-dtype cast of an fp32 copy under autocast (a·V·H, saved for the input's gradient). The chunked head saves
@@ -272,13 +274,13 @@ def head_copy_saved_bytes(r: "ResolvedPlan") -> int:
 # DoRA's per-forward work
 
 
-def _x_bytes(r: "ResolvedPlan") -> int:
+def _x_bytes(r: ResolvedPlan) -> int:
     """Bytes of the adapter input x inside PEFT's Linear.forward: cast to lora_A's dtype (``_cast_input_dtype``)."""
     assert r.adapter_dtype is not None
     return DTYPE_BYTES[r.adapter_dtype]
 
 
-def _weight_in_x_is_new(r: "ResolvedPlan") -> bool:
+def _weight_in_x_is_new(r: ResolvedPlan) -> bool:
     """Whether ``dequantize_module_weight(base).to(x.dtype)`` allocates: always for a 4/8-bit base (dequantized),
     for an unquantized one when its dtype differs from x's."""
     if r.quantization != "none":
@@ -286,7 +288,7 @@ def _weight_in_x_is_new(r: "ResolvedPlan") -> bool:
     return r.frozen_dtype != r.adapter_dtype
 
 
-def dora_layer_saved_bytes(r: "ResolvedPlan", layer: int) -> int:
+def dora_layer_saved_bytes(r: ResolvedPlan, layer: int) -> int:
     """What DoRA adds to a block's saved tensors, per adapted linear (peft/tuners/lora/dora.py forward):
     base_result and lora_result kept by the magnitude products, 2 x a·T·out; with lora_dropout > 0 the weight
     F.linear multiplied, a·out·in, unless that is the stored parameter (unquantized, stored in the compute dtype and
@@ -309,7 +311,7 @@ def dora_layer_saved_bytes(r: "ResolvedPlan", layer: int) -> int:
     return total
 
 
-def dora_linear_forward_transient_bytes(r: "ResolvedPlan", lin: "LinearSpec") -> int:
+def dora_linear_forward_transient_bytes(r: ResolvedPlan, lin: LinearSpec) -> int:
     """The largest set DoRA allocates and frees inside one adapted linear's forward, beyond plain LoRA's:
 
     - step 1 (get_lora_weight): x_eye p·in², its compute-dtype cast a·in² (when p != a under autocast), lora_A's
@@ -331,7 +333,7 @@ def dora_linear_forward_transient_bytes(r: "ResolvedPlan", lin: "LinearSpec") ->
     return max(step1, step2)
 
 
-def dora_forward_transient_bytes(r: "ResolvedPlan") -> int:
+def dora_forward_transient_bytes(r: ResolvedPlan) -> int:
     """:func:`dora_linear_forward_transient_bytes` of the adapted linear where it is largest (0 without DoRA)."""
     if not dora(r):
         return 0
@@ -341,7 +343,7 @@ def dora_forward_transient_bytes(r: "ResolvedPlan") -> int:
     )
 
 
-def standard_head_copy_start(r: "ResolvedPlan", loss_start: int, head_grad: int) -> tuple[int, int]:
+def standard_head_copy_start(r: ResolvedPlan, loss_start: int, head_grad: int) -> tuple[int, int]:
     """(loss bytes, head-gradient bytes) of the larger of two moments at the loss end of backward, under the standard
     loss with a modules_to_save head: nll_loss's and log_softmax's fp32 gradients with every forward loss tensor
     (``loss_start``, no head gradient yet), or lm_head's own backward, which writes the head gradient once those are
@@ -358,7 +360,7 @@ def standard_head_copy_start(r: "ResolvedPlan", loss_start: int, head_grad: int)
     return moment, head_grad
 
 
-def adapter_note_suffix(r: "ResolvedPlan") -> str:
+def adapter_note_suffix(r: ResolvedPlan) -> str:
     """What the lora_adapters item holds beside the LoRA matrices, for its explanation ('' without the knobs)."""
     parts = []
     if dora(r):
