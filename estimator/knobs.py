@@ -107,31 +107,75 @@ def _trainer_knobs(p: TrainingPlan) -> list[Knob]:
 def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[Knob]:
     """Every knob the search may turn for ``plan``, in cost order, with pinned fields left out."""
     p = plan
-    knobs: list[Knob] = []
-    # ---- tier 0: same mathematics
-    if not p.gradient_checkpointing:
-        knobs.append(Knob("gradient_checkpointing", 0, [{"gradient_checkpointing": True}]))
-    if p.effective_loss_implementation == "standard":
-        knobs.append(Knob("loss_implementation", 0, [{"loss_implementation": "chunked"}]))
-    if p.effective_kbit_preparation:
-        # the stack's own settings, each a costed change (estimator/costs.py says what it means for the user's trainer)
-        knobs.append(Knob("prepare_model_for_kbit_training", 0, [{"prepare_model_for_kbit_training": False}]))
+    same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
+                        _optim_knob(p), _offload_knob(p))  # tier 0
+    changes_learning = (_seq_len_knob(p), _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm),
+                        _peft_extras_knob(p))  # tier 1
+    knobs = [k for k in (*same_mathematics, *changes_learning) if k is not None]
+    trainer_knobs = _trainer_knobs(p)
+    knobs[:0] = [k for k in trainer_knobs if k.tier == 0]  # same mathematics: first in cost order
+    at = max((i for i, k in enumerate(knobs) if k.tier <= 1), default=-1) + 1
+    knobs[at:at] = [k for k in trainer_knobs if k.tier == 1]
+    hardware = _gpu_count_knob(p, keep)  # tier 2: more hardware
+    if hardware is not None:
+        knobs.append(hardware)
+    if vllm_colocated(p):  # more hardware: vLLM on its own GPU (`trl vllm-serve`), the training GPU keeps no reservation
+        knobs.append(Knob("vllm_mode", 2, [{"vllm_mode": "server"}]))
+    # pins: a level that touches a pinned field is not allowed
+    out = []
+    for k in knobs:
+        k.levels = [lv for lv in k.levels if not (set(lv) & keep) and any(getattr(p, f) != v for f, v in lv.items())]
+        if k.levels:
+            out.append(k)
+    return out
+
+
+def _checkpointing_knob(p: TrainingPlan) -> Knob | None:
+    return None if p.gradient_checkpointing else Knob("gradient_checkpointing", 0, [{"gradient_checkpointing": True}])
+
+
+def _loss_knob(p: TrainingPlan) -> Knob | None:
+    if p.effective_loss_implementation != "standard":
+        return None
+    return Knob("loss_implementation", 0, [{"loss_implementation": "chunked"}])
+
+
+def _kbit_knob(p: TrainingPlan) -> Knob | None:
+    # the stack's own settings, each a costed change (estimator/costs.py says what it means for the user's trainer)
+    if not p.effective_kbit_preparation:
+        return None
+    return Knob("prepare_model_for_kbit_training", 0, [{"prepare_model_for_kbit_training": False}])
+
+
+def _attention_knob(p: TrainingPlan) -> Knob | None:
     attn = []
     if p.attn_implementation == "eager":
         attn.append({"attn_implementation": "sdpa"})
     if p.attn_implementation != "flash_attention_2" and p.dtype != "fp32":
         attn.append({"attn_implementation": "flash_attention_2"})
-    if attn:
-        knobs.append(Knob("attn_implementation", 0, attn))
-    if p.batch_size > 1:
-        levels = [{"batch_size": d, "gradient_accumulation_steps": p.gradient_accumulation_steps * (p.batch_size // d)}
-                  for d in divisors_below(p.batch_size)
-                  if p.gradient_accumulation_steps * (p.batch_size // d) <= 65536]
-        knobs.append(Knob("batch_size", 0, levels, monotone=True))
+    return Knob("attn_implementation", 0, attn) if attn else None
+
+
+def _batch_knob(p: TrainingPlan) -> Knob | None:
+    """A smaller micro-batch with more accumulation steps: the same effective batch."""
+    if p.batch_size <= 1:
+        return None
+    levels = [{"batch_size": d, "gradient_accumulation_steps": p.gradient_accumulation_steps * (p.batch_size // d)}
+              for d in divisors_below(p.batch_size)
+              if p.gradient_accumulation_steps * (p.batch_size // d) <= 65536]
+    return Knob("batch_size", 0, levels, monotone=True)
+
+
+def _optim_knob(p: TrainingPlan) -> Knob | None:
     if p.optim in ("adamw_torch_fused", "adamw_torch"):
-        knobs.append(Knob("optim", 0, [{"optim": "adamw_bnb_8bit"}, {"optim": "paged_adamw_8bit"}]))
-    elif p.optim == "paged_adamw_32bit":
-        knobs.append(Knob("optim", 0, [{"optim": "paged_adamw_8bit"}]))
+        return Knob("optim", 0, [{"optim": "adamw_bnb_8bit"}, {"optim": "paged_adamw_8bit"}])
+    if p.optim == "paged_adamw_32bit":
+        return Knob("optim", 0, [{"optim": "paged_adamw_8bit"}])
+    return None
+
+
+def _offload_knob(p: TrainingPlan) -> Knob | None:
+    """CPU offload of the optimizer (and the parameters), under the DeepSpeed/FSDP stage that can do it."""
     off: list[dict] = []
     if p.sharding in ("none", "ddp"):
         if not p.offload_optimizer:
@@ -146,60 +190,79 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
         if not p.offload_optimizer:
             off.append({"offload_optimizer": True})
         off.append({"sharding": "zero3", "offload_optimizer": True, "offload_params": True})
-    if off:
-        knobs.append(Knob("cpu_offload", 0, off))
-    # ---- tier 1: changes what is learned
-    if p.seq_len > SEQ_LEN_FLOOR:
-        top = (p.seq_len - 1) // SEQ_LEN_GRID * SEQ_LEN_GRID
-        values = list(range(top, SEQ_LEN_FLOOR - 1, -SEQ_LEN_GRID)) or [SEQ_LEN_FLOOR]
-        knobs.append(Knob("seq_len", 1, [{"seq_len": v} for v in values], monotone=True))
-    if p.uses_adapters and p.lora_r > LORA_R_FLOOR:
-        values, r = [], p.lora_r
-        while r // 2 >= LORA_R_FLOOR:
-            r //= 2
-            values.append(r)
-        if (values[-1] if values else p.lora_r) > LORA_R_FLOOR:
-            values.append(LORA_R_FLOOR)
-        knobs.append(Knob("lora_r", 1, [{"lora_r": v} for v in values], monotone=True))
-    if p.uses_adapters:
-        current = current_targets(p, rm)
-        if current:
-            attn_names = tuple(lin.name for lin in rm.spec.attention_linears())
-            default = PEFT_DEFAULT_TARGETS.get(rm.spec.model_type)
-            smallest = tuple(n for n in (default or attn_names[:1]) if n in rm.spec.linear_names())
-            levels = []
-            for cand in (attn_names, smallest):
-                cset = set(cand)
-                if cand and cset < set(current) and not any(set(lv["target_modules"]) == cset for lv in levels):
-                    levels.append({"target_modules": sorted(cset)})
-            if levels:
-                knobs.append(Knob("target_modules", 1, levels))
-    method_levels: list[dict] = []
+    return Knob("cpu_offload", 0, off) if off else None
+
+
+def _seq_len_knob(p: TrainingPlan) -> Knob | None:
+    if p.seq_len <= SEQ_LEN_FLOOR:
+        return None
+    top = (p.seq_len - 1) // SEQ_LEN_GRID * SEQ_LEN_GRID
+    values = list(range(top, SEQ_LEN_FLOOR - 1, -SEQ_LEN_GRID)) or [SEQ_LEN_FLOOR]
+    return Knob("seq_len", 1, [{"seq_len": v} for v in values], monotone=True)
+
+
+def _lora_r_knob(p: TrainingPlan) -> Knob | None:
+    """The LoRA rank halved down to the floor."""
+    if not (p.uses_adapters and p.lora_r > LORA_R_FLOOR):
+        return None
+    values, rank = [], p.lora_r
+    while rank // 2 >= LORA_R_FLOOR:
+        rank //= 2
+        values.append(rank)
+    if (values[-1] if values else p.lora_r) > LORA_R_FLOOR:
+        values.append(LORA_R_FLOOR)
+    return Knob("lora_r", 1, [{"lora_r": v} for v in values], monotone=True)
+
+
+def _targets_knob(p: TrainingPlan, rm: ResolvedModel) -> Knob | None:
+    """Fewer adapted modules: the attention projections, then PEFT's default (or the first projection)."""
+    if not p.uses_adapters:
+        return None
+    current = current_targets(p, rm)
+    if not current:
+        return None
+    attn_names = tuple(lin.name for lin in rm.spec.attention_linears())
+    default = PEFT_DEFAULT_TARGETS.get(rm.spec.model_type)
+    smallest = tuple(n for n in (default or attn_names[:1]) if n in rm.spec.linear_names())
+    levels: list[dict] = []
+    for cand in (attn_names, smallest):
+        cset = set(cand)
+        if cand and cset < set(current) and not any(set(lv["target_modules"]) == cset for lv in levels):
+            levels.append({"target_modules": sorted(cset)})
+    return Knob("target_modules", 1, levels) if levels else None
+
+
+def _method_knob(p: TrainingPlan, rm: ResolvedModel) -> Knob | None:
+    """full -> lora -> qlora (with the targets a family without PEFT defaults needs)."""
     needs_targets = (p.target_modules is None and PEFT_DEFAULT_TARGETS.get(rm.spec.model_type) is None)
-    extra_targets = {"target_modules": "all-linear"} if needs_targets else {}
+    extra_targets: dict = {"target_modules": "all-linear"} if needs_targets else {}
     if needs_targets and p.lora_dropout > 0 and rm.spec.moe is not None and rm.spec.model_type in PEFT_EXPERT_TARGETS:
         # all-linear would put PEFT's expert adapters on the fused experts, which refuse dropout
         # (estimator/moe_adapters.py): propose the attention projections instead
         extra_targets = {"target_modules": sorted(lin.name for lin in rm.spec.attention_linears())}
-    to_qlora = {"method": "qlora"}
+    to_qlora: dict = {"method": "qlora"}
     if p.load_in_8bit:
         to_qlora["load_in_8bit"] = False
     if p.load_in_4bit is False:
         to_qlora["load_in_4bit"] = None
     if p.method == "full":
-        method_levels = [{"method": "lora", **extra_targets}, {**to_qlora, **extra_targets}]
-    elif p.method == "lora":
-        method_levels = [to_qlora]
-    if method_levels:
-        knobs.append(Knob("method", 1, method_levels))
+        return Knob("method", 1, [{"method": "lora", **extra_targets}, {**to_qlora, **extra_targets}])
+    if p.method == "lora":
+        return Knob("method", 1, [to_qlora])
+    return None
+
+
+def _peft_extras_knob(p: TrainingPlan) -> Knob | None:
     extras: list[dict] = []
     if p.use_dora:
         extras.append({"use_dora": False})
     if p.modules_to_save:
         extras.append({**({"use_dora": False} if p.use_dora else {}), "modules_to_save": None})
-    if extras:
-        knobs.append(Knob("peft_extras", 1, extras))
-    # ---- tier 2: more hardware
+    return Knob("peft_extras", 1, extras) if extras else None
+
+
+def _gpu_count_knob(p: TrainingPlan, keep: set[str]) -> Knob | None:
+    """More GPUs (with each multi-GPU sharding unless pinned), keeping the effective batch where it divides."""
     hw: list[dict] = []
     shardings = (p.sharding,) if ("sharding" in keep or p.sharding not in ("none", "ddp")) else MULTI_GPU_SHARDINGS
     for n in GPU_COUNTS:
@@ -213,21 +276,7 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
             if total % n == 0 and total // n != p.gradient_accumulation_steps:
                 hw.append({**lv, "gradient_accumulation_steps": total // n})  # keeps the effective batch
             hw.append(lv)
-    trainer_knobs = _trainer_knobs(p)
-    knobs[:0] = [k for k in trainer_knobs if k.tier == 0]  # same mathematics: first in cost order
-    at = max((i for i, k in enumerate(knobs) if k.tier <= 1), default=-1) + 1
-    knobs[at:at] = [k for k in trainer_knobs if k.tier == 1]
-    if hw:
-        knobs.append(Knob("num_gpus", 2, hw))
-    if vllm_colocated(p):  # more hardware: vLLM on its own GPU (`trl vllm-serve`), the training GPU keeps no reservation
-        knobs.append(Knob("vllm_mode", 2, [{"vllm_mode": "server"}]))
-    # pins: a level that touches a pinned field is not allowed
-    out = []
-    for k in knobs:
-        k.levels = [lv for lv in k.levels if not (set(lv) & keep) and any(getattr(p, f) != v for f, v in lv.items())]
-        if k.levels:
-            out.append(k)
-    return out
+    return Knob("num_gpus", 2, hw) if hw else None
 
 
 # ------------------------------------------------------------------ evaluation
