@@ -23,7 +23,8 @@ from canifinetune.estimator.plan import TrainingPlan
 from .schema import output_dir_problem
 
 MAX_JSONL_LINE = 64 * 1024 * 1024
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json",
+                   "pytorch_model.bin.index.json")
 
 
 # ---------------------------------------------------------------------------------------------- machine checks
@@ -42,7 +43,7 @@ class Machine:
     cpu_run: bool = False  # the run asked for the CPU (--device cpu): several processes then train with gloo
 
     @classmethod
-    def detect(cls, device: str | None = None) -> "Machine":
+    def detect(cls, device: str | None = None) -> Machine:
         import importlib.util
 
         import torch
@@ -78,11 +79,13 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
                             "set num_gpus: 1 and sharding: none (and make the recipe again) to train here")
         elif plan.num_gpus > machine.device_count:
             problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs and this machine has "
-                            f"{machine.device_count}; set num_gpus to {machine.device_count} or fewer and make the recipe again")
+                            f"{machine.device_count}; set num_gpus to {machine.device_count} or fewer and make the "
+                            "recipe again")
         elif machine.world_size != plan.num_gpus:
             problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs but this process runs "
                             f"{machine.world_size} of them; start it with the recipe's launch command "
-                            "(accelerate launch --config_file accelerate_config.yaml -m canifinetune.server.cli train recipe.yaml)")
+                            "(accelerate launch --config_file accelerate_config.yaml -m canifinetune.server.cli train "
+                            "recipe.yaml)")
     if plan.dtype == "bf16" and machine.cuda and not machine.bf16:
         problems.append(f"dtype: this GPU ({machine.gpu_name}) has no bf16; set dtype: fp16 in the recipe "
                         "(and estimate again: fp16 needs the same memory)")
@@ -98,8 +101,8 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
         problems.append(f"optim: {plan.optim} pages optimizer states through CUDA memory; on a CPU use adamw_torch")
     if plan.sharding.startswith("fsdp") and plan.offload_optimizer and not plan.offload_params:
         problems.append("offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
-                        "offload_params: true with sharding fsdp_full_shard, or use sharding zero2/zero3 to offload only "
-                        "the optimizer")
+                        "offload_params: true with sharding fsdp_full_shard, or use sharding zero2/zero3 to offload "
+                        "only the optimizer")
     if plan.trainer == "grpo" and plan.use_vllm and not machine.cuda:
         problems.append("use_vllm: vLLM generates on a CUDA GPU; on a CPU set use_vllm: false (GRPO then generates "
                         "with model.generate)")
@@ -206,7 +209,8 @@ def read_rows(path: Path) -> list[Row]:
         try:
             ds = load_from_disk(str(path))
         except Exception as exc:  # datasets raises several kinds
-            raise DatasetError(f"dataset: {str(path)!r} is not a folder saved by datasets' save_to_disk: {exc}") from None
+            raise DatasetError(f"dataset: {str(path)!r} is not a folder saved by datasets' save_to_disk: "
+                               f"{exc}") from None
         if isinstance(ds, DatasetDict):
             if "train" not in ds:
                 raise DatasetError(f"dataset: {str(path)!r} has splits {list(ds)} and no 'train' split")
@@ -214,18 +218,20 @@ def read_rows(path: Path) -> list[Row]:
         for i, item in enumerate(ds, start=1):
             rows.append(Row(f"row {i}", dict(item)))
     else:
-        with open(path, "r", encoding="utf-8-sig", newline=None) as handle:
+        with open(path, encoding="utf-8-sig", newline=None) as handle:
             number = 0
             while True:
                 try:
                     line = handle.readline(MAX_JSONL_LINE + 1)
                 except UnicodeDecodeError as exc:
-                    raise DatasetError(f"dataset: {str(path)!r} is not UTF-8 text ({exc.reason}); save it as UTF-8") from None
+                    raise DatasetError(f"dataset: {str(path)!r} is not UTF-8 text ({exc.reason}); save it as "
+                                       "UTF-8") from None
                 if not line:
                     break
                 number += 1
                 if len(line) > MAX_JSONL_LINE:
-                    raise DatasetError(f"dataset: line {number} of {str(path)!r} is longer than {MAX_JSONL_LINE} characters")
+                    raise DatasetError(f"dataset: line {number} of {str(path)!r} is longer than {MAX_JSONL_LINE} "
+                                       "characters")
                 if not line.strip():
                     continue
                 try:
@@ -233,7 +239,8 @@ def read_rows(path: Path) -> list[Row]:
                 except ValueError as exc:
                     raise DatasetError(f"dataset: line {number} of {str(path)!r} is not JSON: {exc}") from None
                 if not isinstance(item, dict):
-                    raise DatasetError(f"dataset: line {number} of {str(path)!r} must be a JSON object with 'text' or 'messages'")
+                    raise DatasetError(f"dataset: line {number} of {str(path)!r} must be a JSON object with 'text' or "
+                                       "'messages'")
                 rows.append(Row(f"line {number}", item))
     if not rows:
         raise DatasetError(f"dataset: {str(path)!r} holds no rows")
@@ -248,11 +255,12 @@ def tokenize_rows(rows: list[Row], tokenizer, path: Path) -> list[list[int]]:
         data = row.data
         if isinstance(data.get("messages"), list):
             if not getattr(tokenizer, "chat_template", None):
-                raise DatasetError(f"dataset: {row.where} of {str(path)!r} has 'messages' but the model's tokenizer has no "
-                                   "chat template; use 'text' rows, or a model with a chat template")
+                raise DatasetError(f"dataset: {row.where} of {str(path)!r} has 'messages' but the model's tokenizer "
+                                   "has no chat template; use 'text' rows, or a model with a chat template")
             tools = data.get("tools")
             tools = json.loads(tools) if isinstance(tools, str) else tools
-            ids = tokenizer.apply_chat_template(data["messages"], tokenize=True, return_dict=True, tools=tools)["input_ids"]
+            ids = tokenizer.apply_chat_template(data["messages"], tokenize=True, return_dict=True,
+                                                tools=tools)["input_ids"]
         elif isinstance(data.get("text"), str):
             text = data["text"]
             if eos and not text.endswith(eos):
@@ -267,7 +275,7 @@ def tokenize_rows(rows: list[Row], tokenizer, path: Path) -> list[list[int]]:
 
 def check_lengths(rows: list[Row], ids: list[list[int]], seq_len: int, truncation: bool, path: Path) -> list[list[int]]:
     """Refuse samples longer than seq_len (naming them), or cut them when the recipe says truncation: true."""
-    too_long = [(row, len(x)) for row, x in zip(rows, ids) if len(x) > seq_len]
+    too_long = [(row, len(x)) for row, x in zip(rows, ids, strict=True) if len(x) > seq_len]  # ids: one per row
     if too_long and not truncation:
         first, count = too_long[0]
         more = f" ({len(too_long)} rows are too long; the first ones: " + ", ".join(
@@ -434,8 +442,8 @@ def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Pat
     lengths = trainers.sequence_lengths(plan, rows, tokenizer, path)
     truncated = trainers.check_sequence_lengths(plan, rows, lengths, path)
     common = sft_config_kwargs(plan, output_dir=str(out), use_cpu=not machine.cuda, max_steps=max_steps)
-    trainer = trainers.build_trainer(plan, source=source, tokenizer=tokenizer, dataset=trainers.train_dataset(plan, rows),
-                                     common=common, recipe_dir=recipe_dir)
+    trainer = trainers.build_trainer(plan, source=source, tokenizer=tokenizer,
+                                     dataset=trainers.train_dataset(plan, rows), common=common, recipe_dir=recipe_dir)
     trainers.check_prepared(plan, trainer, len(rows))
     notes = [f"{trainers.TRAINER_TITLES[plan.trainer]}, reference model: {trainers.reference_of(plan)}"]
     if truncated:

@@ -43,7 +43,7 @@ class EstimateSummary(BaseModel):
     calibration_version: str = Field(max_length=64)
 
     @classmethod
-    def from_estimate(cls, est) -> "EstimateSummary":
+    def from_estimate(cls, est) -> EstimateSummary:
         return cls(
             peak_allocated_bytes=est.peak_allocated_bytes,
             peak_reserved_bytes=est.peak_reserved_bytes,
@@ -121,7 +121,7 @@ def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
     if len(text) > MAX_RECIPE_BYTES:
         raise RecipeError(f"recipe: {where} is larger than {MAX_RECIPE_BYTES // 1024} KiB; a recipe is a few KB")
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no Python objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -143,7 +143,8 @@ def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
             f"a recipe has only {', '.join(TOP_LEVEL_KEYS)} (plan fields go under 'plan:')"
         )
     if "canifinetune_recipe" not in data:
-        raise RecipeError(f"recipe: {where} has no 'canifinetune_recipe: {RECIPE_VERSION}' line; is it a canifinetune recipe?")
+        raise RecipeError(f"recipe: {where} has no 'canifinetune_recipe: {RECIPE_VERSION}' line; is it a canifinetune "
+                          "recipe?")
     if data["canifinetune_recipe"] != RECIPE_VERSION:
         raise RecipeError(
             f"canifinetune_recipe: this canifinetune reads recipe format {RECIPE_VERSION}; "
@@ -194,5 +195,6 @@ def load_recipe(path: str | Path) -> RecipeFile:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise RecipeError(f"recipe: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+        raise RecipeError(f"recipe: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as "
+                          "UTF-8") from None
     return parse_recipe(text, str(path))

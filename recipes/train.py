@@ -31,7 +31,8 @@ def require_train_dependencies(plan: TrainingPlan) -> None:
     import importlib.util
 
     needed = ["torch", "transformers", "peft", "trl", "accelerate", "datasets"]
-    if plan.quantized_4bit or plan.load_in_8bit or plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+    bnb_optim = plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+    if plan.quantized_4bit or plan.load_in_8bit or bnb_optim:
         needed.append("bitsandbytes")
     if plan.sharding.startswith("zero"):
         needed.append("deepspeed")
@@ -40,7 +41,8 @@ def require_train_dependencies(plan: TrainingPlan) -> None:
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise RecipeError(f"train: {', '.join(missing)} not installed; run pip install 'canifinetune[train]'"
-                          + (" deepspeed" if "deepspeed" in missing else "") + (" vllm" if "vllm" in missing else "") + " (see requirements.txt in the recipe folder)")
+                          + (" deepspeed" if "deepspeed" in missing else "") + (" vllm" if "vllm" in missing else "")
+                          + " (see requirements.txt in the recipe folder)")
 
 
 def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: int | None = None,
@@ -53,8 +55,9 @@ def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: i
     recipe_dir = recipe_path.resolve().parent
     if probe_steps is not None:
         if recipe.plan.trainer != "sft":
-            raise RecipeError(f"--probe: the probe measures SFT steps on synthetic samples; for a {recipe.plan.trainer} "
-                              "recipe run a few steps (max_steps: 3 in the recipe) and watch nvidia-smi")
+            raise RecipeError("--probe: the probe measures SFT steps on synthetic samples; for a "
+                              f"{recipe.plan.trainer} recipe run a few steps (max_steps: 3 in the recipe) and watch "
+                              "nvidia-smi")
         result = probe(recipe.plan, probe_steps, recipe_dir=recipe_dir, estimate_summary=recipe.estimate, device=device)
         print(format_probe(result), file=out)
         return result

@@ -210,7 +210,7 @@ def check_sequence_lengths(plan: TrainingPlan, rows, lengths: list[int], path: P
     from canifinetune.estimator.errors import SampleTooLongError
 
     limit = length_limit(plan)
-    too_long = [(row, n) for row, n in zip(rows, lengths) if n > limit]
+    too_long = [(row, n) for row, n in zip(rows, lengths, strict=True) if n > limit]  # lengths: one per row
     if too_long and not plan.truncation:
         first, count = too_long[0]
         more = (f" ({len(too_long)} rows are too long; the first ones: "
@@ -267,7 +267,8 @@ def _config_class(trainer: str):
         return ORPOConfig
     import trl
 
-    return getattr(trl, {"dpo": "DPOConfig", "kto": "KTOConfig", "reward": "RewardConfig", "grpo": "GRPOConfig"}[trainer])
+    names = {"dpo": "DPOConfig", "kto": "KTOConfig", "reward": "RewardConfig", "grpo": "GRPOConfig"}
+    return getattr(trl, names[trainer])
 
 
 def _trainer_class(trainer: str):
@@ -290,8 +291,8 @@ def load_model(plan: TrainingPlan, source: str, *, sequence_classification: bool
     from . import model_setup
 
     qconfig = model_setup.quantization_config(plan)
-    kwargs: dict[str, Any] = {"dtype": model_setup.weight_dtype(plan) if qconfig is None else model_setup.torch_dtype(plan),
-                              "attn_implementation": plan.attn_implementation}
+    dtype = model_setup.weight_dtype(plan) if qconfig is None else model_setup.torch_dtype(plan)
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": plan.attn_implementation}
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
     if sequence_classification:
@@ -368,6 +369,7 @@ def check_prepared(plan: TrainingPlan, trainer, rows: int) -> None:
         if a in columns and (b is None or b in columns) and plan.trainer in ("dpo", "kto", "reward"):
             if plan.trainer != "reward" and b is None:
                 continue
-            longest = max(len(x) + (len(y) if b else 0) for x, y in zip(data[a], data[b] if b else data[a]))
+            longest = max(len(x) + (len(y) if b else 0)
+                          for x, y in zip(data[a], data[b] if b else data[a], strict=True))  # columns of one table
             if longest > plan.seq_len and not plan.truncation:
                 raise RecipeError(f"dataset: a prepared sample is {longest} tokens, longer than seq_len {plan.seq_len}")
