@@ -99,11 +99,58 @@ def test_vllm_colocate_reserves_its_fraction():
     assert any("not in the figures" in a for a in no_gpu.assumptions)
 
 
-def test_unmodelled_trainers_are_refused():
-    with pytest.raises(PlanError, match="not estimated yet"):
-        estimate(_plan(trainer="orpo", method="lora"))
-    with pytest.raises(PlanError, match="fully fine-tuned reward model"):
-        estimate(_plan(trainer="reward", method="full"))
+def _round(n: int) -> int:
+    return -(-n // 512) * 512
+
+
+def test_orpo_full_logits_loss():
+    """ORPO: chosen and rejected as 2B rows, no reference, its loss on the full fp32 logits: at the backward peak three
+    fp32 T x V tensors (T = 2B x S) beside the policy's saved activations (trainer_memory.orpo_logits_bytes)."""
+    spec = resolve_model(QWEN).spec
+    orpo = estimate(_plan(trainer="orpo", method="lora"))
+    assert tm.policy_rows(orpo.plan) == 4 and tm.reference_mode(orpo.plan) == "none"
+    assert orpo.peak_phase == "backward"
+    tokens = 4 * 512
+    assert _items(orpo)["logits_and_loss"] == 3 * _round(4 * tokens * spec.vocab_size)
+    # far above DPO with precomputed reference log-probabilities (the same 2B rows through TRL's fused head)
+    dpo = estimate(_plan(trainer="dpo", method="lora", precompute_ref_log_probs=True))
+    assert orpo.peak_allocated_bytes > dpo.peak_allocated_bytes + 2 * _round(4 * tokens * spec.vocab_size)
+
+
+def test_orpo_qlora_keeps_a_bf16_embedding_and_an_fp32_residual():
+    """ORPOTrainer prepares the 4-bit base then peft_module_casting_to_bf16: embedding/head back to bf16 (weights as
+    without kbit preparation), the residual stream fp32 (as with it)."""
+    spec = resolve_model(QWEN).spec
+    orpo = estimate(_plan(trainer="orpo", method="qlora"))
+    plain = estimate(_plan(method="qlora", prepare_model_for_kbit_training=False))
+    prepared = estimate(_plan(method="qlora", prepare_model_for_kbit_training=True))
+    assert _items(orpo)["weights"] == _items(plain)["weights"] < _items(prepared)["weights"]
+    from canifinetune.estimator.resolved import resolve
+
+    r = tm.orpo_qlora_policy(resolve(tm.sft_equivalent(orpo.plan), spec))
+    assert r.residual_dtype == "fp32" and r.frozen_dtype == "bf16" and not r.kbit_prepared
+
+
+def test_reward_full_fine_tuning_trains_the_embedding():
+    """A fully fine-tuned reward model: the input embedding's weight and AdamW states are static (3 x V x H x 2 bytes
+    in bf16), its V x H gradient appears at the end of backward and stays through the optimizer step."""
+    spec = resolve_model(QWEN).spec
+    full = estimate(_plan(trainer="reward", method="full"))
+    vh = _round(2 * spec.vocab_size * spec.hidden_size)
+    assert _items(full)["reward_model_embedding_and_score"] == 3 * vh + 4 * _round(2 * spec.hidden_size)
+    from canifinetune.estimator import phases
+    from canifinetune.estimator.resolved import resolve
+
+    def grads(plan):
+        _, backward, optimizer, _, _ = tm.trainer_step_peaks(resolve(plan, spec), phases)
+        return {i.name: i.bytes for i in optimizer.items}["gradients"], backward
+
+    full_grads, backward = grads(full.plan)
+    assert full_grads > vh > grads(_plan(trainer="reward", method="lora"))[0]
+    # the end of backward holds every gradient, the embedding's included
+    assert backward.bytes >= full_grads + _items(full)["weights"] + 3 * vh
+    with pytest.raises(PlanError, match="adamw_torch_fused only"):
+        estimate(_plan(trainer="reward", method="full", optim="adamw_bnb_8bit"))
 
 
 def test_reward_model_has_no_lm_head():
@@ -186,3 +233,21 @@ def test_fake_generation_phase_within_bounds():
         peak = max(measured["prefill_peak"], measured["decode_peak"])
         err = 100 * (m.weight_bytes(r) + kv + tmp - peak) / peak
         assert -2.0 <= err <= 10.0, (name, err)
+
+
+@pytest.mark.slow
+def test_fake_orpo_lora_within_bounds():
+    tf = _trainer_fake()
+    plan = TrainingPlan(model="HuggingFaceTB/SmolLM2-135M", trainer="orpo", method="lora", seq_len=256, batch_size=1)
+    measured = tf.measure_trainer_fake(plan, resolve_model(plan.model).config)["peak_allocated_bytes"]
+    err = 100 * (estimate(plan).peak_allocated_bytes - measured) / measured
+    assert -2.0 <= err <= 10.0
+
+
+@pytest.mark.slow
+def test_fake_reward_full_within_bounds():
+    tf = _trainer_fake()
+    plan = TrainingPlan(model="HuggingFaceTB/SmolLM2-135M", trainer="reward", method="full", seq_len=512, batch_size=2)
+    measured = tf.measure_trainer_fake(plan, resolve_model(plan.model).config)["peak_allocated_bytes"]
+    err = 100 * (estimate(plan).peak_allocated_bytes - measured) / measured
+    assert -2.0 <= err <= 10.0
