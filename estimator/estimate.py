@@ -5,6 +5,7 @@ The result's JSON names are the public contract shared by the CLI (`--json`) and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,18 +106,69 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
             f"dtype: the {gpu.name} has no bf16 support; use dtype 'fp16' (or 'fp32')", field="dtype"
         )
     r = resolve(plan, resolved_model.spec)
-    if plan.trainer != "sft":  # DPO/KTO/GRPO: the policy's SFT-like step plus what the trainer adds (trainer_memory)
-        from . import phases as phases_module
-        from . import trainer_memory
-
-        forward, backward, optimizer, sizes, extra = trainer_memory.trainer_step_peaks(r, phases_module)
-    else:
-        forward, backward, optimizer, sizes = step_peaks(r)
-        extra = ()
+    forward, backward, optimizer, sizes, extra = _phase_peaks(r)
     peak = max((forward, backward, optimizer) + tuple(extra), key=lambda p: p.bytes)
     unmodelled, params_warning = _unmodelled_params(resolved_model)
     unmodelled_bytes = unmodelled * r.weight_bytes_per_param  # loaded as frozen weights in the plan's dtype
-    allocated = peak.bytes + unmodelled_bytes
+    b = _budget(plan, gpu, peak.bytes + unmodelled_bytes)
+    verdict, reason, fraction = _verdict(plan, gpu, b)
+    return Estimate(
+        model=resolved_model.id,
+        model_source=resolved_model.source,
+        method=plan.method,
+        params_total=resolved_model.spec.total_params,
+        params_trainable=r.trainable_params,
+        params_exact=resolved_model.params_exact,
+        params_source="safetensors" if resolved_model.params_exact else "config",
+        peak_phase=peak.phase,  # type: ignore[arg-type]
+        peak_allocated_bytes=b.allocated,
+        peak_reserved_bytes=b.reserved,
+        total_bytes=b.total,
+        budget_bytes=b.budget,
+        gpu=gpu,
+        gpu_usable_bytes=gpu.usable_bytes if gpu else None,
+        used_fraction=fraction,
+        verdict=verdict,
+        verdict_reason=reason,
+        per_gpu=plan.num_gpus > 1,
+        phases={"forward": forward.bytes + unmodelled_bytes, "backward": backward.bytes + unmodelled_bytes,
+                "optimizer": optimizer.bytes + unmodelled_bytes,
+                **{p.phase: p.bytes + unmodelled_bytes for p in extra}},
+        breakdown=_breakdown(r, gpu, peak, unmodelled, unmodelled_bytes, b),
+        host_memory_bytes=sizes["host_memory"],
+        assumptions=assumptions(r),
+        warnings=_warnings(resolved_model, r, params_warning),
+        calibration_version=CALIBRATION_VERSION,
+        plan=plan,
+    )
+
+
+def _phase_peaks(r) -> tuple:
+    """(forward, backward, optimizer, sizes, extra phases): SFT's step, or the trainer's (estimator/trainer_memory.py)."""
+    if r.plan.trainer != "sft":  # DPO/KTO/GRPO: the policy's SFT-like step plus what the trainer adds (trainer_memory)
+        from . import phases as phases_module
+        from . import trainer_memory
+
+        return trainer_memory.trainer_step_peaks(r, phases_module)
+    forward, backward, optimizer, sizes = step_peaks(r)
+    return forward, backward, optimizer, sizes, ()
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """From the allocated peak to the budget: allocator, CUDA context, vLLM's reservation, safety margin."""
+
+    allocated: int
+    overhead: int
+    reserved: int
+    context: int
+    vllm: int
+    total: int
+    margin: int
+    budget: int
+
+
+def _budget(plan: TrainingPlan, gpu, allocated: int) -> _Budget:
     overhead = m.allocator_overhead_bytes(allocated)
     reserved = allocated + overhead
     context = m.cuda_context_bytes()
@@ -129,14 +181,21 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         vllm_bytes = vllm or 0
         total += vllm_bytes
     margin = m.safety_margin_bytes(total)
-    budget = total + margin
+    return _Budget(allocated=allocated, overhead=overhead, reserved=reserved, context=context, vllm=vllm_bytes,
+                   total=total, margin=margin, budget=total + margin)
 
+
+_STATIC_ITEMS = ("weights", "quantization_constants", "lora_adapters", "optimizer_states", "cuda_workspaces",
+                 "sharding_gather_buffers")
+
+
+def _breakdown(r, gpu, peak, unmodelled: int, unmodelled_bytes: int, b: _Budget) -> list[Component]:
+    """The budget's lines: the peak phase's items, then what the process and the margin add."""
     breakdown: list[Component] = []
     for item in peak.items:
         if item.bytes <= 0:
             continue
-        phase = "static" if item.name in ("weights", "quantization_constants", "lora_adapters", "optimizer_states",
-                                          "cuda_workspaces", "sharding_gather_buffers") else peak.phase
+        phase = "static" if item.name in _STATIC_ITEMS else peak.phase
         breakdown.append(Component(name=item.name, bytes=item.bytes, gib=_gib(item.bytes), phase=phase,
                                    explanation=item.explanation))
     if unmodelled_bytes:
@@ -144,40 +203,50 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
             name="unmodelled_checkpoint_weights", bytes=unmodelled_bytes, gib=_gib(unmodelled_bytes), phase="static",
             explanation=f"{unmodelled / 1e9:.2f}B parameters the safetensors headers hold beyond what config.json "
                         f"describes, counted as frozen {r.weight_dtype} weights"))
-    breakdown.append(Component(name="allocator_overhead", bytes=overhead, gib=_gib(overhead), phase="process",
+    breakdown.append(Component(name="allocator_overhead", bytes=b.overhead, gib=_gib(b.overhead), phase="process",
                                explanation="caching-allocator rounding and fragmentation (reserved - allocated)"))
-    breakdown.append(Component(name="cuda_context", bytes=context, gib=_gib(context), phase="process",
+    breakdown.append(Component(name="cuda_context", bytes=b.context, gib=_gib(b.context), phase="process",
                                explanation="CUDA context and kernel images (not counted by torch)"))
-    if vllm_bytes:
+    if b.vllm:
+        from . import trainer_memory
+
         breakdown.append(Component(
-            name="vllm_reservation", bytes=vllm_bytes, gib=_gib(vllm_bytes), phase="process",
+            name="vllm_reservation", bytes=b.vllm, gib=_gib(b.vllm), phase="process",
             explanation=f"vLLM colocated on this GPU takes vllm_gpu_memory_utilization "
-                        f"({trainer_memory.resolved_trainer_fields(plan)['vllm_gpu_memory_utilization']}) of its "
+                        f"({trainer_memory.resolved_trainer_fields(r.plan)['vllm_gpu_memory_utilization']}) of its "
                         f"{_gib(gpu.usable_bytes if gpu else 0):.2f} GiB (vLLM's documented behaviour, not measured); "
                         f"training has the rest"))
-    breakdown.append(Component(name="safety_margin", bytes=margin, gib=_gib(margin), phase="margin",
+    breakdown.append(Component(name="safety_margin", bytes=b.margin, gib=_gib(b.margin), phase="margin",
                                explanation="headroom for longer runs than a probe shows, evaluation, checkpointing"))
+    return breakdown
 
+
+def _verdict(plan: TrainingPlan, gpu, b: _Budget) -> tuple[Verdict, str, float | None]:
+    """(verdict, its reason, the budget's fraction of the usable memory)."""
     verdict: Verdict
     usable = gpu.usable_bytes if gpu else None
     if usable is None:
         verdict, reason = "unknown", "no GPU given: pass gpu (a catalog name) or gpu_vram_gb for a verdict"
         fraction = None
     else:
-        fraction = round(budget / usable, 4)
-        if budget <= usable:
+        fraction = round(b.budget / usable, 4)
+        if b.budget <= usable:
             verdict = "fits"
-            reason = f"needs {_gib(budget):.2f} GiB with margin of {_gib(usable):.2f} GiB usable ({fraction:.0%})"
-        elif total <= usable:
+            reason = f"needs {_gib(b.budget):.2f} GiB with margin of {_gib(usable):.2f} GiB usable ({fraction:.0%})"
+        elif b.total <= usable:
             verdict = "tight"
-            reason = (f"fits without the safety margin ({_gib(total):.2f} of {_gib(usable):.2f} GiB) but not with it "
-                      f"({_gib(budget):.2f} GiB): expect to run near the limit")
+            reason = (f"fits without the safety margin ({_gib(b.total):.2f} of {_gib(usable):.2f} GiB) but not with "
+                      f"it ({_gib(b.budget):.2f} GiB): expect to run near the limit")
         else:
             verdict = "does_not_fit"
-            reason = f"needs {_gib(total):.2f} GiB before margin; the GPU has {_gib(usable):.2f} GiB usable"
+            reason = f"needs {_gib(b.total):.2f} GiB before margin; the GPU has {_gib(usable):.2f} GiB usable"
     if plan.num_gpus > 1:
         reason = f"per GPU ({plan.num_gpus} x {gpu.name if gpu else 'GPU'}): " + reason
+    return verdict, reason, fraction
 
+
+def _warnings(resolved_model: ResolvedModel, r, params_warning: str | None) -> list[str]:
+    plan = r.plan
     warnings = list(resolved_model.spec.warnings) + list(r.warnings) + ([params_warning] if params_warning else [])
     if plan.seq_len >= 32768:
         warnings.append(
@@ -190,35 +259,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     if plan.optim.startswith("paged_"):
         warnings.append("paged optimizer states can be evicted to host memory under pressure; the estimate "
                         "counts them on the GPU (the safe side)")
-    return Estimate(
-        model=resolved_model.id,
-        model_source=resolved_model.source,
-        method=plan.method,
-        params_total=resolved_model.spec.total_params,
-        params_trainable=r.trainable_params,
-        params_exact=resolved_model.params_exact,
-        params_source="safetensors" if resolved_model.params_exact else "config",
-        peak_phase=peak.phase,  # type: ignore[arg-type]
-        peak_allocated_bytes=allocated,
-        peak_reserved_bytes=reserved,
-        total_bytes=total,
-        budget_bytes=budget,
-        gpu=gpu,
-        gpu_usable_bytes=usable,
-        used_fraction=fraction,
-        verdict=verdict,
-        verdict_reason=reason,
-        per_gpu=plan.num_gpus > 1,
-        phases={"forward": forward.bytes + unmodelled_bytes, "backward": backward.bytes + unmodelled_bytes,
-                "optimizer": optimizer.bytes + unmodelled_bytes,
-                **{p.phase: p.bytes + unmodelled_bytes for p in extra}},
-        breakdown=breakdown,
-        host_memory_bytes=sizes["host_memory"],
-        assumptions=assumptions(r),
-        warnings=warnings,
-        calibration_version=CALIBRATION_VERSION,
-        plan=plan,
-    )
+    return warnings
 
 
 def _unmodelled_params(model: ResolvedModel) -> tuple[int, str | None]:
