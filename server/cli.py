@@ -14,7 +14,7 @@ import re
 import sys
 import types
 import typing
-from typing import get_args, get_origin
+from typing import Any, get_args, get_origin
 
 from canifinetune.estimator.errors import UsageError as UsageError  # declared in errors.py (the one error tree)
 from canifinetune.estimator.errors import safe_text
@@ -48,7 +48,8 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         annotation = field.annotation
         help_text = field.description or ""
         if name == "model":
-            parser.add_argument("--model", default=argparse.SUPPRESS, help=help_text + " Required unless --config names it.")
+            parser.add_argument("--model", default=argparse.SUPPRESS,
+                                help=help_text + " Required unless --config names it.")
             parser.add_argument("--config", action="append", default=[], metavar="FILE",
                                 help="your training config (Axolotl, LLaMA-Factory, TRL, TrainingArguments JSON, PEFT "
                                      "adapter_config.json), plus its accelerate/DeepSpeed files (repeatable); flags "
@@ -95,7 +96,8 @@ def _number(kind, name):
         what = "an integer" if kind is int else "a number"
         pattern = _INT_TEXT if kind is int else _FLOAT_TEXT
         if len(text) > MAX_NUMBER_CHARS or not text.isascii() or not pattern.fullmatch(text):
-            raise argparse.ArgumentTypeError(f"expected {what} in plain decimal digits; got {safe_text(repr(text), 80)}")
+            raise argparse.ArgumentTypeError(
+                f"expected {what} in plain decimal digits; got {safe_text(repr(text), 80)}")
         value = kind(text)
         if kind is float and (not math.isfinite(value) or (value != 0 and abs(value) < sys.float_info.min)
                               or (value == 0 and re.search(r"[1-9]", text.split("e")[0].split("E")[0]))):
@@ -125,7 +127,8 @@ def _plan_from_args(args: argparse.Namespace):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="canifinetune",
-        description="Will this fine-tune fit my GPU? Itemized GPU-memory estimates for full, LoRA and QLoRA fine-tuning.",
+        description=("Will this fine-tune fit my GPU? Itemized GPU-memory estimates for full, LoRA and QLoRA "
+                     "fine-tuning."),
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -165,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "variable CANIFINETUNE_AUTH_TOKEN; required when --host is not a loopback address)")
     serve.add_argument("--port", type=_number(int, "port"), default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--offline", action="store_true",
-                       help="the tools never reach the Hugging Face Hub (catalog, local folders and the local cache only)")
+                       help="the tools never reach the Hugging Face Hub (catalog, local folders and the local cache "
+                            "only)")
     _add_recipe_commands(sub)
     return parser
 
@@ -180,9 +184,11 @@ def _add_recipe_commands(sub) -> None:
     rec.add_argument("--force", action="store_true", help="replace recipe files that already exist in --out")
     rec.add_argument("--json", action="store_true", help="also print the recipe as JSON")
     rec.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
-    tr = sub.add_parser("train", help="train a recipe (needs `pip install 'canifinetune[train]'`); --probe N measures N steps")
+    tr = sub.add_parser("train",
+                        help="train a recipe (needs `pip install 'canifinetune[train]'`); --probe N measures N steps")
     tr.add_argument("recipe", metavar="RECIPE.yaml", help="the recipe file `canifinetune recipe` wrote")
-    tr.add_argument("--dataset", default=None, metavar="PATH", help="JSONL file or dataset folder (overrides the recipe's)")
+    tr.add_argument("--dataset", default=None, metavar="PATH",
+                    help="JSONL file or dataset folder (overrides the recipe's)")
     tr.add_argument("--probe", type=_number(int, "probe"), default=None, metavar="N",
                     help="run N steps on the GPU and print the measured peaks beside the estimate (CUDA only)")
     tr.add_argument("--device", choices=["cuda", "cpu"], default=None,
@@ -203,8 +209,9 @@ def _cmd_estimate(args) -> int:
     else:
         if not _show_rich("estimate", result):
             print(format_estimate(result))
-        if cli_text(args):
-            print("\n" + cli_text(args))
+        text = cli_text(args)
+        if text:
+            print("\n" + text)
     return {"does_not_fit": EXIT_DOES_NOT_FIT, "tight": EXIT_TIGHT}.get(result.verdict, EXIT_OK)
 
 
@@ -227,7 +234,7 @@ def _cmd_models(args) -> int:
 
     args.query = " ".join(args.query)  # `canifinetune models qwen 7b`: the words, unquoted
     found = search_models(args.query)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for entry in found:
         spec = ModelSpec.from_config(entry.config_dict())
         rows.append({"id": entry.id, "family": entry.model_type, "params": spec.total_params, "gated": entry.gated})
@@ -237,7 +244,8 @@ def _cmd_models(args) -> int:
         if not rows:
             print(f"no catalog model matches {args.query!r}")
         for row in rows:
-            print(f"{row['id']:<48} {row['family']:<12} {row['params'] / 1e9:7.2f}B{'  (gated)' if row['gated'] else ''}")
+            gated = "  (gated)" if row["gated"] else ""
+            print(f"{row['id']:<48} {row['family']:<12} {row['params'] / 1e9:7.2f}B{gated}")
     return EXIT_OK
 
 
@@ -246,7 +254,7 @@ def _cmd_gpus(args) -> int:
 
     args.query = " ".join(args.query)
     found = search_gpus(args.query)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"name": g.name, "memory_gb": g.memory_gb, "usable_bytes": g.total_memory_bytes, "bf16": g.bf16,
          "tflops_bf16_dense": g.tflops_bf16_dense, "tflops_fp16_dense": g.tflops_fp16_dense,
          "memory_bandwidth_gbs": g.memory_bandwidth_gbs}
@@ -303,8 +311,9 @@ def _cmd_suggest(args) -> int:
     else:
         if not _show_rich("suggest", result, format_suggestions(result)):
             print(format_suggestions(result))
-        if cli_text(args, result):
-            print("\n" + cli_text(args, result))
+        text = cli_text(args, result)
+        if text:
+            print("\n" + text)
     written = cli_write(args, result)
     if written:
         print(written, file=sys.stderr if args.json else sys.stdout)
@@ -316,9 +325,8 @@ COMMANDS["suggest"] = _cmd_suggest
 
 
 def _cmd_recipe(args) -> int:
-    from canifinetune.recipes.render import make_recipe, recipe_json, write_recipe
-
     from canifinetune.estimator.estimate import estimate
+    from canifinetune.recipes.render import make_recipe, recipe_json, write_recipe
 
     if not args.out.strip():
         raise UsageError("--out: must name a folder (use --out . for the current folder); got ''")
@@ -332,8 +340,9 @@ def _cmd_recipe(args) -> int:
         print("wrote: " + ", ".join(str(p) for p in paths))
         from .config_face import cli_text
 
-        if cli_text(args):
-            print("\n" + cli_text(args))
+        text = cli_text(args)
+        if text:
+            print("\n" + text)
     return EXIT_OK
 
 
@@ -370,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_OK
     except Exception as exc:  # never a traceback for a user; say what broke
-        print(f"canifinetune: internal error: {type(exc).__name__}: {safe_text(exc, 300)} (please report it)", file=sys.stderr)
+        print(f"canifinetune: internal error: {type(exc).__name__}: {safe_text(exc, 300)} (please report it)",
+              file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -39,7 +39,6 @@ from canifinetune.estimator.errors import (  # the Hub's errors are declared in 
 )
 from canifinetune.estimator.model_sources import (
     MAX_CONFIG_BYTES,
-    PACKED_DTYPES,
     ResolvedModel,
     checked_params_exact,
     is_local_name,
@@ -240,7 +239,7 @@ def _with_code_warning(rm: ResolvedModel, name: str) -> ResolvedModel:
     warning = _code_warning(rm.config)
     if warning is None or warning in rm.spec.warnings:
         return rm
-    return replace(rm, spec=replace(rm.spec, warnings=(warning,) + tuple(rm.spec.warnings)))
+    return replace(rm, spec=replace(rm.spec, warnings=(warning, *rm.spec.warnings)))
 
 
 def _spec(repo_id: str, config: dict, extra_warnings: tuple[str, ...] = ()) -> ModelSpec:
@@ -253,7 +252,7 @@ def _spec(repo_id: str, config: dict, extra_warnings: tuple[str, ...] = ()) -> M
                      "estimates from the standard fields (hidden_size, num_hidden_layers, num_attention_heads, "
                      "intermediate_size, vocab_size), and this config lacks them")
         raise ModelConfigError(f"model: {repo_id}: {text}") from None
-    warnings = tuple(w for w in ((_code_warning(config),) + extra_warnings) if w)
+    warnings = tuple(w for w in (_code_warning(config), *extra_warnings) if w)
     return replace(spec, warnings=warnings + tuple(spec.warnings)) if warnings else spec
 
 
