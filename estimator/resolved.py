@@ -182,6 +182,7 @@ def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: 
 
 
 def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
+    """What the libraries would decide for ``plan`` on ``spec``: dtypes, quantization, adapter targets, attention."""
     warnings: list[str] = []
     # LLaMA-Factory's full fine-tuning casts every trainable weight to fp32 and trains under bf16 autocast: that is
     # 'mixed' precision whatever the plan's precision field says (estimator/stacks.py)
@@ -190,54 +191,19 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     weight_dtype = "fp32" if mixed else plan.dtype
     compute_dtype = plan.dtype
     autocast = plan.dtype in ("bf16", "fp16")
-    if plan.quantized_4bit:
-        quantization = plan.bnb_4bit_quant_type
-    elif plan.load_in_8bit:
-        quantization = "int8"
-    else:
-        quantization = "none"
+    quantization = _quantization(plan)
     if plan.trainer != "sft":
         # DPO/KTO/GRPO: estimator/trainer_memory.py (ORPO, reward and unmodelled combinations are refused there)
         from .trainer_memory import check_supported
 
         check_supported(plan)
-    stack = plan.stack
     kbit_prepared = plan.effective_kbit_preparation
-    if plan.uses_adapters:
-        targets, target_warnings, expert_lora = _resolve_targets(plan, spec)
-        warnings.extend(target_warnings)
-        # PEFT's get_peft_model(autocast_adapter_dtype=True) keeps adapters in fp32 on a bf16/fp16 base;
-        # TRL 1.16 SFTTrainer then casts them to bf16 when the base is quantized (sft_trainer.py).
-        default = stack.adapter_dtype_quantized if quantization != "none" else stack.adapter_dtype_unquantized
-        adapter_dtype = plan.adapter_dtype or default or "fp32"
-    else:
-        targets, adapter_dtype, expert_lora = (), None, None
+    targets, adapter_dtype, expert_lora = _adapters(plan, spec, quantization, warnings)
     # prepare_model_for_kbit_training casts every bf16/fp16 parameter but the packed 4-bit ones to fp32
     # (peft/utils/other.py, 0.21); the embedding output is then fp32, and so is every residual add after it
     frozen_dtype = "fp32" if kbit_prepared else weight_dtype
     residual_dtype = "fp32" if kbit_prepared else compute_dtype
-    # transformers' default when none is asked for: sdpa if the model class supports it, else eager
-    attn = plan.attn_implementation or ("eager" if spec.model_type in SDPA_UNSUPPORTED else "sdpa")
-    if plan.framework == "axolotl" and plan.method == "full" and attn != "flash_attention_2":
-        # loaders/model.py (0.18.0): for full fine-tuning with sdpa/eager, norms, embed_tokens and lm_head stay in the
-        # fp32 they were upcast to (ATTN_IMPLS_WITHOUT_DTYPE_CAST); that mix of dtypes is not modelled
-        raise PlanError(
-            "framework: Axolotl keeps embeddings, norms and lm_head in fp32 for full fine-tuning unless flash "
-            "attention is on, a mix canifinetune does not model; set attn_implementation to 'flash_attention_2' "
-            "(Axolotl's flash_attention: true) or estimate with framework 'transformers'",
-            field="framework",
-        )
-    if attn == "flash_attention_2" and compute_dtype == "fp32":
-        raise PlanError(
-            "attn_implementation: flash_attention_2 runs only in bf16 or fp16; set dtype to bf16/fp16 or use sdpa",
-            field="attn_implementation",
-        )
-    if attn == "sdpa" and spec.model_type in SDPA_UNSUPPORTED:
-        raise PlanError(
-            f"attn_implementation: transformers runs {spec.model_type} only with 'eager' or 'flash_attention_2' "
-            "(its attention logit softcapping is not available through sdpa); set attn_implementation to one of them",
-            field="attn_implementation",
-        )
+    attn = _attn_implementation(plan, spec, compute_dtype)
     masked = sliding_window_mask(attn, spec, plan.seq_len)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
     kernel = _attention_kernel(attn, spec, compute_dtype, masked and spec.sliding_window_layers >= spec.num_layers)
@@ -270,3 +236,52 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         use_dora=plan.use_dora,
         expert_lora=expert_lora if expert_lora is not None and expert_lora.any else None,
     )
+
+
+def _quantization(plan: TrainingPlan) -> str:
+    if plan.quantized_4bit:
+        return plan.bnb_4bit_quant_type
+    if plan.load_in_8bit:
+        return "int8"
+    return "none"
+
+
+def _adapters(plan: TrainingPlan, spec: ModelSpec, quantization: str,
+              warnings: list[str]) -> tuple[tuple[str, ...], str | None, ExpertLoRA | None]:
+    """(target modules, adapter dtype, expert adapters) as PEFT resolves them; appends the targets' warnings."""
+    if not plan.uses_adapters:
+        return (), None, None
+    targets, target_warnings, expert_lora = _resolve_targets(plan, spec)
+    warnings.extend(target_warnings)
+    # PEFT's get_peft_model(autocast_adapter_dtype=True) keeps adapters in fp32 on a bf16/fp16 base;
+    # TRL 1.16 SFTTrainer then casts them to bf16 when the base is quantized (sft_trainer.py).
+    stack = plan.stack
+    default = stack.adapter_dtype_quantized if quantization != "none" else stack.adapter_dtype_unquantized
+    return targets, plan.adapter_dtype or default or "fp32", expert_lora
+
+
+def _attn_implementation(plan: TrainingPlan, spec: ModelSpec, compute_dtype: str) -> str:
+    """The attention implementation transformers would use, refused where it cannot run (or is not modelled)."""
+    # transformers' default when none is asked for: sdpa if the model class supports it, else eager
+    attn = plan.attn_implementation or ("eager" if spec.model_type in SDPA_UNSUPPORTED else "sdpa")
+    if plan.framework == "axolotl" and plan.method == "full" and attn != "flash_attention_2":
+        # loaders/model.py (0.18.0): for full fine-tuning with sdpa/eager, norms, embed_tokens and lm_head stay in the
+        # fp32 they were upcast to (ATTN_IMPLS_WITHOUT_DTYPE_CAST); that mix of dtypes is not modelled
+        raise PlanError(
+            "framework: Axolotl keeps embeddings, norms and lm_head in fp32 for full fine-tuning unless flash "
+            "attention is on, a mix canifinetune does not model; set attn_implementation to 'flash_attention_2' "
+            "(Axolotl's flash_attention: true) or estimate with framework 'transformers'",
+            field="framework",
+        )
+    if attn == "flash_attention_2" and compute_dtype == "fp32":
+        raise PlanError(
+            "attn_implementation: flash_attention_2 runs only in bf16 or fp16; set dtype to bf16/fp16 or use sdpa",
+            field="attn_implementation",
+        )
+    if attn == "sdpa" and spec.model_type in SDPA_UNSUPPORTED:
+        raise PlanError(
+            f"attn_implementation: transformers runs {spec.model_type} only with 'eager' or 'flash_attention_2' "
+            "(its attention logit softcapping is not available through sdpa); set attn_implementation to one of them",
+            field="attn_implementation",
+        )
+    return attn
