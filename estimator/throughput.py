@@ -154,23 +154,13 @@ def _weight_bytes(plan: TrainingPlan, spec: ModelSpec) -> float:
     return spec.total_params * dense
 
 
-def throughput(plan: TrainingPlan, model: ResolvedModel | None = None, training_tokens: int | None = None) -> Throughput:
-    """Approximate tokens per second of ``plan`` and, with ``training_tokens``, the time to train them."""
-    rm = model or resolve_model(plan.model)
-    spec = rm.spec
-    name, assumed, peak_flops, bandwidth = _gpu_numbers(plan)
-    util = constant("TRAINING_FLOPS_UTILISATION")
-    bw = bandwidth * constant("MEMORY_BANDWIDTH_UTILISATION")
+def _micro_step_seconds(plan: TrainingPlan, spec, compute_s: float, bw: float,
+                        notes: list[str]) -> tuple[float, str, float]:
+    """(one micro-step's seconds, what bounds it, its communication seconds): compute or weight reads, QLoRA's
+    dequantization, all-gathers and offloaded weights."""
     pcie = constant("PCIE_BANDWIDTH_GBS") * 1e9
     link = constant("GPU_INTERCONNECT_BANDWIDTH_GBS") * 1e9
-    host_bw = constant("HOST_MEMORY_BANDWIDTH_GBS") * 1e9
     n_gpus = plan.num_gpus
-    notes: list[str] = []
-
-    f = flops_per_token(plan, spec)
-    tokens_micro = plan.batch_size * plan.seq_len
-    compute_s = tokens_micro * f.total / (peak_flops * util)
-
     weights = _weight_bytes(plan, spec)
     passes = 3 if plan.gradient_checkpointing else 2
     full_shard = plan.sharding in ("zero3", "fsdp_full_shard")
@@ -181,7 +171,6 @@ def throughput(plan: TrainingPlan, model: ResolvedModel | None = None, training_
     if plan.method == "qlora":
         micro_s *= 1.0 + constant("QLORA_STEP_TIME_OVERHEAD")
         notes.append(f"QLoRA: +{constant('QLORA_STEP_TIME_OVERHEAD'):.0%} step time for dequantizing the 4-bit base")
-
     # per micro-step communication
     comm_micro = 0.0
     if n_gpus > 1 and full_shard:
@@ -189,21 +178,31 @@ def throughput(plan: TrainingPlan, model: ResolvedModel | None = None, training_
     if plan.offload_params:
         comm_micro += passes * weights / n_gpus / pcie
         notes.append("offload_params: weights stream over PCIe every pass")
+    return micro_s, bound, comm_micro
 
-    # per optimizer step: optimizer state traffic, offload copies, gradient reduction
-    trainable = spec.total_params if plan.method == "full" else f.adapter_params
+
+def _state_bytes_per_param(optim: str) -> int:
+    if optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
+        return 2
+    if optim == "sgd":
+        return 0
+    if optim == "adafactor":
+        return 1  # factored second moment: about O(rows + cols), small
+    return 8
+
+
+def _optimizer_step_seconds(plan: TrainingPlan, spec, adapter_params: int, bw: float, notes: list[str]) -> float:
+    """Per optimizer step: optimizer state traffic, offload copies, gradient reduction."""
+    pcie = constant("PCIE_BANDWIDTH_GBS") * 1e9
+    link = constant("GPU_INTERCONNECT_BANDWIDTH_GBS") * 1e9
+    host_bw = constant("HOST_MEMORY_BANDWIDTH_GBS") * 1e9
+    n_gpus = plan.num_gpus
+    trainable = spec.total_params if plan.method == "full" else adapter_params
     if plan.uses_adapters:  # PEFT keeps adapters in fp32, TRL casts them to bf16 on a quantized base
         tb = 2 if (plan.quantized_4bit or plan.load_in_8bit) else 4
     else:
         tb = DTYPE_BYTES["fp32" if plan.precision == "mixed" else plan.dtype]
-    if plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
-        state_bytes = 2
-    elif plan.optim == "sgd":
-        state_bytes = 0
-    elif plan.optim == "adafactor":
-        state_bytes = 1  # factored second moment: about O(rows + cols), small
-    else:
-        state_bytes = 8
+    state_bytes = _state_bytes_per_param(plan.optim)
     shard_states = 1 / n_gpus if plan.sharding not in ("none", "ddp") else 1.0
     opt_bytes = trainable * shard_states * (3 * tb + 2 * state_bytes)
     opt_s = 0.0
@@ -218,7 +217,23 @@ def throughput(plan: TrainingPlan, model: ResolvedModel | None = None, training_
         factor = (n_gpus - 1) / n_gpus * (1.0 if plan.sharding in ("zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op") else 2.0)
         opt_s += grad_bytes * factor / link
         notes.append("multi-GPU communication over a PCIe-class link, not overlapped (NVLink is faster)")
+    return opt_s
 
+
+def throughput(plan: TrainingPlan, model: ResolvedModel | None = None, training_tokens: int | None = None) -> Throughput:
+    """Approximate tokens per second of ``plan`` and, with ``training_tokens``, the time to train them."""
+    rm = model or resolve_model(plan.model)
+    spec = rm.spec
+    name, assumed, peak_flops, bandwidth = _gpu_numbers(plan)
+    util = constant("TRAINING_FLOPS_UTILISATION")
+    bw = bandwidth * constant("MEMORY_BANDWIDTH_UTILISATION")
+    n_gpus = plan.num_gpus
+    notes: list[str] = []
+    f = flops_per_token(plan, spec)
+    tokens_micro = plan.batch_size * plan.seq_len
+    micro_s, bound, comm_micro = _micro_step_seconds(plan, spec, tokens_micro * f.total / (peak_flops * util), bw,
+                                                     notes)
+    opt_s = _optimizer_step_seconds(plan, spec, f.adapter_params, bw, notes)
     gas = plan.gradient_accumulation_steps
     step_s = gas * (micro_s + comm_micro) + opt_s
     tokens_step = tokens_micro * gas * n_gpus
