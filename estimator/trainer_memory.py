@@ -51,8 +51,8 @@ def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
 
 def check_supported(plan: TrainingPlan) -> None:
     """Refuse, naming why, what this module cannot model or the harness cannot measure."""
-    if plan.trainer == "reward" and plan.method == "full" and plan.optim != "adamw_torch_fused":
-        raise PlanError(f"optim: a fully fine-tuned reward model is estimated with adamw_torch_fused only (its input "
+    if plan.trainer == "reward" and plan.method == "full" and plan.optim not in ("adamw_torch_fused", "adamw_torch"):
+        raise PlanError(f"optim: a fully fine-tuned reward model is estimated with adamw_torch_fused or adamw_torch only (its input "
                         f"embedding's optimizer states and step under '{plan.optim}' are not modelled)", field="optim")
     if plan.trainer == "reward" and plan.modules_to_save:
         raise PlanError("modules_to_save: not modelled for the reward trainer (PEFT's SEQ_CLS task already trains "
@@ -192,6 +192,15 @@ def orpo_qlora_policy(policy_resolved):
         return policy_resolved
     return dataclasses.replace(policy_resolved, kbit_prepared=False, frozen_dtype=policy_resolved.compute_dtype,
                                residual_dtype="fp32")
+
+
+def reward_optimizer_temporary_bytes(policy_resolved, spec) -> int:
+    """A fully fine-tuned reward model under ``adamw_torch`` (foreach AdamW): its step's sqrt(exp_avg_sq) temporaries
+    cover the input embedding too, V x H x w beyond the stand-in model's (estimator/memory.py
+    optimizer_step_temporary_bytes, the same formula); 0 under fused AdamW or LoRA/QLoRA."""
+    if not policy_resolved.full or policy_resolved.plan.optim != "adamw_torch":
+        return 0
+    return _round_block(policy_resolved.trainable_bytes_per_param * spec.vocab_size * spec.hidden_size)
 
 
 def policy_rows(plan: TrainingPlan) -> int:
@@ -420,7 +429,13 @@ def trainer_step_peaks(r, phases_module):
     bwd = with_ref(backward)
     if orpo_bwd is not None and orpo_bwd.bytes > bwd.bytes:
         bwd = orpo_bwd
-    return fwd, bwd, with_ref(optimizer), sizes, tuple(extra)
+    opt = with_ref(optimizer)
+    opt_extra = reward_optimizer_temporary_bytes(policy, r.spec) if plan.trainer == "reward" else 0
+    if opt_extra:
+        opt = PhasePeak(opt.phase, opt.bytes + opt_extra, tuple(
+            Item(i.name, i.bytes + opt_extra, i.explanation + "; and the input embedding's")
+            if i.name == "optimizer_temporaries" else i for i in opt.items))
+    return fwd, bwd, opt, sizes, tuple(extra)
 
 
 def assumptions(plan: TrainingPlan) -> list[str]:

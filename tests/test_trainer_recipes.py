@@ -170,12 +170,13 @@ def _estimate_or_skip(plan: TrainingPlan):
         raise
 
 
-@pytest.mark.parametrize("trainer", ["dpo", "orpo", "kto", "reward", "grpo"])
-def test_make_recipe_ships_an_example_dataset_and_trains_it(trainer, tiny_model, tmp_path):
+@pytest.mark.parametrize("trainer,method", [("dpo", "lora"), ("orpo", "lora"), ("orpo", "full"), ("kto", "lora"),
+                                            ("reward", "lora"), ("reward", "full"), ("grpo", "lora")])
+def test_make_recipe_ships_an_example_dataset_and_trains_it(trainer, method, tiny_model, tmp_path):
     from canifinetune.recipes.render import make_recipe, write_recipe
     from canifinetune.recipes.train import train
 
-    plan = _plan(tiny_model, trainer, dataset=None)
+    plan = _plan(tiny_model, trainer, dataset=None, method=method)
     est = _estimate_or_skip(plan)
     recipe = make_recipe(plan, est)
     assert recipe.plan.dataset == EXAMPLE_DATA_FILE
