@@ -19,7 +19,6 @@ from .model_sources import ResolvedModel
 from .plan import PLAN_FIELDS, TrainingPlan
 from .throughput import Throughput, throughput
 
-
 Tier = Literal["same_math", "changes_learning", "more_hardware"]
 TIER_NAMES: tuple[str, ...] = ("same_math", "changes_learning", "more_hardware")
 # The kinds of choice a user has (the search offers the best of each): the kind of a suggestion is the
@@ -77,7 +76,8 @@ COST_MODEL_TEXT = (
     "fewer trainable parameters; shorter context; fewer GRPO generations; CPU offload; more GPUs; a larger GPU), the "
     "best of each, ranked by "
     "user_cost: the quality penalty of learning changes, plus 3 per doubling of the time per training token, "
-    "4 per doubling of the GPU count, 4 for a larger GPU, 1 for CPU offload. Slowdowns are approximate (see throughput)."
+    "4 per doubling of the GPU count, 4 for a larger GPU, 1 for CPU offload. "
+    "Slowdowns are approximate (see throughput)."
 )
 
 
@@ -97,8 +97,8 @@ class Cost(BaseModel):
     tier: Tier
     tier_rank: int = Field(description="0 same_math, 1 changes_learning, 2 more_hardware")
     kind: Kind = Field("same_math", description="the kind of choice: " + ", ".join(KINDS))
-    user_cost: float = Field(0.0, description="what the choice costs the user in one number (quality penalty, slowdown, "
-                                              "hardware, offload; USER_COST_WEIGHTS); suggestions rank by it")
+    user_cost: float = Field(0.0, description="what the choice costs the user in one number (quality penalty, "
+                                              "slowdown, hardware, offload; USER_COST_WEIGHTS); suggestions rank by it")
     quality_penalty: float = Field(description="ordinal penalty of changes that alter what is learned (0 for none)")
     extra_gpus: int = Field(description="GPUs added to the plan")
     slowdown_fraction: float = Field(
@@ -182,8 +182,8 @@ def _context_cost(t: _Tally) -> None:
         if p1 < p0:
             t.lost = p0 - p1
             t.learning(w["seq_len_per_halving"] * math.log2(p0 / max(p1, 1)),
-                       f"{t.lost} fewer prompt tokens ({p0} -> {p1}; seq_len {o.seq_len} -> {p.seq_len}): longer prompts "
-                       "must be shortened")
+                       f"{t.lost} fewer prompt tokens ({p0} -> {p1}; seq_len {o.seq_len} -> {p.seq_len}): longer "
+                       "prompts must be shortened")
         t.handled.add("seq_len")
         return
     if p.seq_len < o.seq_len:
@@ -318,7 +318,8 @@ def _same_math_words(t: _Tally, extra: int) -> None:
 def _peft_extras_cost(t: _Tally) -> None:
     o, p = t.original, t.plan
     if o.use_dora and not p.use_dora:
-        t.learning(QUALITY_WEIGHTS["other"], "plain LoRA instead of DoRA: no magnitude vectors, no per-step weight norms")
+        t.learning(QUALITY_WEIGHTS["other"],
+                   "plain LoRA instead of DoRA: no magnitude vectors, no per-step weight norms")
     if o.modules_to_save and p.modules_to_save != o.modules_to_save:
         t.learning(QUALITY_WEIGHTS["other"], f"{', '.join(o.modules_to_save)} frozen instead of trained in full "
                                              "(modules_to_save dropped)")
@@ -369,8 +370,8 @@ def _trainer_cost(t: _Tally) -> int:
     if l0 and l1 and l1 != l0:
         if l1 < l0:
             t.learning(w["completion_len_per_halving"] * math.log2(l0 / l1),
-                       f"completions cut at {l1} tokens instead of {l0} (max_completion_length): answers that need more "
-                       "are clipped, and a task with long reasoning learns less")
+                       f"completions cut at {l1} tokens instead of {l0} (max_completion_length): answers that need "
+                       "more are clipped, and a task with long reasoning learns less")
         else:
             t.learning(w["other"], f"max_completion_length {l0} -> {l1}")
     server = _vllm_server_gpus(o, p)
@@ -395,7 +396,9 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
         return "larger_gpu"
     if plan.num_gpus > original.num_gpus or _vllm_server_gpus(original, plan):
         return "more_gpus"
-    if (plan.offload_optimizer and not original.offload_optimizer) or (plan.offload_params and not original.offload_params):
+    offloads_more = ((plan.offload_optimizer and not original.offload_optimizer)
+                     or (plan.offload_params and not original.offload_params))
+    if offloads_more:
         return "cpu_offload"
     if plan.trainer == original.trainer == "grpo" and (
             trainer_setting(plan, "num_generations") < trainer_setting(original, "num_generations")):

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -62,7 +62,9 @@ class SuggestResult(BaseModel):
     min_reachable_changes: list[Change] = Field(default_factory=list)
     smallest_gpu: str | None = Field(None, description="the smallest catalog GPU on which the original plan fits")
     smallest_gpu_usable_bytes: int | None = None
-    min_gpus: int | None = Field(None, description="the fewest GPUs of this kind on which the original plan fits (sharding changed only)")
+    min_gpus: int | None = Field(
+        None, description="the fewest GPUs of this kind on which the original plan fits (sharding changed only)"
+    )
     min_gpus_sharding: str | None = None
     training_tokens: int | None = None
     cost_model: str = COST_MODEL_TEXT
@@ -105,9 +107,9 @@ class _Evaluator:
         except (ValidationError, CanIFinetuneError):
             out = None
         self.cache[k] = out
-        if out is not None and out[0].num_gpus == self.plan.num_gpus:
-            if self.min_bytes is None or out[1].budget_bytes < self.min_bytes:
-                self.min_bytes, self.min_changes = out[1].budget_bytes, self.clean(changes)
+        if (out is not None and out[0].num_gpus == self.plan.num_gpus
+                and (self.min_bytes is None or out[1].budget_bytes < self.min_bytes)):
+            self.min_bytes, self.min_changes = out[1].budget_bytes, self.clean(changes)
         return out
 
     def fits(self, changes: dict) -> bool:
@@ -282,7 +284,7 @@ class _Search:
         if sharding != p.sharding:
             lv["sharding"] = sharding
         eff = b * g * p.num_gpus
-        for b2 in [b] + divisors_below(b):
+        for b2 in [b, *divisors_below(b)]:
             if b2 != b and "batch_size" in self.keep:
                 continue
             if eff % (b2 * n):
@@ -376,7 +378,7 @@ class _Search:
         for g in bigger:
             move = Knob("gpu", 2, [{"gpu": g.name, "gpu_vram_gb": None}])
             if self.ev.fits({**state, **move.levels[0]}):
-                return self.minimize(applied + [(move, move.levels[0])])
+                return self.minimize([*applied, (move, move.levels[0])])
         return None
 
     def run(self) -> list[dict]:
@@ -401,7 +403,7 @@ class _Search:
         if len(free) < len(no_off):
             bases.insert(0, free)  # no recomputation either: the faster learning-changing alternatives
         for base in bases:
-            recipes: list[list[Knob]] = [base] + [base + [k] for k in tier1]
+            recipes: list[list[Knob]] = [base, *([*base, k] for k in tier1)]
             if len(tier1) > 1:
                 recipes.append(base + tier1)
                 if meth:
@@ -413,7 +415,7 @@ class _Search:
         # vLLM on its own GPU (GRPO): alone, then with the same-math knobs
         for knob in [k for k in self.knobs if k.name == "vllm_mode"]:
             for base in ([], no_off, tier0):
-                got = self.combo(base + [knob])
+                got = self.combo([*base, knob])
                 if got is not None:
                     found.append(got)
                     break
@@ -430,7 +432,7 @@ class _Search:
         return found
 
 
-def _demands(search: "_Search", ch: dict) -> tuple:
+def _demands(search: _Search, ch: dict) -> tuple:
     """What a suggestion asks of the user, count by count (lower is better on each)."""
     c = search.cost(ch)
     est = search.ev.get(ch)[1]  # type: ignore[index]
@@ -438,7 +440,7 @@ def _demands(search: "_Search", ch: dict) -> tuple:
             int(c.kind == "cpu_offload"), est.host_memory_bytes)
 
 
-def _best_of_each_kind(ranked: list[dict], search: "_Search") -> list[dict]:
+def _best_of_each_kind(ranked: list[dict], search: _Search) -> list[dict]:
     """The first (cheapest) suggestion of each kind, in rank order, less those an earlier one beats or equals on
     every count (quality, slowdown, GPUs added, a larger GPU, offload, host RAM): nobody would choose them."""
     kept: list[dict] = []
@@ -448,7 +450,7 @@ def _best_of_each_kind(ranked: list[dict], search: "_Search") -> list[dict]:
         if kind in kinds:
             continue
         mine = _demands(search, ch)
-        if any(all(o <= m for o, m in zip(_demands(search, other), mine)) for other in kept):
+        if any(all(o <= m for o, m in zip(_demands(search, other), mine, strict=True)) for other in kept):
             continue
         kinds.add(kind)
         kept.append(ch)
@@ -473,7 +475,8 @@ def validate_keep(keep: Iterable[str]) -> list[str]:
         keep = [keep]
     keep = list(itertools.islice(iter(keep), MAX_KEEP + 1))
     if len(keep) > MAX_KEEP:
-        raise PlanError(f"keep: at most {MAX_KEEP} field names (there are {len(PLAN_FIELDS)} plan fields)", field="keep")
+        raise PlanError(f"keep: at most {MAX_KEEP} field names (there are {len(PLAN_FIELDS)} plan fields)",
+                        field="keep")
     out = []
     for name in keep:
         name = str(name)[:MAX_STRING + 1].strip() if isinstance(name, str) else repr(name)[:80]
@@ -569,10 +572,11 @@ def _smallest_gpu_for(plan: TrainingPlan, budget_bytes: int) -> catalog.CatalogG
     for g in catalog.load_gpus():
         if plan.dtype == "bf16" and not g.bf16:
             continue
-        if budget_bytes <= g.total_memory_bytes:
-            if best is None or (g.total_memory_bytes, -(g.tflops_bf16_dense or g.tflops_fp16_dense)) < (
-                    best.total_memory_bytes, -(best.tflops_bf16_dense or best.tflops_fp16_dense)):
-                best = g
+        if budget_bytes > g.total_memory_bytes:
+            continue
+        if best is None or (g.total_memory_bytes, -(g.tflops_bf16_dense or g.tflops_fp16_dense)) < (
+                best.total_memory_bytes, -(best.tflops_bf16_dense or best.tflops_fp16_dense)):
+            best = g
     return best
 
 
