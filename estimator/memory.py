@@ -5,6 +5,11 @@ formula, where it comes from and what it assumes. Notation: T = batch_size x seq
 hidden size, I = MLP width, V = vocabulary, L = layers, r = LoRA rank, a = bytes per activation
 element of the compute dtype. ``docs/memory_model.md`` repeats every formula.
 
+In the code (here, phases.py, sharding.py, peft_knobs.py, trainer_memory.py) the parameter ``r`` is the
+:class:`ResolvedPlan`, never the LoRA rank: the rank is ``r.plan.lora_r`` and only the formulas in docstrings
+call it r. The short name stays because every formula reads ``r.tokens``, ``r.act_bytes``, ``r.spec`` many
+times a line (docs/architecture.md says why it was not renamed).
+
 How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 """
 
@@ -327,32 +332,42 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     attention (no s² term) and frozen bases.
     """
     spec = r.spec
-    plan = r.plan
-    t = r.tokens
-    a = r.act_bytes
     h = spec.hidden_size
-    full = r.full
-    total = 0
+    total = _norm_saved_bytes(r, h, r.full)  # input RMSNorm
+    total += _attention_saved_bytes(r)
+    # post-attention RMSNorm (Gemma2/3 also pre-/post-feedforward norms, OLMo2 post-norms only)
+    extra_norms = spec.norms_per_layer - 1
+    total += extra_norms * _norm_saved_bytes(r, h, r.full)
+    # MLP
+    if spec.is_moe_layer(layer):
+        total += _moe_activation_bytes(r)
+    else:
+        total += _mlp_activation_bytes(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens,
+                                       lambda linears: _consumer_saved_bytes(r, linears))
+    total += peft_knobs.dora_layer_saved_bytes(r, layer)  # DoRA: weight copies, base and LoRA results
+    return total
 
-    def norm(width: int, trainable: bool) -> int:
-        saved = _round_block(4 * t * width)  # fp32 upcast input
-        if spec.model_type.startswith("gemma"):
-            saved += _round_block(4 * t * width) if trainable else 0
-        elif trainable:
-            saved += _round_block(a * t * width)
-        return saved
 
-    def consumers(linears: tuple[LinearSpec, ...]) -> int:
-        return _consumer_saved_bytes(r, linears)
+def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
+    """An RMSNorm's saved tensors: its fp32 upcast input, and the normalized output when its weight trains
+    (Gemma's norm keeps it in fp32)."""
+    t = r.tokens
+    saved = _round_block(4 * t * width)  # fp32 upcast input
+    if r.spec.model_type.startswith("gemma"):
+        saved += _round_block(4 * t * width) if trainable else 0
+    elif trainable:
+        saved += _round_block(r.act_bytes * t * width)
+    return saved
 
+
+def _attention_saved_bytes(r: ResolvedPlan) -> int:
+    """One block's attention: q/k/v's inputs, q/k norms, the kernel's saved tensors, the mask and o_proj's adapters."""
+    spec, plan, t, a, full = r.spec, r.plan, r.tokens, r.act_bytes, r.full
     attn = spec.attention_linears()
-    # input RMSNorm
-    total += norm(h, full)
-    qkv = attn[:-1]
-    total += consumers(qkv)
+    total = _consumer_saved_bytes(r, attn[:-1])  # q, k, v
     # q/k norms keep their fp32 inputs
     if spec.qk_norm != "none":
-        total += norm(spec.q_dim, full) + norm(spec.kv_dim, full)
+        total += _norm_saved_bytes(r, spec.q_dim, full) + _norm_saved_bytes(r, spec.kv_dim, full)
     # attention kernel
     total += _round_block(a * t * spec.q_dim) * 2 + _round_block(a * t * spec.kv_dim) * 2
     total += _round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
@@ -370,16 +385,7 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     # o_proj: its input is the attention output already counted; only adapters add
     o_proj = attn[-1]
     if r.adapted(o_proj):
-        total += consumers((o_proj,)) - (_round_block(a * t * o_proj.in_features) if full else 0)
-    # post-attention RMSNorm (Gemma2/3 also pre-/post-feedforward norms, OLMo2 post-norms only)
-    extra_norms = spec.norms_per_layer - 1
-    total += extra_norms * norm(h, full)
-    # MLP
-    if spec.is_moe_layer(layer):
-        total += _moe_activation_bytes(r)
-    else:
-        total += _mlp_activation_bytes(r, spec.dense_mlp_linears(), spec.intermediate_size, t, consumers)
-    total += peft_knobs.dora_layer_saved_bytes(r, layer)  # DoRA: weight copies, base and LoRA results
+        total += _consumer_saved_bytes(r, (o_proj,)) - (_round_block(a * t * o_proj.in_features) if full else 0)
     return total
 
 
