@@ -193,7 +193,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     autocast = plan.dtype in ("bf16", "fp16")
     quantization = _quantization(plan)
     if plan.trainer != "sft":
-        # DPO/KTO/GRPO: estimator/trainer_memory.py (ORPO, reward and unmodelled combinations are refused there)
+        # DPO/ORPO/KTO/GRPO/reward: estimator/trainer_memory.py (unmodelled combinations are refused there)
         from .trainer_memory import check_supported
 
         check_supported(plan)

@@ -1,4 +1,4 @@
-"""Measure two training steps of TRL 1.16's preference/RL trainers (DPO, KTO, GRPO's loss step) under fake tensors.
+"""Measure two training steps of TRL 1.16's preference/RL trainers (DPO, ORPO, KTO, reward, GRPO's loss step) under fake tensors.
 
 The counting, the GPU routing of attention and of TRL's chunked log-prob kernel, PEFT under fake tensors and the
 model build are benchmarks/validation/fake_mode.py's and recipes/model_setup.py's. What is new is what one training step
@@ -17,6 +17,11 @@ of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.
   reference forwards (KL batch and completions) under ``no_grad``; the KTO loss on per-sequence sums.
 - Reward (trainer/reward_trainer.py ``compute_loss``): :func:`build_reward_model`; ``model(**inputs)`` over the
   2B rows [chosen; rejected], ``-logsigmoid(rewards_chosen - rewards_rejected).mean()``.
+- ORPO (experimental/orpo/orpo_trainer.py ``concatenated_forward`` / ``get_batch_loss_metrics``): :func:`_orpo_loss`;
+  no fused head (the model's own logits, upcast to fp32 as accelerate's prepared forward returns them), the chosen
+  rows' cross-entropy, ``get_batch_logps`` with ``selective_log_softmax`` routed to what TRL's Triton kernel
+  allocates on a GPU (:func:`orpo_gpu_routing`); on a 4-bit base, kbit preparation then
+  ``peft_module_casting_to_bf16`` as ORPOTrainer.__init__ does.
 - GRPO (trainer/grpo_trainer.py ``_compute_loss``, completions given): one policy forward over B rows of
   prompt + completion (outputs ("log_probs", "entropy")), labels -100 on the prompt; old log-probs = the detached
   policy ones (num_iterations 1, steps aligned); the reference log-probs an input computed at generation time
