@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -114,6 +116,38 @@ def probe(
     device: str | None = None,
 ) -> ProbeResult:
     """Measure ``steps`` training steps of ``plan`` on this machine's CUDA GPU."""
+    torch = _require_cuda(steps, device)
+    if estimate_summary is None:
+        from canifinetune.estimator.estimate import estimate
+
+        estimate_summary = EstimateSummary.from_estimate(estimate(plan))
+    index = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    torch.cuda.set_device(index)
+    torch.cuda.init()
+    before = _gpu_before(torch, index)
+    _refuse_when_short(torch, index, before, estimate_summary)
+    m = _measure(torch, index, before, plan, steps, recipe_dir=recipe_dir, device=device)
+    return ProbeResult(
+        steps=steps,
+        device=f"cuda:{index}",
+        gpu_name=torch.cuda.get_device_name(index),
+        device_total_bytes=int(before.device_total),
+        free_bytes_before=int(before.free),
+        other_processes=before.others,
+        other_processes_bytes=before.others_bytes,
+        peak_allocated_bytes=int(m.peak_allocated),
+        peak_reserved_bytes=int(m.peak_reserved),
+        process_total_bytes=int(m.total),
+        process_total_source=m.source,
+        estimate=estimate_summary,
+        losses=m.losses,
+        samples=f"synthetic: {m.samples} samples of exactly {plan.seq_len} tokens (what the estimate assumes)",
+        notes=before.notes,
+    )
+
+
+def _require_cuda(steps: int, device: str | None):
+    """torch, once it is clear there is a CUDA GPU to measure on and a sensible number of steps."""
     if steps < 1 or steps > 1000:
         raise ProbeError(f"--probe: the number of steps must be between 1 and 1000; got {steps}")
     import torch
@@ -124,14 +158,25 @@ def probe(
             f"(torch {torch.__version__}, torch.cuda.is_available() is False); nothing was measured. "
             "Run the probe on the GPU you plan to train on"
         )
-    if estimate_summary is None:
-        from canifinetune.estimator.estimate import estimate
+    return torch
 
-        estimate_summary = EstimateSummary.from_estimate(estimate(plan))
 
-    index = int(os.environ.get("LOCAL_RANK", "0") or 0)
-    torch.cuda.set_device(index)
-    torch.cuda.init()
+@dataclass
+class _Before:
+    """The GPU before the model loads: free and total memory, torch's pool, NVML's view of the processes."""
+
+    free: int
+    device_total: int
+    reserved_at_start: int
+    nvml: Any
+    handle: Any
+    others: list[GPUProcess]
+    others_bytes: int | None
+    own_now: int | None
+    notes: list[str]
+
+
+def _gpu_before(torch, index: int) -> _Before:
     free_before, device_total = torch.cuda.mem_get_info(index)
     reserved_at_start = torch.cuda.memory_reserved(index)
     nvml, handle = _nvml_handle(index)
@@ -152,17 +197,38 @@ def probe(
     else:
         notes.append("nvidia-ml-py (pynvml) is not installed: other processes' memory is unknown and the process total "
                      "is an upper bound from torch.cuda.mem_get_info; `pip install nvidia-ml-py` for exact figures")
+    return _Before(free=free_before, device_total=device_total, reserved_at_start=reserved_at_start, nvml=nvml,
+                   handle=handle, others=others, others_bytes=others_bytes, own_now=own_now, notes=notes)
 
-    available = free_before + (own_now or 0)
-    if available < estimate_summary.total_bytes:
-        held = (f"; other processes hold {others_bytes / _GIB:.2f} GiB "
-                f"({', '.join(f'pid {p.pid}: {(p.bytes or 0) / _GIB:.2f} GiB' for p in others)})" if others else "")
-        raise ProbeError(
-            f"--probe: {torch.cuda.get_device_name(index)} has {available / _GIB:.2f} GiB free and the estimate needs "
-            f"{estimate_summary.total_bytes / _GIB:.2f} GiB{held}; free the GPU (stop those processes) or probe a "
-            "smaller plan (`canifinetune suggest`) — measuring now would only show an out-of-memory error"
-        )
 
+def _refuse_when_short(torch, index: int, before: _Before, estimate_summary: EstimateSummary) -> None:
+    """Refuse to measure when the free memory is below the estimate (it would only show an out-of-memory error)."""
+    available = before.free + (before.own_now or 0)
+    if available >= estimate_summary.total_bytes:
+        return
+    others = before.others
+    held = (f"; other processes hold {(before.others_bytes or 0) / _GIB:.2f} GiB "
+            f"({', '.join(f'pid {p.pid}: {(p.bytes or 0) / _GIB:.2f} GiB' for p in others)})" if others else "")
+    raise ProbeError(
+        f"--probe: {torch.cuda.get_device_name(index)} has {available / _GIB:.2f} GiB free and the estimate needs "
+        f"{estimate_summary.total_bytes / _GIB:.2f} GiB{held}; free the GPU (stop those processes) or probe a "
+        "smaller plan (`canifinetune suggest`) — measuring now would only show an out-of-memory error"
+    )
+
+
+@dataclass
+class _Measured:
+    peak_allocated: int
+    peak_reserved: int
+    total: int  # this process on the GPU at its peak
+    source: str  # how ``total`` was measured
+    losses: list[float]
+    samples: int
+
+
+def _measure(torch, index: int, before: _Before, plan: TrainingPlan, steps: int, *, recipe_dir: Path | None,
+             device: str | None) -> _Measured:
+    """Train ``steps`` steps on synthetic samples and read the peaks (NVML's process figure when it has one)."""
     from .runtime import model_source, prepare
 
     config, _ = model_source(plan, recipe_dir)
@@ -180,8 +246,8 @@ def probe(
         reserved_now = torch.cuda.memory_reserved(index)
         losses = [float(h["loss"]) for h in prepared.trainer.state.log_history if "loss" in h]
         own_end = None
-        if nvml is not None:
-            mine = [p for p in _nvml_processes(nvml, handle) if p.pid == me]
+        if before.nvml is not None:
+            mine = [p for p in _nvml_processes(before.nvml, before.handle) if p.pid == os.getpid()]
             own_end = mine[0].bytes if mine else None
         if own_end is not None:
             # NVML's figure is now; outside torch's reserved pool it is the context and kernel images
@@ -189,28 +255,13 @@ def probe(
             source = "NVML: this process's GPU memory now, minus torch's reserved pool now, plus the reserved peak"
         else:
             free_end, _ = torch.cuda.mem_get_info(index)
-            context_and_others = max(0, (device_total - free_before) - reserved_at_start)
+            context_and_others = max(0, (before.device_total - before.free) - before.reserved_at_start)
             total = peak_reserved + context_and_others
             source = ("torch.cuda.mem_get_info: reserved peak plus everything on the GPU before the model loaded "
                       "(this process's CUDA context and any other process): an upper bound")
         del prepared
-    return ProbeResult(
-        steps=steps,
-        device=f"cuda:{index}",
-        gpu_name=torch.cuda.get_device_name(index),
-        device_total_bytes=int(device_total),
-        free_bytes_before=int(free_before),
-        other_processes=others,
-        other_processes_bytes=others_bytes,
-        peak_allocated_bytes=int(peak_alloc),
-        peak_reserved_bytes=int(peak_reserved),
-        process_total_bytes=int(total),
-        process_total_source=source,
-        estimate=estimate_summary,
-        losses=losses,
-        samples=f"synthetic: {len(ids)} samples of exactly {plan.seq_len} tokens (what the estimate assumes)",
-        notes=notes,
-    )
+    return _Measured(peak_allocated=peak_alloc, peak_reserved=peak_reserved, total=total, source=source,
+                     losses=losses, samples=len(ids))
 
 
 def format_probe(result: ProbeResult) -> str:
