@@ -293,26 +293,9 @@ def write_recipe(recipe: Recipe, out_dir: str | Path, *, force: bool = False) ->
     and then renamed into place, so the folder ends with all of them or none (a failure puts back what was
     there). Files are UTF-8 with LF line ends on every platform.
     """
-    if not str(out_dir).strip():
-        raise RecipeError("--out: must name a folder (use --out . for the current folder); got ''")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RecipeError(f"--out: cannot create {out}: {exc.strerror or exc}") from None
-    if not out.is_dir():
-        raise RecipeError(f"--out: {out} is not a folder")
-    root = out.resolve()
+    root = _out_folder(out_dir)
     names = list(recipe.files)
-    existing: set[str] = set()
-    for name in names:  # every check before anything is written
-        if name not in FILE_NAMES or name != os.path.basename(name) or name in ("", ".", ".."):
-            raise RecipeError(f"recipe: refusing to write {name!r}: not one of the recipe's files")
-        problem = _target_problem(root / name, force)
-        if problem is not None:
-            raise RecipeError(f"--out: refusing to write {str(root / name)!r}: {problem}")
-        if os.path.lexists(root / name):
-            existing.add(name)
+    existing = _checked_targets(names, root, force)  # every check before anything is written
     try:
         staging = Path(tempfile.mkdtemp(prefix=".canifinetune-recipe-", dir=root))
     except OSError as exc:
@@ -320,16 +303,7 @@ def write_recipe(recipe: Recipe, out_dir: str | Path, *, force: bool = False) ->
     placed: list[str] = []
     backups: dict[str, Path] = {}
     try:
-        for name in names:
-            staged = staging / name
-            with open(staged, "x", encoding="utf-8", newline="\n") as handle:
-                handle.write(recipe.files[name])
-            if name == LAUNCH_FILE:
-                try:
-                    staged.chmod(0o755)
-                except OSError:  # pragma: no cover - e.g. some Windows file systems
-                    pass
-        (staging / ".old").mkdir()
+        _stage(recipe, names, staging)
         for name in names:
             target = root / name
             if name in existing:  # --force: move the old file aside (a rename never writes through a link)
@@ -343,20 +317,7 @@ def write_recipe(recipe: Recipe, out_dir: str | Path, *, force: bool = False) ->
                 _place_new(staging / name, target)
             placed.append(name)
     except BaseException as exc:
-        for name in reversed(placed):  # put back what was there
-            try:
-                if name in backups:
-                    os.replace(backups.pop(name), root / name)
-                else:
-                    os.unlink(root / name)
-            except OSError:
-                pass
-        for name, backup in backups.items():
-            if name not in placed:
-                try:
-                    os.replace(backup, root / name)
-                except OSError:
-                    pass
+        _put_back(root, placed, backups)
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, RecipeError):
             raise
@@ -366,6 +327,66 @@ def write_recipe(recipe: Recipe, out_dir: str | Path, *, force: bool = False) ->
         raise
     shutil.rmtree(staging, ignore_errors=True)
     return [root / name for name in names]
+
+
+def _out_folder(out_dir: str | Path) -> Path:
+    """``out_dir`` created if missing and resolved; a RecipeError when it cannot be a folder."""
+    if not str(out_dir).strip():
+        raise RecipeError("--out: must name a folder (use --out . for the current folder); got ''")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecipeError(f"--out: cannot create {out}: {exc.strerror or exc}") from None
+    if not out.is_dir():
+        raise RecipeError(f"--out: {out} is not a folder")
+    return out.resolve()
+
+
+def _checked_targets(names: list[str], root: Path, force: bool) -> set[str]:
+    """The names that exist already, once every name is one of the recipe's files and every target may be written."""
+    existing: set[str] = set()
+    for name in names:
+        if name not in FILE_NAMES or name != os.path.basename(name) or name in ("", ".", ".."):
+            raise RecipeError(f"recipe: refusing to write {name!r}: not one of the recipe's files")
+        problem = _target_problem(root / name, force)
+        if problem is not None:
+            raise RecipeError(f"--out: refusing to write {str(root / name)!r}: {problem}")
+        if os.path.lexists(root / name):
+            existing.add(name)
+    return existing
+
+
+def _stage(recipe: Recipe, names: list[str], staging: Path) -> None:
+    """Write every file into the staging folder (UTF-8, LF; launch.sh executable), and its .old folder."""
+    for name in names:
+        staged = staging / name
+        with open(staged, "x", encoding="utf-8", newline="\n") as handle:
+            handle.write(recipe.files[name])
+        if name == LAUNCH_FILE:
+            try:
+                staged.chmod(0o755)
+            except OSError:  # pragma: no cover - e.g. some Windows file systems
+                pass
+    (staging / ".old").mkdir()
+
+
+def _put_back(root: Path, placed: list[str], backups: dict[str, Path]) -> None:
+    """Undo a half-written recipe: remove what was placed and restore what --force moved aside."""
+    for name in reversed(placed):  # put back what was there
+        try:
+            if name in backups:
+                os.replace(backups.pop(name), root / name)
+            else:
+                os.unlink(root / name)
+        except OSError:
+            pass
+    for name, backup in backups.items():
+        if name not in placed:
+            try:
+                os.replace(backup, root / name)
+            except OSError:
+                pass
 
 
 def _target_problem(target: Path, force: bool) -> str | None:
