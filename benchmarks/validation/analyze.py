@@ -320,6 +320,11 @@ def _gib(n) -> str:
     return "—" if n is None else f"{n / GIB:.3f}"
 
 
+def _accuracy_cases() -> int:
+    data = json.loads((ROOT / "tests" / "accuracy_cases.json").read_text(encoding="utf-8"))
+    return len(data if isinstance(data, list) else data.get("cases", []))
+
+
 def render(summary: dict, cohort: dict) -> str:
     fake = summary["modes"]["fake"]
     cuda = summary["modes"]["cuda"]
@@ -333,7 +338,7 @@ def render(summary: dict, cohort: dict) -> str:
         f"`{summary['calibration_version']}` (`estimator/data/calibration.json`), unchanged by these results: no "
         "coefficient was fitted on the cohort.",
         "",
-        "Reproduce (the whole cohort in fake mode, about 25 minutes on 2 CPU cores; then the report):",
+        "Reproduce (the whole cohort in fake mode, on CPU; then the report):",
         "",
         "```sh",
         f"python benchmarks/validation/run_cohort.py --mode fake --cohort benchmarks/validation/{summary['cohort']}.json"
@@ -344,7 +349,8 @@ def render(summary: dict, cohort: dict) -> str:
         "",
         "Each case runs in its own process. Error = (estimate − measured) / measured: positive is an overestimate. "
         "How a step is measured without a GPU: [measuring.md](measuring.md). Separately, `tests/test_accuracy.py` "
-        "(17 cases in `tests/accuracy_cases.json`) and the CI subset in `tests/test_validation.py` keep every estimate "
+        f"({_accuracy_cases()} cases in `tests/accuracy_cases.json`), `tests/test_validation_bounds.py` (every stored "
+        "measurement of every cohort against today's estimate) and the CI subsets keep every estimate "
         "within −2% / +10% of its fake-mode measurement on each test run.",
         "",
         "## Headline",
@@ -584,6 +590,27 @@ NOTES = {
         "before any of its exact plans was measured (the modelling measured other seq_len x batch shapes): its "
         "recorded figures are prospective for the estimator as committed then, and the estimator at 34b867a gives "
         "the same errors for all 15 cases.",
+    ],
+    "cohort-v4": [
+        "Cohort v4 (DPO, KTO and GRPO's loss step; commit 345eeba) was frozen before any of its plans was measured. "
+        "It ran twice: the first run (results in commit 56253db) used a harness and an estimate that kept LoRA "
+        "dropout on; TRL 1.16's DPO and KTO trainers disable dropout (disable_dropout=True), so both were "
+        "corrected and the cohort re-run unchanged (b667c4b). Both runs were within -2% / +10%; the figures here "
+        "are the second run's. GRPO's loss step is measured over prompt and completion positions as TRL's CPU path "
+        "scores them (a GPU scores only completions: the estimate is an upper bound there); generation and the KV "
+        "cache are checked separately (tests/test_trainers_memory.py), vLLM not at all (its allocator is not "
+        "available here: the colocate reservation rests on vLLM's documented gpu_memory_utilization).",
+    ],
+    "cohort-v5": [
+        "Cohort v5 (reward modelling, LoRA and QLoRA; commit 5fa054d) was frozen before any of its plans was "
+        "measured. It uses models of 0.36B parameters and up: on a 135M model the 32 MiB cuBLAS workspace the "
+        "estimate counts (and fake tensors cannot see) alone is several percent of the peak.",
+    ],
+    "cohort-v6": [
+        "Cohort v6 (ORPO full, LoRA and QLoRA; reward-model full fine-tuning; commit 5dd5bbd) was frozen before any "
+        "of its plans was measured; the modelling had been explored on other shapes first. ORPO's log-probabilities "
+        "are measured as TRL's Triton kernel allocates them on a GPU (the harness routes selective_log_softmax; "
+        "the CPU fallback allocates more).",
     ],
 }
 
