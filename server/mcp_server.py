@@ -495,27 +495,34 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
     from mcp.server.apps import Apps
 
     from .app import BUDGET_APP_URI, budget_app_html
-    from canifinetune.estimator.search import SuggestResult
 
     apps = Apps()
     apps.add_html_resource(BUDGET_APP_URI, budget_app_html(), name="budget-picture", title="GPU memory budget",
                            description="The budget as a stacked bar against the GPU, and suggestions side by side.")
     apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=annotations)(
-        _tool_function("estimate_memory", functools.partial(estimate_memory_impl, offline=hub_offline), tool_parameters(MEMORY_FIELDS), EstimateView,
-                       ESTIMATE_DOC))
+        _tool_function("estimate_memory", functools.partial(estimate_memory_impl, offline=hub_offline),
+                       tool_parameters(MEMORY_FIELDS), EstimateView, ESTIMATE_DOC))
     apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=annotations)(
-        _tool_function("suggest_cheaper_config", functools.partial(suggest_impl, offline=hub_offline), tool_parameters(MEMORY_FIELDS, keep=True),
-                       SuggestView, SUGGEST_DOC))
+        _tool_function("suggest_cheaper_config", functools.partial(suggest_impl, offline=hub_offline),
+                       tool_parameters(MEMORY_FIELDS, keep=True), SuggestView, SUGGEST_DOC))
     mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
                              instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
 
-    mcp.add_tool(_tool_function("make_recipe", functools.partial(recipe_impl, offline=hub_offline), tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS),
-                                RecipeView, RECIPE_DOC),
+    mcp.add_tool(_tool_function("make_recipe", functools.partial(recipe_impl, offline=hub_offline),
+                                tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS), RecipeView, RECIPE_DOC),
                  title="Make a runnable fine-tuning recipe", annotations=annotations)
     for tool in mcp._tool_manager.list_tools():  # what tools/list sends: small (server/mcp_views.py)
         compact_schema(tool.parameters, arguments=True)
         if tool.fn_metadata.output_schema is not None:
             compact_schema(tool.fn_metadata.output_schema, arguments=False)
+
+    _add_resources(mcp, hub_offline)
+    _add_prompt_and_completions(mcp)
+    return mcp
+
+
+def _add_resources(mcp: CanIFinetuneServer, hub_offline: bool) -> None:
+    """The catalogs, a model's spec, the memory model, the plan's schema and the files of a recipe."""
 
     @mcp.resource("canifinetune://catalog/gpus", name="gpu-catalog", title="GPU catalog", mime_type="application/json",
                   description="Every catalog GPU: name, aliases, memory as sold and usable bytes, bf16 support, throughput.")
@@ -565,6 +572,8 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
         except CanIFinetuneError as exc:
             raise ResourceNotFoundError(safe_text(exc)) from exc
 
+
+def _add_prompt_and_completions(mcp: CanIFinetuneServer) -> None:
     @mcp.prompt(name="fit_finetune", title="Fit a fine-tune on a GPU",
                 description="Walks the assistant through estimate -> suggest -> recipe for one model and GPU.")
     def fit_finetune(
@@ -582,8 +591,6 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
         if argument.name == "gpu":
             return _complete_values("gpu", argument.value)
         return None
-
-    return mcp
 
 
 # --------------------------------------------------------------------------------------------- transports
