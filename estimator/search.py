@@ -73,7 +73,7 @@ class SuggestResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-# ------------------------------------------------------------------ knobs
+# ------------------------------------------------------------------ evaluating plans
 
 def _freeze(v):
     return tuple(v) if isinstance(v, list) else v
@@ -87,8 +87,6 @@ class _Evaluator:
         self.rm = rm
         self.cache: dict[frozenset, tuple[TrainingPlan, Estimate] | None] = {}
         self.tp_cache: dict[frozenset, Throughput] = {}
-        self.min_bytes: int | None = None
-        self.min_changes: dict = {}
 
     def key(self, changes: dict) -> frozenset:
         return frozenset((k, _freeze(v)) for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v))
@@ -107,10 +105,17 @@ class _Evaluator:
         except (ValidationError, CanIFinetuneError):
             out = None
         self.cache[k] = out
-        if (out is not None and out[0].num_gpus == self.plan.num_gpus
-                and (self.min_bytes is None or out[1].budget_bytes < self.min_bytes)):
-            self.min_bytes, self.min_changes = out[1].budget_bytes, self.clean(changes)
         return out
+
+    def least_budget(self) -> tuple[TrainingPlan, Estimate] | None:
+        """The plan with the least budget of every plan evaluated so far on the original number of GPUs (the first
+        evaluated on a tie), or None when none was legal."""
+        best = None
+        for got in self.cache.values():  # in the order they were evaluated
+            if got is not None and got[0].num_gpus == self.plan.num_gpus and (
+                    best is None or got[1].budget_bytes < best[1].budget_bytes):
+                best = got
+        return best
 
     def fits(self, changes: dict) -> bool:
         got = self.get(changes)
@@ -129,9 +134,6 @@ class _Evaluator:
         if training_tokens is None:
             self.tp_cache[k] = tp
         return tp
-
-
-# ------------------------------------------------------------------ cost
 
 
 # ------------------------------------------------------------------ the search
@@ -554,7 +556,8 @@ def _rank(search: _Search, result: SuggestResult, max_suggestions: int, training
 
 
 def _least_memory_on_this_gpu(search: _Search, result: SuggestResult) -> None:
-    """The minimum reachable on this GPU: every same-hardware knob at its strongest (and all plans tried)."""
+    """The minimum reachable on this GPU: the least budget of every plan tried, the plan with every same-hardware
+    knob at its strongest included."""
     ev, plan = search.ev, search.plan
     strongest: dict = {}
     for knob in search.knobs:
@@ -562,8 +565,10 @@ def _least_memory_on_this_gpu(search: _Search, result: SuggestResult) -> None:
             lv = _strongest(ev, strongest, knob)
             if lv is not None:
                 strongest.update(lv)
-    result.min_reachable_bytes = ev.min_bytes
-    result.min_reachable_changes = _changes_list(plan, plan.replace(**ev.min_changes)) if ev.min_changes else []
+    ev.get(strongest)  # evaluated already by _strongest: the walk's own result, among the plans tried
+    least = ev.least_budget()
+    result.min_reachable_bytes = least[1].budget_bytes if least is not None else None
+    result.min_reachable_changes = _changes_list(plan, least[0]) if least is not None and least[0] is not plan else []
 
 
 def _smallest_gpu_for(plan: TrainingPlan, budget_bytes: int) -> catalog.CatalogGPU | None:
