@@ -304,7 +304,8 @@ class TrainingPlan(BaseModel):
     gpu: SafeName | None = Field(None, description="Target GPU from the catalog ('RTX 4090', 'A100 80GB', 'H100').")
     gpu_vram_gb: float | None = Field(
         None, gt=0, le=MAX_GPU_VRAM_GB,
-        description="Target GPU memory in GB as sold (16 for a 16 GB card), instead of gpu."
+        description="Target GPU memory, read as GiB (2^30 bytes, as torch reports total_memory): 16 for a 16 GB "
+                    "card. Instead of gpu."
     )
     # --- the run itself (recipe) ---
     dataset: SafeName | None = Field(
