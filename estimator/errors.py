@@ -35,11 +35,20 @@ class CanIFinetuneError(ValueError):
     """Base class: an input canifinetune cannot estimate, with a message a person or a model can act on."""
 
     field: str | None = None
+    reason: str | None = None  # the message without the field, when it was built by :meth:`about`
 
     def __init__(self, message: str, *, field: str | None = None):
         super().__init__(message)
         if field is not None:
             self.field = field
+
+    @classmethod
+    def about(cls, field: str, reason: str):
+        """An error about ``field``: its message is 'field: reason', and both parts stay readable apart (a check
+        across fields raises it inside a pydantic validator; :func:`raised_field` reads it back)."""
+        error = cls(f"{field}: {reason}", field=field)
+        error.reason = reason
+        return error
 
 
 class ModelConfigError(CanIFinetuneError):
@@ -112,27 +121,40 @@ class UsageError(CanIFinetuneError):
     """A bad command line: printed as one line, exit 2."""
 
 
+def raised_field(err: dict) -> tuple[str, str] | None:
+    """(field, reason) of a pydantic error raised as ``CanIFinetuneError.about(field, reason)`` inside a validator
+    (a check across fields: pydantic's ``loc`` is then empty), read from the error's ``ctx``; None otherwise."""
+    raised = (err.get("ctx") or {}).get("error")
+    if isinstance(raised, CanIFinetuneError) and raised.field and raised.reason is not None:
+        return raised.field, raised.reason
+    return None
+
+
 def describe_validation_error(exc) -> str:
-    """One readable line per problem of a pydantic ValidationError: 'field: what is wrong; got value'."""
+    """One readable line per problem of a pydantic ValidationError: 'field: what is wrong; got value'.
+
+    Read from each error's structured form: ``loc`` names the field (or, for a check across fields, the error
+    raised names it: :func:`raised_field`), ``type`` the kind of problem, ``ctx['error']`` the validator's own
+    message and ``input`` the value; pydantic's message text is used only for its built-in checks."""
     lines = []
     for err in exc.errors(include_url=False):
         loc = ".".join(str(part) for part in err.get("loc", ()) if not isinstance(part, int)) or "plan"
-        msg = str(err.get("msg", "invalid value"))
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        if msg.startswith(f"{loc}: "):
-            msg = msg[len(loc) + 2:]
-        elif loc == "plan" and ": " in msg and msg.split(": ", 1)[0].isidentifier():
-            loc, msg = msg.split(": ", 1)  # a cross-field check names its own field first
-            err = {**err, "type": "cross_field"}
+        kind = err.get("type")
+        named = raised_field(err)
+        raised = (err.get("ctx") or {}).get("error")
+        if named is not None and loc == "plan":
+            (loc, msg), kind = named, "cross_field"
+        elif kind == "value_error" and raised is not None:
+            msg = str(raised)  # the validator's own message, without pydantic's 'Value error, '
+        else:
+            msg = str(err.get("msg", "invalid value"))
         got = err.get("input")
-        if (isinstance(got, float) and got != got) or got in (float("inf"), float("-inf")):
+        if isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
             msg = "must be a finite number"
-        if err.get("type") == "extra_forbidden":
+        if kind == "extra_forbidden":
             msg = "is not a known field"
         text = f"{loc}: {msg}"
-        shows_value = err.get("type") not in ("extra_forbidden", "missing", "cross_field") and loc != "plan"
-        if shows_value and not isinstance(got, dict):
+        if kind not in ("extra_forbidden", "missing", "cross_field") and loc != "plan" and not isinstance(got, dict):
             shown = repr(got)
             text += f"; got {shown[:80] + '...' if len(shown) > 80 else shown}"
         lines.append(text)

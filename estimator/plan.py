@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .errors import PlanError
 from .stacks import STACKS, Stack
 from .trainers import TRAINER_FIELDS, TRAINERS, refused_fields
 
@@ -371,42 +372,42 @@ class TrainingPlan(BaseModel):
         self._check_stack_fields()
         self._check_trainer_fields()
         if self.method == "full" and (four_bit or self.load_in_8bit):
-            raise ValueError(
-                "method: full fine-tuning cannot train a quantized base; use method 'qlora' (4-bit) or 'lora', "
+            raise PlanError.about("method",
+                "full fine-tuning cannot train a quantized base; use method 'qlora' (4-bit) or 'lora', "
                 "or turn quantization off"
             )
         if self.method == "qlora" and self.load_in_4bit is False:
-            raise ValueError("load_in_4bit: qlora means a 4-bit base; use method 'lora' for an unquantized base")
+            raise PlanError.about("load_in_4bit", "qlora means a 4-bit base; use method 'lora' for an unquantized base")
         if self.method == "lora" and self.load_in_4bit:
-            raise ValueError("load_in_4bit: a 4-bit base with adapters is method 'qlora'; set method to 'qlora'")
+            raise PlanError.about("load_in_4bit", "a 4-bit base with adapters is method 'qlora'; set method to 'qlora'")
         if four_bit and self.load_in_8bit:
-            raise ValueError("load_in_8bit: 4-bit and 8-bit quantization cannot both be on; pick one")
+            raise PlanError.about("load_in_8bit", "4-bit and 8-bit quantization cannot both be on; pick one")
         if self.sharding == "none" and self.num_gpus > 1:
-            raise ValueError(
-                f"sharding: {self.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
+            raise PlanError.about("sharding",
+                f"{self.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
                 "fsdp_full_shard, fsdp_shard_grad_op); got 'none'"
             )
         if self.offload_params and self.sharding not in ("zero3", "fsdp_full_shard"):
-            raise ValueError(
-                f"offload_params: parameter offload needs sharding 'zero3' or 'fsdp_full_shard'; got '{self.sharding}'"
+            raise PlanError.about("offload_params",
+                f"parameter offload needs sharding 'zero3' or 'fsdp_full_shard'; got '{self.sharding}'"
             )
         if self.offload_optimizer and self.sharding in ("none", "ddp"):
-            raise ValueError(
-                f"offload_optimizer: optimizer offload needs ZeRO or FSDP sharding; got '{self.sharding}'"
+            raise PlanError.about("offload_optimizer",
+                f"optimizer offload needs ZeRO or FSDP sharding; got '{self.sharding}'"
             )
         if self.offload_optimizer and not self.offload_params and self.sharding.startswith("fsdp"):
             # FSDP has one offload (accelerate's fsdp_offload_params, torch's CPUOffloadPolicy): parameters, gradients
             # and the optimizer step move to the CPU together; there is no optimizer-only offload to render
-            raise ValueError(
-                "offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
+            raise PlanError.about("offload_optimizer",
+                "FSDP offloads parameters, gradients and optimizer states together; set "
                 "offload_params: true as well (sharding fsdp_full_shard), or use sharding zero2/zero3 to offload only "
                 "the optimizer"
             )
         if self.precision == "mixed" and self.dtype == "fp32":
-            raise ValueError("precision: 'mixed' means fp32 master weights with bf16/fp16 compute; "
+            raise PlanError.about("precision", "'mixed' means fp32 master weights with bf16/fp16 compute; "
                              "with dtype fp32 use 'pure'")
         if self.gpu is not None and self.gpu_vram_gb is not None:
-            raise ValueError("gpu: give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
+            raise PlanError.about("gpu", "give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
         return self
 
     def _check_trainer_fields(self) -> None:
@@ -414,28 +415,28 @@ class TrainingPlan(BaseModel):
         values = {name: getattr(self, name) for name in TRAINER_FIELDS}
         for name in refused_fields(self.trainer, values):
             owners = ", ".join(t for t in TRAINERS if t in TRAINER_FIELDS[name])
-            raise ValueError(f"{name}: a setting of trainer {owners}; got trainer '{self.trainer}'")
+            raise PlanError.about(name, f"a setting of trainer {owners}; got trainer '{self.trainer}'")
 
     def _check_stack_fields(self) -> None:
         """The PEFT/TRL knobs: refused where they mean nothing, or where their memory is not modelled."""
         if self.activation_offloading:
-            raise ValueError(
-                "activation_offloading: TRL's activation offloading (saved activations moved to the CPU) is not "
+            raise PlanError.about("activation_offloading",
+                "TRL's activation offloading (saved activations moved to the CPU) is not "
                 "modelled yet; estimate without it (an upper bound for the GPU) and leave it off in the plan"
             )
         if self.use_liger_kernel:
-            raise ValueError(
-                "use_liger_kernel: Liger's fused kernels are not modelled yet; estimate without them (for the loss, "
+            raise PlanError.about("use_liger_kernel",
+                "Liger's fused kernels are not modelled yet; estimate without them (for the loss, "
                 "loss_implementation 'chunked' is close to Liger's fused linear cross-entropy)"
             )
         if not self.uses_adapters:
             for name in ("modules_to_save", "use_dora", "adapter_dtype", "prepare_model_for_kbit_training"):
                 if getattr(self, name) not in (None, False):
-                    raise ValueError(f"{name}: a PEFT setting, for method 'lora' or 'qlora'; got method "
+                    raise PlanError.about(name, f"a PEFT setting, for method 'lora' or 'qlora'; got method "
                                      f"'{self.method}'")
         if self.prepare_model_for_kbit_training and not (self.quantized_4bit or self.load_in_8bit):
-            raise ValueError(
-                "prepare_model_for_kbit_training: it prepares a 4-bit or 8-bit base; use method 'qlora' or "
+            raise PlanError.about("prepare_model_for_kbit_training",
+                "it prepares a 4-bit or 8-bit base; use method 'qlora' or "
                 "load_in_8bit, or leave it null"
             )
 

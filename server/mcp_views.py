@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from canifinetune.estimator.costs import PlanValue
-from canifinetune.estimator.errors import safe_text
+from canifinetune.estimator.errors import raised_field, safe_text
 from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, TrainingPlan, normalize_raw
 
 PLAN_SCHEMA_URI = "canifinetune://schema/plan"
@@ -274,7 +274,8 @@ def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
         field = f"{prefix}{name}" if name else (prefix.rstrip(".") or "plan")
         err = errs[0]
         kind, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
-        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        raised = ctx.get("error")  # a validator's own exception: its message, without pydantic's "Value error, "
+        msg = str(raised) if kind == "value_error" and raised is not None else str(err.get("msg", "invalid value"))
         if len(errs) > 1 and all(e["_rest"] for e in errs):  # a union: one error per branch
             choices = _union_choices([e["_rest"][0] for e in errs])
             if name in LIST_FIELDS:
@@ -292,8 +293,8 @@ def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
             sentences.append(f"{field} is required{hint}")
         elif kind == "extra_forbidden":
             sentences.append(f"{field}: is not a known field")
-        elif not name and ": " in msg and msg.split(": ", 1)[0].isidentifier():
-            sentences.append(msg)  # a cross-field check names its own field first
+        elif not name and (named := raised_field(err)) is not None:
+            sentences.append(f"{named[0]}: {named[1]}")  # a cross-field check names its own field (estimator/errors.py)
         elif kind in _MUST:
             sentences.append(f"{field}: {_shown(got)} is not {_MUST[kind]}")
         elif kind in _BOUNDS and _BOUNDS[kind][0] in ctx:
@@ -303,7 +304,6 @@ def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
         else:
             if isinstance(got, float) and (got != got or got in (float("inf"), float("-inf"))):
                 msg = "must be a finite number"
-            msg = msg.removeprefix(f"{name}: ")
             sentences.append(f"{field}: {msg}" + ("" if isinstance(got, dict) else f"; got {_shown(got)}"))
     return "; ".join(sentences)
 
