@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import describe_validation_error, safe_text
+from ..errors import describe_validation_error, raised_field, safe_text
 from ..plan import TrainingPlan
 from . import accelerate, axolotl, deepspeed, detect, llama_factory, parse, peft_adapter, transformers_args, trl
 from .reading import Reading, deepspeed_from_name
@@ -157,7 +157,9 @@ def _plan(data: dict[str, Any], readings: list[Reading]) -> TrainingPlan:
         return TrainingPlan(**data)
     except ValidationError as exc:
         text = describe_validation_error(exc)
-        fields = {e["loc"][0] for e in exc.errors() if e.get("loc")} | {text.split(":", 1)[0]}
+        errors = exc.errors()
+        fields = ({e["loc"][0] for e in errors if e.get("loc")}  # a field's own check, or a cross-field one's field
+                  | {named[0] for e in errors if (named := raised_field(e)) is not None})
         keys = [f"{u.key} ({r.doc.where(u.key)})" for r in readings for u in r.used if u.field in fields]
         where = f" (from {', '.join(keys[:4])})" if keys else ""
         raise ConfigError(safe_text(f"{text}{where}")) from None
