@@ -356,26 +356,8 @@ def trainer_step_peaks(r, phases_module):
         policy = orpo_qlora_policy(policy)
     end_grad = reward_embedding_grad_bytes(policy, r.spec) if plan.trainer == "reward" else 0
     forward, backward, optimizer, sizes = phases_module.step_peaks(policy, end_grad=end_grad)
-    mode = reference_mode(plan)
-    ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
-    why = {"copy": "a second frozen copy of the base model (TRL loads it in the policy's dtype)",
-           "adapter_disabled": "none: the reference is the policy's base with its LoRA adapters disabled",
-           "none": ("none: beta is 0, GRPO loads no reference model" if plan.trainer == "grpo" else
-                    "none: ORPO has no reference model" if plan.trainer == "orpo" else
-                    "none: the reference log-probabilities are precomputed before training")}[mode]
-    ref_item = Item("reference_model", ref_w, why)
-    if plan.trainer == "reward":  # no reference; the input embedding the one-token-vocabulary model left out
-        ref_w = reward_embedding_bytes(policy, r.spec)
-        ref_item = Item("reward_model_embedding_and_score", ref_w,
-                        f"the reward model's input embedding ({r.spec.vocab_size} x {r.spec.hidden_size}, "
-                        + ("trained: weight and AdamW states; its gradient from the end of backward" if policy.full
-                           else "frozen") + ") and its score head (H -> 1"
-                        + ("" if policy.full else ", PEFT's trainable copy") + "): no lm_head, no vocabulary logits")
-    rows_note = {"dpo": f"DPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
-                 "orpo": f"ORPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
-                 "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
-                 "reward": f"reward model: chosen and rejected, {policy.plan.batch_size} rows of {plan.seq_len} tokens",
-                 "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)"}[plan.trainer]
+    ref_w, ref_item = _reference_item(r, policy, Item)
+    rows_note = _rows_note(plan, policy)
 
     def with_ref(p):
         items = tuple(Item(i.name, i.bytes, i.explanation + ("; " + rows_note if i.name == "activations" else ""))
@@ -383,49 +365,14 @@ def trainer_step_peaks(r, phases_module):
         return PhasePeak(p.phase, p.bytes + ref_w, items[:1] + (ref_item,) + items[1:])
 
     fwd = with_ref(forward)
+    orpo_bwd = None
     if plan.trainer == "orpo":  # the chunked head's terms give way to ORPO's full-logits loss (orpo_logits_bytes)
-        fwd_loss, bwd_loss = orpo_logits_bytes(policy)
-        keep = ("weights", "reference_model", "quantization_constants", "lora_adapters", "optimizer_states",
-                "cuda_workspaces", "activations")
-        base = tuple(i for i in fwd.items if i.name in keep)
-        below = sum(i.bytes for i in base)
-        note = (f"ORPO's loss on the full logits: {policy.tokens} tokens x {r.spec.vocab_size} vocab in fp32 "
-                "(accelerate's upcast), the chosen rows' cross-entropy and Triton selective_log_softmax")
-        if below + fwd_loss > fwd.bytes:
-            fwd = PhasePeak("forward", below + fwd_loss, base + (Item("logits_and_loss", fwd_loss, note),))
-        orpo_bwd = PhasePeak("backward", below + bwd_loss, base + (Item("logits_and_loss", bwd_loss, note + "; in "
-                             "backward three fp32 T x V gradients at once (both branches' and their sum)"),))
-    else:
-        orpo_bwd = None
-    if mode != "none" and plan.trainer in ("dpo", "kto"):
-        ref_fwd = reference_forward_bytes(policy)
-        kept = {i.name: i.bytes for i in fwd.items}
-        statics = sum(kept.get(n, 0) for n in ("weights", "reference_model", "quantization_constants",
-                                                "lora_adapters", "optimizer_states", "cuda_workspaces"))
-        from . import memory as m
-        loss_kept = m.loss_forward_bytes(policy) + m.lm_head_cast_bytes(policy)
-        total = statics + kept.get("activations", 0) + loss_kept + ref_fwd
-        if total > fwd.bytes:
-            items = tuple(i for i in fwd.items if i.name in ("weights", "reference_model", "quantization_constants",
-                                                             "lora_adapters", "optimizer_states", "cuda_workspaces",
-                                                             "activations"))
-            fwd = PhasePeak("forward", total, items + (
-                Item("logits_and_loss", loss_kept, "the policy's fused-head outputs and final hidden states, kept for backward"),
-                Item("reference_forward", ref_fwd, "the reference forward under no_grad: one block's temporaries "
-                     "(MLP or attention), the residual stream and the reference's per-token log-probabilities")))
+        fwd, orpo_bwd = _orpo_loss_phases(r, policy, fwd, Item, PhasePeak)
+    if reference_mode(plan) != "none" and plan.trainer in ("dpo", "kto"):
+        fwd = _with_reference_forward(policy, fwd, Item, PhasePeak)
     extra = []
     if plan.trainer == "grpo" and not resolved_trainer_fields(plan).get("use_vllm"):
-        kv, transient, when = generation_bytes(policy, plan)
-        statics = tuple(i for i in fwd.items if i.name in ("weights", "reference_model", "quantization_constants",
-                                                           "lora_adapters", "optimizer_states", "cuda_workspaces"))
-        rows = generation_rows(plan)
-        tokens = plan.seq_len if when == "decode" else plan.seq_len - int(resolved_trainer_fields(plan)["max_completion_length"])  # type: ignore[arg-type]
-        extra.append(PhasePeak("generation", sum(i.bytes for i in statics) + kv + transient, statics + (
-            Item("kv_cache", kv, f"model.generate's KV cache at the {when}: 2 x {r.spec.num_layers} layers x "
-                 f"{r.spec.kv_dim} kv_dim x {tokens} tokens x {rows} sequences in {policy.compute_dtype}"),
-            Item("generation_temporaries", transient,
-                 "the prefill's no-grad block temporaries over the prompts" if when == "prefill" else
-                 "one layer's cache being concatenated and the sampling's fp32 next-token logits"))))
+        extra.append(_generation_phase(r, policy, fwd, Item, PhasePeak))
     bwd = with_ref(backward)
     if orpo_bwd is not None and orpo_bwd.bytes > bwd.bytes:
         bwd = orpo_bwd
@@ -436,6 +383,88 @@ def trainer_step_peaks(r, phases_module):
             Item(i.name, i.bytes + opt_extra, i.explanation + "; and the input embedding's")
             if i.name == "optimizer_temporaries" else i for i in opt.items))
     return fwd, bwd, opt, sizes, tuple(extra)
+
+
+_STATIC_NAMES = ("weights", "reference_model", "quantization_constants", "lora_adapters", "optimizer_states",
+                 "cuda_workspaces")
+
+
+def _reference_item(r, policy, Item):
+    """(bytes, item) of the reference model in every phase (a reward model: its input embedding and score head)."""
+    from .resolved import resolve
+
+    plan = r.plan
+    mode = reference_mode(plan)
+    ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
+    why = {"copy": "a second frozen copy of the base model (TRL loads it in the policy's dtype)",
+           "adapter_disabled": "none: the reference is the policy's base with its LoRA adapters disabled",
+           "none": ("none: beta is 0, GRPO loads no reference model" if plan.trainer == "grpo" else
+                    "none: ORPO has no reference model" if plan.trainer == "orpo" else
+                    "none: the reference log-probabilities are precomputed before training")}[mode]
+    if plan.trainer != "reward":
+        return ref_w, Item("reference_model", ref_w, why)
+    # no reference; the input embedding the one-token-vocabulary model left out
+    ref_w = reward_embedding_bytes(policy, r.spec)
+    return ref_w, Item("reward_model_embedding_and_score", ref_w,
+                       f"the reward model's input embedding ({r.spec.vocab_size} x {r.spec.hidden_size}, "
+                       + ("trained: weight and AdamW states; its gradient from the end of backward" if policy.full
+                          else "frozen") + ") and its score head (H -> 1"
+                       + ("" if policy.full else ", PEFT's trainable copy") + "): no lm_head, no vocabulary logits")
+
+
+def _rows_note(plan, policy) -> str:
+    return {"dpo": f"DPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
+            "orpo": f"ORPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
+            "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
+            "reward": f"reward model: chosen and rejected, {policy.plan.batch_size} rows of {plan.seq_len} tokens",
+            "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)"}[plan.trainer]
+
+
+def _orpo_loss_phases(r, policy, fwd, Item, PhasePeak):
+    """(forward, ORPO's backward candidate): the full-logits loss in place of the chunked head's terms."""
+    fwd_loss, bwd_loss = orpo_logits_bytes(policy)
+    base = tuple(i for i in fwd.items if i.name in (*_STATIC_NAMES, "activations"))
+    below = sum(i.bytes for i in base)
+    note = (f"ORPO's loss on the full logits: {policy.tokens} tokens x {r.spec.vocab_size} vocab in fp32 "
+            "(accelerate's upcast), the chosen rows' cross-entropy and Triton selective_log_softmax")
+    if below + fwd_loss > fwd.bytes:
+        fwd = PhasePeak("forward", below + fwd_loss, base + (Item("logits_and_loss", fwd_loss, note),))
+    orpo_bwd = PhasePeak("backward", below + bwd_loss, base + (Item("logits_and_loss", bwd_loss, note + "; in "
+                         "backward three fp32 T x V gradients at once (both branches' and their sum)"),))
+    return fwd, orpo_bwd
+
+
+def _with_reference_forward(policy, fwd, Item, PhasePeak):
+    """DPO/KTO: the forward phase, or the reference forward on top of the policy's kept tensors if larger."""
+    from . import memory as m
+
+    ref_fwd = reference_forward_bytes(policy)
+    kept = {i.name: i.bytes for i in fwd.items}
+    statics = sum(kept.get(n, 0) for n in _STATIC_NAMES)
+    loss_kept = m.loss_forward_bytes(policy) + m.lm_head_cast_bytes(policy)
+    total = statics + kept.get("activations", 0) + loss_kept + ref_fwd
+    if total <= fwd.bytes:
+        return fwd
+    items = tuple(i for i in fwd.items if i.name in (*_STATIC_NAMES, "activations"))
+    return PhasePeak("forward", total, items + (
+        Item("logits_and_loss", loss_kept, "the policy's fused-head outputs and final hidden states, kept for backward"),
+        Item("reference_forward", ref_fwd, "the reference forward under no_grad: one block's temporaries "
+             "(MLP or attention), the residual stream and the reference's per-token log-probabilities")))
+
+
+def _generation_phase(r, policy, fwd, Item, PhasePeak):
+    """GRPO without vLLM: model.generate's KV cache and temporaries on top of the static set."""
+    plan = r.plan
+    kv, transient, when = generation_bytes(policy, plan)
+    statics = tuple(i for i in fwd.items if i.name in _STATIC_NAMES)
+    rows = generation_rows(plan)
+    tokens = plan.seq_len if when == "decode" else plan.seq_len - int(resolved_trainer_fields(plan)["max_completion_length"])  # type: ignore[arg-type]
+    return PhasePeak("generation", sum(i.bytes for i in statics) + kv + transient, statics + (
+        Item("kv_cache", kv, f"model.generate's KV cache at the {when}: 2 x {r.spec.num_layers} layers x "
+             f"{r.spec.kv_dim} kv_dim x {tokens} tokens x {rows} sequences in {policy.compute_dtype}"),
+        Item("generation_temporaries", transient,
+             "the prefill's no-grad block temporaries over the prompts" if when == "prefill" else
+             "one layer's cache being concatenated and the sampling's fp32 next-token logits")))
 
 
 def assumptions(plan: TrainingPlan) -> list[str]:
