@@ -172,3 +172,15 @@ def test_every_error_class_is_declared_in_the_one_error_module():
     declared = [node.name for node in ast.parse(errors.read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)]
     doc = ast.get_docstring(ast.parse(errors.read_text(encoding="utf-8"))) or ""
     assert all(f"── {name}" in doc for name in declared), "the module docstring's tree names every class"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_a_screen():
+    """Split where the logic divides (a phase, an engine, a knob, a family trait) rather than grow past a screen."""
+    long = sorted(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+                  for path in MODULES.values() for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
