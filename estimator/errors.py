@@ -30,6 +30,9 @@ problem from its structured form (``loc``, ``type``, ``ctx``, ``input``), never 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class CanIFinetuneError(ValueError):
     """Base class: an input canifinetune cannot estimate, with a message a person or a model can act on."""
@@ -121,7 +124,7 @@ class UsageError(CanIFinetuneError):
     """A bad command line: printed as one line, exit 2."""
 
 
-def raised_field(err: dict) -> tuple[str, str] | None:
+def raised_field(err: Mapping[str, Any]) -> tuple[str, str] | None:
     """(field, reason) of a pydantic error raised as ``CanIFinetuneError.about(field, reason)`` inside a validator
     (a check across fields: pydantic's ``loc`` is then empty), read from the error's ``ctx``; None otherwise."""
     raised = (err.get("ctx") or {}).get("error")
@@ -149,7 +152,7 @@ def describe_validation_error(exc) -> str:
         else:
             msg = str(err.get("msg", "invalid value"))
         got = err.get("input")
-        if isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
+        if (isinstance(got, float) and got != got) or got in (float("inf"), float("-inf")):
             msg = "must be a finite number"
         if kind == "extra_forbidden":
             msg = "is not a known field"

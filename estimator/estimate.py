@@ -107,7 +107,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         )
     r = resolve(plan, resolved_model.spec)
     forward, backward, optimizer, sizes, extra = _phase_peaks(r)
-    peak = max((forward, backward, optimizer) + tuple(extra), key=lambda p: p.bytes)
+    peak = max((forward, backward, optimizer, *extra), key=lambda p: p.bytes)
     unmodelled, params_warning = _unmodelled_params(resolved_model)
     unmodelled_bytes = unmodelled * r.weight_bytes_per_param  # loaded as frozen weights in the plan's dtype
     b = _budget(plan, gpu, peak.bytes + unmodelled_bytes)
@@ -120,7 +120,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         params_trainable=r.trainable_params,
         params_exact=resolved_model.params_exact,
         params_source="safetensors" if resolved_model.params_exact else "config",
-        peak_phase=peak.phase,  # type: ignore[arg-type]
+        peak_phase=peak.phase,
         peak_allocated_bytes=b.allocated,
         peak_reserved_bytes=b.reserved,
         total_bytes=b.total,
@@ -144,7 +144,8 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
 
 
 def _phase_peaks(r) -> tuple:
-    """(forward, backward, optimizer, sizes, extra phases): SFT's step, or the trainer's (estimator/trainer_memory.py)."""
+    """(forward, backward, optimizer, sizes, extra phases): SFT's step, or the trainer's
+    (estimator/trainer_memory.py)."""
     if r.plan.trainer != "sft":  # DPO/KTO/GRPO: the policy's SFT-like step plus what the trainer adds (trainer_memory)
         from . import phases as phases_module
         from . import trainer_memory
@@ -296,7 +297,8 @@ def assumptions(r) -> list[str]:
         f"every sample is {plan.seq_len} tokens (no padding, no packing); micro-batch {plan.batch_size}",
         "steady state: the second and later steps, with optimizer states alive and gradients set to None by zero_grad",
         stack_summary(r),
-        f"attention: {r.attn_implementation}, which runs the {r.attention_kernel} kernel (unpadded batches on an Ampere or newer GPU)",
+        f"attention: {r.attn_implementation}, which runs the {r.attention_kernel} kernel (unpadded batches on an "
+        "Ampere or newer GPU)",
         f"weights stored in {r.weight_dtype}, compute in {r.compute_dtype}"
         + (" under autocast" if r.autocast else ""),
     ]

@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model_sources import ResolvedModel
-from .plan import MAX_NUM_GPUS, TrainingPlan
 from .moe_adapters import PEFT_EXPERT_TARGETS
+from .plan import MAX_NUM_GPUS, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS
 from .trainers import TRAINER_DEFAULTS
-
 
 SEQ_LEN_FLOOR = 256
 SEQ_LEN_GRID = 128
@@ -56,7 +55,8 @@ def trainer_setting(plan: TrainingPlan, name: str):
 
 
 def vllm_colocated(plan: TrainingPlan) -> bool:
-    return plan.trainer == "grpo" and bool(trainer_setting(plan, "use_vllm")) and trainer_setting(plan, "vllm_mode") == "colocate"
+    return (plan.trainer == "grpo" and bool(trainer_setting(plan, "use_vllm"))
+            and trainer_setting(plan, "vllm_mode") == "colocate")
 
 
 def _trainer_knobs(p: TrainingPlan) -> list[Knob]:
@@ -99,8 +99,9 @@ def _trainer_knobs(p: TrainingPlan) -> list[Knob]:
             # seq_len is GRPO's prompt plus completion: the prompt keeps its share, seq_len falls with the completion
             top = (length - 1) // COMPLETION_LEN_GRID * COMPLETION_LEN_GRID
             values = list(range(top, COMPLETION_LEN_FLOOR - 1, -COMPLETION_LEN_GRID)) or [COMPLETION_LEN_FLOOR]
-            knobs.append(Knob("max_completion_length", 1, [{"max_completion_length": v, "seq_len": p.seq_len - (length - v)}
-                                                           for v in values if p.seq_len - (length - v) >= 1], monotone=True))
+            levels = [{"max_completion_length": v, "seq_len": p.seq_len - (length - v)}
+                      for v in values if p.seq_len - (length - v) >= 1]
+            knobs.append(Knob("max_completion_length", 1, levels, monotone=True))
     return knobs
 
 
@@ -119,7 +120,8 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     hardware = _gpu_count_knob(p, keep)  # tier 2: more hardware
     if hardware is not None:
         knobs.append(hardware)
-    if vllm_colocated(p):  # more hardware: vLLM on its own GPU (`trl vllm-serve`), the training GPU keeps no reservation
+    # more hardware: vLLM on its own GPU (`trl vllm-serve`), the training GPU keeps no reservation
+    if vllm_colocated(p):
         knobs.append(Knob("vllm_mode", 2, [{"vllm_mode": "server"}]))
     # pins: a level that touches a pinned field is not allowed
     out = []

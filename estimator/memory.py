@@ -617,8 +617,8 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
     Through a gated MLP, autograd holds the incoming gradient of the product and produces those of act,
     up and gate before the ones it consumed are freed: about three a·T·I tensors, plus the gradient of
     the block input from two or three consumers (2 x a·T·H). By then down_proj's backward has run and
-    released what it saved (:func:`down_proj_saved_bytes`), which is subtracted. Through attention the flash backward adds
-    dq, dk, dv (a·T·(q_dim+2·kv_dim)) and an fp32 dq accumulator (4·T·q_dim). The larger of the MLP and
+    released what it saved (:func:`down_proj_saved_bytes`), which is subtracted. Through attention the flash backward
+    adds dq, dk, dv (a·T·(q_dim+2·kv_dim)) and an fp32 dq accumulator (4·T·q_dim). The larger of the MLP and
     attention figure counts. For a frozen quantized base, the 4-bit weight is dequantized to the compute
     dtype again for the input gradient (the largest quantized linear, :func:`dequantization_bytes`).
     """

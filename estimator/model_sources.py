@@ -52,7 +52,8 @@ def read_regular_file(path: Path, limit: int, what: str = "model") -> bytes:
             raise ModelConfigError(f"{what}: {path} is not a regular file")
         if info.st_size > limit:
             raise ModelConfigError(
-                f"{what}: {path} is {info.st_size / 1e6:.1f} MB; a config.json is a few KB (limit {limit // 1048576} MiB)"
+                f"{what}: {path} is {info.st_size / 1e6:.1f} MB; a config.json is a few KB "
+                f"(limit {limit // 1048576} MiB)"
             )
         chunks = []
         size = 0
@@ -102,7 +103,8 @@ def parse_config_text(text: str, where: str) -> dict:
             depth += 1
             deepest = max(deepest, depth)
             if deepest > MAX_CONFIG_DEPTH:
-                raise ModelConfigError(f"model: {where} nests deeper than {MAX_CONFIG_DEPTH} levels; not a model config")
+                raise ModelConfigError(
+                    f"model: {where} nests deeper than {MAX_CONFIG_DEPTH} levels; not a model config")
         elif ch in "]}":
             depth -= 1
     try:
@@ -119,7 +121,8 @@ def _reject_constant(name: str):
 
 
 def looks_like_path(name: str) -> bool:
-    """Whether ``name`` is written as a path (``./``, ``../``, ``~``, ``/``, a backslash or a drive), never a model id."""
+    """Whether ``name`` is written as a path (``./``, ``../``, ``~``, ``/``, a backslash or a drive), never a model
+    id."""
     return name.startswith(("/", "./", "../", "~", "\\", ".\\", "..\\")) or "\\" in name or name in (".", "..") or (
         len(name) > 2 and name[1] == ":" and name[2] in "/\\")
 
@@ -170,7 +173,7 @@ def resolve_model(name: str) -> ResolvedModel:
         if folder is not None:
             exact, warning = local_safetensors_params(folder, spec)
         if warning:
-            spec = replace(spec, warnings=tuple(spec.warnings) + (warning,))
+            spec = replace(spec, warnings=(*spec.warnings, warning))
         return ResolvedModel(str(path.parent if path.name == "config.json" else path), "local", config, spec,
                              params_exact=exact)
     entry = catalog.find_model(name, forgiving=False)
@@ -232,9 +235,10 @@ def checked_params_exact(counts: dict, spec: ModelSpec, where: str) -> tuple[int
     Believable: every count a finite non-negative integer, no packed (pre-quantized) dtype, and the total
     within PARAMS_RATIO_BOUNDS of the count config.json gives."""
     total = 0
-    for dtype, n in counts.items():
+    for n in counts.values():
         if isinstance(n, bool) or not isinstance(n, (int, float)) or (isinstance(n, float) and not math.isfinite(n)):
-            return None, f"{where}: a parameter count in the safetensors headers is not a number; counted from config.json"
+            return None, (f"{where}: a parameter count in the safetensors headers is not a number; counted from "
+                          "config.json")
         if n < 0 or n != int(n):
             return None, f"{where}: a parameter count in the safetensors headers is negative; counted from config.json"
         total += int(n)

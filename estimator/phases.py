@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import memory as m
-from . import peft_knobs
-from . import sharding
+from . import peft_knobs, sharding
 from .resolved import ResolvedPlan
 
 
@@ -48,7 +47,7 @@ class _Static:
     grad_factor: float
     gather: int  # all-gathered bytes in forward (ZeRO-3/FSDP)
     gather_bwd: int  # and in backward
-    fsdp: bool  # FSDP2: the gathered bytes vary within a phase (the shares' *_start/_copy/_end figures)
+    fsdp: sharding.FsdpGathered | None  # FSDP2: the gathered bytes vary within a phase (None elsewhere)
     items: tuple[Item, ...]
     bytes: int
 
@@ -114,13 +113,14 @@ def _static(r: ResolvedPlan) -> _Static:
         grad_factor, gather, gather_bwd = sh.grad_factor, sh.gather_forward, sh.gather_backward
     items = (
         Item("weights", weights, _weights_note(r) if sh is None else _weights_note(r) + f"; {sh.note}"),
-        Item("quantization_constants", qconst, "4-bit absmax/code tensors (or 8-bit row scales) of the quantized linears"),
+        Item("quantization_constants", qconst, "4-bit absmax/code tensors (or 8-bit row scales) of the quantized "
+                                               "linears"),
         Item("lora_adapters", adapters, _adapter_note(r)),
         Item("optimizer_states", states, _optimizer_note(r) if sh is None else _sharded_optimizer_note(r, sh)),
         Item("cuda_workspaces", workspace, "cuBLAS workspace allocated through the caching allocator"),
     )
     return _Static(sh=sh, weights=weights, grads=grads, states=states, buckets=buckets, grad_factor=grad_factor,
-                   gather=gather, gather_bwd=gather_bwd, fsdp=sh is not None and sh.gather_forward_start is not None,
+                   gather=gather, gather_bwd=gather_bwd, fsdp=sh.fsdp if sh is not None else None,
                    items=items, bytes=sum(i.bytes for i in items))
 
 
@@ -159,21 +159,21 @@ def _forward_peak(r: ResolvedPlan, st: _Static, acts: _Activations) -> PhasePeak
     else:
         fwd_loss, fwd_transient = acts.loss_fwd, acts.loss_fwd_tmp
     fwd_gather, fwd_acts = st.gather, acts.saved_layers + acts.shared
-    if st.fsdp:
+    if st.fsdp is not None:
         # FSDP2's all-gather copy-outs: at the start (the tail unit and block 0, nothing saved yet but the shared
         # activations) and at the last block's (the blocks below it saved); the end-of-forward set is the default
         last_saved = acts.boundary if ckpt else max(acts.layer_full.values())
         fwd_best = st.bytes + st.gather + acts.saved_layers + acts.shared + fwd_loss + fwd_transient
-        for g, live_acts in ((st.sh.gather_forward_start, acts.shared),
-                             (st.sh.gather_forward_copy, max(acts.saved_layers - last_saved, 0) + acts.shared)):
+        for g, live_acts in ((st.fsdp.forward_start, acts.shared),
+                             (st.fsdp.forward_copy, max(acts.saved_layers - last_saved, 0) + acts.shared)):
             if st.bytes + g + live_acts > fwd_best:
                 fwd_best = st.bytes + g + live_acts
                 fwd_gather, fwd_acts, fwd_loss, fwd_transient = g, live_acts, 0, 0
     return PhasePeak(
         "forward",
         st.bytes + fwd_gather + fwd_acts + fwd_loss + fwd_transient,
-        st.items
-        + (
+        (
+            *st.items,
             Item("sharding_gather_buffers", fwd_gather, _GATHER_NOTE),
             Item("activations", fwd_acts, acts.note),
             Item("logits_and_loss", fwd_loss, _loss_note(r)),
@@ -198,8 +198,8 @@ def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: i
     return PhasePeak(
         "backward",
         best.bytes,
-        st.items
-        + (
+        (
+            *st.items,
             Item("sharding_gather_buffers", best.gather, _GATHER_NOTE),
             Item("activations", best.parts[0], acts.note + "; those of blocks already back-propagated are freed"),
             Item("logits_and_loss", best.parts[1], _loss_note(r)),
@@ -217,7 +217,7 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
     if start_head and not r.full:
         # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_knobs)
         loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head)
-    start_gather = st.sh.gather_backward_start if st.fsdp else st.gather_bwd
+    start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head
     return _Live(start, start_gather, (acts.saved_layers + acts.shared, loss_start, start_head, 0))
 
@@ -237,7 +237,7 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
             current = acts.layer_full[index]
             grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
             # FSDP2 SHARD_GRAD_OP: the blocks above have resharded after their backward
-            released = st.sh.gather_release_per_layer * (spec.num_layers - 1 - below) if st.fsdp else 0
+            released = st.fsdp.release_per_layer * (spec.num_layers - 1 - below) if st.fsdp else 0
             block_gather = st.gather_bwd - released
             live = (st.bytes + block_gather + saved_below + acts.shared + current + grads_above + transient
                     + st.buckets)
@@ -258,7 +258,7 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
         embed_grad = st.sh.tail_grads  # the tail unit's unsharded gradients before its reduce-scatter
     elif r.full and r.spec.tie_word_embeddings:
         embed_grad = 2 * int(r.spec.embedding_params * r.trainable_bytes_per_param * st.grad_factor)
-    end_gather = st.sh.gather_backward_end if st.fsdp else st.gather_bwd
+    end_gather = st.fsdp.backward_end if st.fsdp else st.gather_bwd
     end = st.bytes + end_gather + st.grads + st.buckets + acts.shared + embed_grad + end_grad
     if end > best.bytes:
         return _Live(end, end_gather, (acts.shared, 0, st.grads + embed_grad + end_grad, 0))
@@ -272,8 +272,8 @@ def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
     return PhasePeak(
         "optimizer",
         st.bytes + st.grads + end_grad + st.buckets + opt_tmp,
-        st.items
-        + (
+        (
+            *st.items,
             Item("gradients", st.grads + end_grad + st.buckets, _grad_note(r, st.sh)),
             Item("optimizer_temporaries", opt_tmp, _optimizer_tmp_note(r)),
         ),

@@ -15,7 +15,6 @@ from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targ
 from .plan import TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 
-
 # Families whose transformers 5.24 model class sets _supports_sdpa = False (modeling_gemma2.py: "sdpa does
 # not support softcapping"): loading them with attn_implementation="sdpa" raises.
 SDPA_UNSUPPORTED = frozenset({"gemma2"})
@@ -92,7 +91,8 @@ class ResolvedPlan:
     @property
     def adapter_tensors(self) -> int:
         return sum(
-            n * (2 * len(self.adapted_linears(i)) + len(self.expert_adapter_shapes(i))) for i, n in self.spec.layer_groups
+            n * (2 * len(self.adapted_linears(i)) + len(self.expert_adapter_shapes(i)))
+            for i, n in self.spec.layer_groups
         )
 
     @property
@@ -154,7 +154,8 @@ def _resolve_targets(
             field="target_modules",
         )
     if missing:
-        warnings.append(f"target_modules {missing} match no linear layer of this model and are ignored (PEFT does the same)")
+        warnings.append(f"target_modules {missing} match no linear layer of this model and are ignored (PEFT does the "
+                        "same)")
     return chosen, tuple(warnings), experts
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import memory as m
-from .constants import DTYPE_BYTES
 from .resolved import ResolvedPlan
 
 # DeepSpeed ZeRO config defaults (deepspeed/runtime/zero/config.py, 0.19): accelerate's generated config
@@ -58,12 +57,9 @@ class Shares:
     host: int  # host RAM for offloaded parts, all ranks together
     note: str
     # FSDP2 only (None elsewhere: gather_forward/gather_backward then hold for the whole phase). FSDP2's gathered
-    # bytes change within a phase; see :func:`_fsdp_gathered` for when each of these is alive.
-    gather_forward_start: int | None = None  # the first units' all-gather copy-out, before any block has run
-    gather_forward_copy: int | None = None  # the last block's copy-out (the blocks below it have run)
-    gather_backward_start: int | None = None  # the loss's backward, before any block's backward
-    gather_backward_end: int | None = None  # the embedding's backward, after every block's
-    gather_release_per_layer: int = 0  # gathered bytes each block frees after its backward (SHARD_GRAD_OP)
+    # bytes change within a phase: its forward_start, forward_copy, backward_start, backward_end and
+    # release_per_layer; see :func:`_fsdp_gathered` for when each of these is alive.
+    fsdp: FsdpGathered | None = None
 
 
 def _fp32_trainable(r: ResolvedPlan) -> ResolvedPlan:
@@ -147,7 +143,7 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
 
 
 @dataclass(frozen=True)
-class _FsdpGathered:
+class FsdpGathered:
     """FSDP2's all-gathered (unsharded) bytes at the moments of a step where they peak (see _fsdp_gathered)."""
 
     forward: int
@@ -160,7 +156,7 @@ class _FsdpGathered:
     tail_grads: int
 
 
-def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> _FsdpGathered:
+def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> FsdpGathered:
     """What FSDP2 holds unsharded, by moment, with ``param_a`` bytes per all-gathered parameter.
 
     When torch 2.13's FSDPParamGroup holds what (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
@@ -206,7 +202,7 @@ def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> _FsdpGathered:
         backward = all_unsharded + 2 * layer_grad_unsharded  # the top block's backward
         backward_start = all_unsharded
         release = layer_unsharded  # each block reshards after its backward
-    return _FsdpGathered(
+    return FsdpGathered(
         forward=forward, forward_copy=copy, backward=backward, backward_start=backward_start,
         # start of forward: the tail (tied: it holds the embedding; untied: the embedding unit) copied out, then
         # block 0's copy-out with the tail's all-gather output still alive: 2 x (tail + block)
@@ -241,6 +237,4 @@ def _fsdp_shares(r: ResolvedPlan) -> Shares:
                   grads=grads, grad_factor=grad_factor, buckets=0, gather_forward=g.forward,
                   gather_backward=g.backward, tail_grads=g.tail_grads, host=host,
                   note=f"FSDP2 {'FULL_SHARD' if plan.sharding == 'fsdp_full_shard' else 'SHARD_GRAD_OP'} over {n} GPUs",
-                  gather_forward_start=g.forward_start, gather_forward_copy=g.forward_copy,
-                  gather_backward_start=g.backward_start, gather_backward_end=g.backward_end,
-                  gather_release_per_layer=g.release_per_layer)
+                  fsdp=g)

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal, overload
 
 from .errors import ModelConfigError
 
@@ -125,7 +126,7 @@ class ModelSpec:
 
     # ---------- construction ----------
     @classmethod
-    def from_config(cls, config: dict) -> "ModelSpec":
+    def from_config(cls, config: dict) -> ModelSpec:
         """Read the architecture from a config.json dict; raise ModelConfigError naming a bad field."""
         return _spec_from_config(config)
 
@@ -260,8 +261,19 @@ def _get(config: dict, *keys: str, default=None):
     return default
 
 
+@overload
+def _int_field(config: dict, keys: tuple[str, ...], *, required: Literal[True], default: int | None = None,
+               low: int = 1, high: int = MAX_DIM) -> int: ...
+@overload
+def _int_field(config: dict, keys: tuple[str, ...], *, required: bool, default: int,
+               low: int = 1, high: int = MAX_DIM) -> int: ...
+@overload
+def _int_field(config: dict, keys: tuple[str, ...], *, required: bool, default: int | None = None,
+               low: int = 1, high: int = MAX_DIM) -> int | None: ...
 def _int_field(config: dict, keys: tuple[str, ...], *, required: bool, default: int | None = None,
                low: int = 1, high: int = MAX_DIM) -> int | None:
+    """An integer field (the first of ``keys`` present) within [low, high]; ``default`` when absent, which a
+    required field must not be (an int: required fields, and fields with an int default, give an int)."""
     value = _get(config, *keys)
     name = keys[0]
     if value is None:
@@ -287,9 +299,11 @@ def _softcap_field(config: dict, key: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ModelConfigError(f"config.json field '{key}' must be a number or null; got {value!r:.60}")
-    if not (isinstance(value, float) and math.isfinite(value) or isinstance(value, int)) or not 0 < value <= MAX_SOFTCAP:
+    finite = (isinstance(value, float) and math.isfinite(value)) or isinstance(value, int)
+    if not finite or not 0 < value <= MAX_SOFTCAP:
         shown = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else "a huge integer"
-        raise ModelConfigError(f"config.json field '{key}' must be a number above 0 and at most {MAX_SOFTCAP:g}; got {shown}")
+        raise ModelConfigError(f"config.json field '{key}' must be a number above 0 and at most {MAX_SOFTCAP:g}; got "
+                               f"{shown}")
     return float(value)
 
 
@@ -409,7 +423,8 @@ def _shape_fields(config: dict) -> dict:
     if head_dim is None:
         if hidden % heads:
             raise ModelConfigError(
-                f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads} and no head_dim is given"
+                f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads} and no head_dim is "
+                "given"
             )
         head_dim = hidden // heads
     if heads % kv_heads:
@@ -448,7 +463,8 @@ def _trait_fields(config: dict, model_type: str) -> dict:
         norms_per_layer=traits.norms_per_layer,
         embed_scale=traits.embed_scale,
         attn_logit_softcapping=attn_softcap,
-        final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) else None,
+        final_logit_softcapping=(float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                 else None),
     )
 
 
@@ -478,7 +494,8 @@ def _moe_fields(config: dict, model_type: str, known: bool, layers: int, interme
     dense = frozenset(dense_only)
     moe_layers = tuple((i not in dense) and ((i + 1) % step == 0) for i in range(layers))
     if not known or model_type not in ("mixtral", "qwen2_moe", "qwen3_moe"):
-        warnings.append(f"MoE layout of '{model_type}' assumed to follow Mixtral/Qwen-MoE (fused experts, top-k routing)")
+        warnings.append(f"MoE layout of '{model_type}' assumed to follow Mixtral/Qwen-MoE (fused experts, top-k "
+                        "routing)")
     return moe, moe_layers
 
 

@@ -65,7 +65,9 @@ class Throughput(BaseModel):
     utilisation: float = Field(description="TRAINING_FLOPS_UTILISATION: fraction of dense peak assumed")
     bound: str = Field(description="what limits a micro-step: 'compute' or 'memory'")
     seconds_per_micro_step: float = Field(description="one micro-batch forward+backward on one GPU")
-    seconds_per_optimizer_step: float = Field(description="gradient_accumulation_steps micro-steps plus the optimizer step and communication")
+    seconds_per_optimizer_step: float = Field(
+        description="gradient_accumulation_steps micro-steps plus the optimizer step and communication"
+    )
     tokens_per_optimizer_step: int = Field(description="tokens consumed by one optimizer step on all GPUs")
     tokens_per_second: float = Field(description="all GPUs together")
     tokens_per_second_per_gpu: float
@@ -214,13 +216,15 @@ def _optimizer_step_seconds(plan: TrainingPlan, spec, adapter_params: int, bw: f
         opt_s += opt_bytes / bw
     if n_gpus > 1:
         grad_bytes = trainable * tb
-        factor = (n_gpus - 1) / n_gpus * (1.0 if plan.sharding in ("zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op") else 2.0)
+        sharded_grads = plan.sharding in ("zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op")
+        factor = (n_gpus - 1) / n_gpus * (1.0 if sharded_grads else 2.0)
         opt_s += grad_bytes * factor / link
         notes.append("multi-GPU communication over a PCIe-class link, not overlapped (NVLink is faster)")
     return opt_s
 
 
-def throughput(plan: TrainingPlan, model: ResolvedModel | None = None, training_tokens: int | None = None) -> Throughput:
+def throughput(plan: TrainingPlan, model: ResolvedModel | None = None,
+               training_tokens: int | None = None) -> Throughput:
     """Approximate tokens per second of ``plan`` and, with ``training_tokens``, the time to train them."""
     rm = model or resolve_model(plan.model)
     spec = rm.spec

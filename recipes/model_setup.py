@@ -159,7 +159,8 @@ def _quantize_model(model, plan, qconfig) -> list[str]:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():
-            replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=qconfig, pre_quantized=False)
+            replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=qconfig,
+                                    pre_quantized=False)
     else:
         replace_with_bnb_linear(model, modules_to_not_convert=skip, quantization_config=qconfig, pre_quantized=False)
     for name, old in originals.items():
@@ -303,7 +304,8 @@ def _build_transformers_stack(plan, model, quantized: bool):
       ``adapter_dtype`` or its framework's default when either sets one (none for ``transformers``);
     - Trainer(gradient_checkpointing=True): ``activation_checkpointing_enable`` with ``use_reentrant=False``,
       re-applied over what prepare_model_for_kbit_training set.
-    The loss (transformers' ForCausalLMLoss over full logits) and bf16 autocast are the caller's (Trainer/accelerate)."""
+    The loss (transformers' ForCausalLMLoss over full logits) and bf16 autocast are the caller's
+    (Trainer/accelerate)."""
     import torch
 
     if quantized and plan.effective_kbit_preparation:
@@ -319,7 +321,7 @@ def _build_transformers_stack(plan, model, quantized: bool):
         wanted = plan.adapter_dtype or (stack.adapter_dtype_quantized if quantized else stack.adapter_dtype_unquantized)
         if wanted is not None:
             dtype = getattr(torch, _DTYPES[wanted])
-            for name, param in model.named_parameters():
+            for param in model.parameters():
                 if param.requires_grad:
                     param.data = param.data.to(dtype)
     if plan.gradient_checkpointing:
@@ -429,7 +431,7 @@ def resolved_settings(plan, model, optimizer=None) -> dict:
         "modules_left_unquantized": getattr(base, "_canifinetune_unquantized", []),
         "embedding_dtype": dtype_name(emb.weight.dtype) if emb is not None else None,
         "lm_head_dtype": (
-            (f"4bit" if getattr(head.weight, "quant_state", None) is not None else dtype_name(head.weight.dtype))
+            ("4bit" if getattr(head.weight, "quant_state", None) is not None else dtype_name(head.weight.dtype))
             if head is not None
             else None
         ),
@@ -441,7 +443,8 @@ def resolved_settings(plan, model, optimizer=None) -> dict:
     }
     if optimizer is not None:
         cls = type(optimizer)
-        flags = {k: v for k, v in optimizer.defaults.items() if k in ("fused", "foreach", "optim_bits", "is_paged", "momentum", "scale_parameter", "relative_step")}
+        flags = {k: v for k, v in optimizer.defaults.items()
+                 if k in ("fused", "foreach", "optim_bits", "is_paged", "momentum", "scale_parameter", "relative_step")}
         if hasattr(optimizer, "args"):  # bitsandbytes keeps optim_bits / is_paged on .args
             for k in ("optim_bits", "is_paged"):
                 if hasattr(optimizer.args, k):

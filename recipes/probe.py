@@ -36,7 +36,9 @@ class ProbeResult(BaseModel):
     device: str
     gpu_name: str
     device_total_bytes: int
-    free_bytes_before: int = Field(description="free device memory before the model loaded (after this process's CUDA context)")
+    free_bytes_before: int = Field(
+        description="free device memory before the model loaded (after this process's CUDA context)"
+    )
     other_processes: list[GPUProcess] = Field(description="other processes on this GPU and what they hold (NVML)")
     other_processes_bytes: int | None = Field(description="what other processes hold; None when NVML is not available")
     peak_allocated_bytes: int = Field(description="torch.cuda.max_memory_allocated over the measured steps")
@@ -254,7 +256,6 @@ def _measure(torch, index: int, before: _Before, plan: TrainingPlan, steps: int,
             total = peak_reserved + max(0, own_end - reserved_now)
             source = "NVML: this process's GPU memory now, minus torch's reserved pool now, plus the reserved peak"
         else:
-            free_end, _ = torch.cuda.mem_get_info(index)
             context_and_others = max(0, (before.device_total - before.free) - before.reserved_at_start)
             total = peak_reserved + context_and_others
             source = ("torch.cuda.mem_get_info: reserved peak plus everything on the GPU before the model loaded "
@@ -276,7 +277,8 @@ def format_probe(result: ProbeResult) -> str:
         f"other processes on this GPU: {g(result.other_processes_bytes).strip()}"
         + ("".join(f"\n  pid {p.pid}: {g(p.bytes).strip()}" for p in result.other_processes)),
         f"{'':16}{'measured':>14}{'estimate':>14}{'ratio':>8}",
-        f"{'peak allocated':16}{g(result.peak_allocated_bytes):>14}{g(e.peak_allocated_bytes):>14}{r['allocated']:8.2f}",
+        f"{'peak allocated':16}{g(result.peak_allocated_bytes):>14}{g(e.peak_allocated_bytes):>14}"
+        f"{r['allocated']:8.2f}",
         f"{'peak reserved':16}{g(result.peak_reserved_bytes):>14}{g(e.peak_reserved_bytes):>14}{r['reserved']:8.2f}",
         f"{'process total':16}{g(result.process_total_bytes):>14}{g(e.total_bytes):>14}{r['total']:8.2f}",
         f"process total from {result.process_total_source}",

@@ -7,6 +7,7 @@ the launch commands name only fixed file names, every argument is quoted with ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -22,8 +23,15 @@ from canifinetune.estimator.estimate import Estimate, estimate
 from canifinetune.estimator.plan import TrainingPlan
 
 from .examples import EXAMPLE_DATA_FILE, REWARD_FILE, REWARD_PY, example_jsonl
-from .schema import (RECIPE_FILE, RECIPE_VERSION, EstimateSummary, RecipeError, RecipeFile, dump_recipe,
-                     output_dir_problem)
+from .schema import (
+    RECIPE_FILE,
+    RECIPE_VERSION,
+    EstimateSummary,
+    RecipeError,
+    RecipeFile,
+    dump_recipe,
+    output_dir_problem,
+)
 
 ACCELERATE_FILE = "accelerate_config.yaml"
 REQUIREMENTS_FILE = "requirements.txt"
@@ -59,7 +67,8 @@ class Recipe(BaseModel):
     requirements_txt: str
     estimate_summary: str = Field(description="a short text giving the estimate the recipe was made from")
     framework_note: str | None = Field(
-        None, description="for a plan made for another framework: how the TRL recipe carries its memory-relevant settings")
+        None, description="for a plan made for another framework: how the TRL recipe carries its memory-relevant "
+                          "settings")
     files: dict[str, str]
     estimate: Estimate
 
@@ -132,7 +141,8 @@ def accelerate_config(plan: TrainingPlan) -> dict | None:
 
 def requirements(plan: TrainingPlan) -> list[str]:
     reqs = list(BASE_REQUIREMENTS)
-    if plan.quantized_4bit or plan.load_in_8bit or plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+    bnb_optim = plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+    if plan.quantized_4bit or plan.load_in_8bit or bnb_optim:
         reqs.append("bitsandbytes>=0.45")
     if plan.attn_implementation == "flash_attention_2":
         reqs.append("flash-attn>=2.6  # build needs CUDA; see https://github.com/Dao-AILab/flash-attention")
@@ -153,7 +163,8 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
     from .trainers import TRAINER_TITLES, reference_of
 
     lines = [
-        "canifinetune estimate for this recipe (per GPU" + (f", {plan.num_gpus} GPUs" if plan.num_gpus > 1 else "") + ")",
+        "canifinetune estimate for this recipe (per GPU"
+        + (f", {plan.num_gpus} GPUs" if plan.num_gpus > 1 else "") + ")",
         f"trainer:          {TRAINER_TITLES[plan.trainer]}"
         + (f", reference model: {reference_of(plan)}" if plan.trainer in ("dpo", "kto", "grpo") else ""),
         f"model:            {est.model!r} ({est.model_source}); {est.params_total:,} parameters, "
@@ -177,12 +188,14 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
          "SFT steps only)"),
     ]
     if plan.dataset is None:
-        lines.append("dataset:                none in the plan: add --dataset FILE.jsonl (or a dataset folder) to the train command")
+        lines.append("dataset:                none in the plan: add --dataset FILE.jsonl (or a dataset folder) to the "
+                     "train command")
     elif plan.trainer != "sft" and plan.dataset == EXAMPLE_DATA_FILE:
-        lines.append(f"dataset:                {EXAMPLE_DATA_FILE}, a tiny example of the rows {plan.trainer} reads (replace it: "
-                     "--dataset FILE.jsonl, or plan.dataset)")
+        lines.append(f"dataset:                {EXAMPLE_DATA_FILE}, a tiny example of the rows {plan.trainer} reads "
+                     "(replace it: --dataset FILE.jsonl, or plan.dataset)")
     if plan.trainer == "grpo":
-        lines.append(f"reward:                 {REWARD_FILE} (an example length-and-format reward: edit it for your task)")
+        lines.append(f"reward:                 {REWARD_FILE} (an example length-and-format reward: edit it for your "
+                     "task)")
     for warning in est.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines) + "\n"
@@ -211,16 +224,17 @@ def trl_equivalent(plan: TrainingPlan) -> tuple[TrainingPlan, str | None]:
         changes["prepare_model_for_kbit_training"] = plan.effective_kbit_preparation
     if plan.uses_adapters:
         stack = plan.stack
-        default = stack.adapter_dtype_quantized if (plan.quantized_4bit or plan.load_in_8bit) else stack.adapter_dtype_unquantized
+        quantized = plan.quantized_4bit or plan.load_in_8bit
+        default = stack.adapter_dtype_quantized if quantized else stack.adapter_dtype_unquantized
         changes["adapter_dtype"] = plan.adapter_dtype or default or "fp32"
     if plan.method == "full" and plan.stack.full_weight_dtype == "fp32" and plan.dtype != "fp32":
         changes["precision"] = "mixed"
     carried = ", ".join(f"{k}={v}" for k, v in changes.items() if k != "framework")
     from .trainers import TRAINER_TITLES
 
-    note = (f"The plan was made for {plan.stack.title}; this recipe trains it with {TRAINER_TITLES[plan.trainer]} and carries the "
-            f"stack's memory-relevant settings as explicit fields ({carried}), so it trains what was estimated. "
-            "Every other field is the plan's own.")
+    note = (f"The plan was made for {plan.stack.title}; this recipe trains it with {TRAINER_TITLES[plan.trainer]} and "
+            f"carries the stack's memory-relevant settings as explicit fields ({carried}), so it trains what was "
+            "estimated. Every other field is the plan's own.")
     return plan.replace(**changes), note
 
 
@@ -364,29 +378,23 @@ def _stage(recipe: Recipe, names: list[str], staging: Path) -> None:
         with open(staged, "x", encoding="utf-8", newline="\n") as handle:
             handle.write(recipe.files[name])
         if name == LAUNCH_FILE:
-            try:
+            with contextlib.suppress(OSError):  # e.g. some Windows file systems
                 staged.chmod(0o755)
-            except OSError:  # pragma: no cover - e.g. some Windows file systems
-                pass
     (staging / ".old").mkdir()
 
 
 def _put_back(root: Path, placed: list[str], backups: dict[str, Path]) -> None:
     """Undo a half-written recipe: remove what was placed and restore what --force moved aside."""
     for name in reversed(placed):  # put back what was there
-        try:
+        with contextlib.suppress(OSError):
             if name in backups:
                 os.replace(backups.pop(name), root / name)
             else:
                 os.unlink(root / name)
-        except OSError:
-            pass
     for name, backup in backups.items():
         if name not in placed:
-            try:
+            with contextlib.suppress(OSError):
                 os.replace(backup, root / name)
-            except OSError:
-                pass
 
 
 def _target_problem(target: Path, force: bool) -> str | None:
@@ -413,7 +421,8 @@ def _place_new(staged: Path, target: Path) -> None:
     try:
         os.link(staged, target)
     except FileExistsError:
-        raise RecipeError(f"--out: refusing to write {str(target)!r}: it appeared while the recipe was written") from None
+        raise RecipeError(f"--out: refusing to write {str(target)!r}: it appeared while the recipe was "
+                          "written") from None
     except OSError:  # a file system without hard links: check, then rename
         if os.path.lexists(target):
             raise RecipeError(f"--out: refusing to write {str(target)!r}: it already exists") from None
