@@ -19,7 +19,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
@@ -27,13 +27,25 @@ from mcp.types import CallToolResult, Completion, ResourceLink, TextContent, Too
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError, safe_text
-from canifinetune.server.config_face import RAW_ARGUMENTS, mcp_structured, mcp_text
 from canifinetune.estimator.estimate import Estimate
-from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, PLAN_FIELDS, TrainingPlan, normalize_raw
-from canifinetune.server.mcp_views import (MEMORY_FIELDS, PLAN_SCHEMA_URI, RECIPE_FIELDS, RECIPE_URI_PREFIX,
-                                           EstimateView, RecipeView, SuggestView, compact_schema, estimate_view,
-                                           explain_validation_error, output_model, plan_data, suggest_view,
-                                           tool_parameters)
+from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, TrainingPlan, normalize_raw
+from canifinetune.server.config_face import RAW_ARGUMENTS, mcp_structured, mcp_text
+from canifinetune.server.mcp_views import (
+    MEMORY_FIELDS,
+    PLAN_SCHEMA_URI,
+    RECIPE_FIELDS,
+    RECIPE_URI_PREFIX,
+    EstimateView,
+    RecipeView,
+    SuggestView,
+    compact_schema,
+    estimate_view,
+    explain_validation_error,
+    output_model,
+    plan_data,
+    suggest_view,
+    tool_parameters,
+)
 
 logger = logging.getLogger("canifinetune.mcp")
 
@@ -92,10 +104,13 @@ def plan_parameters() -> list[inspect.Parameter]:
         extra: dict[str, Any] = {}
         if field.examples:
             extra["examples"] = field.examples
-        checks = (BeforeValidator(_no_bool_number),) if _number_field(field.annotation) else ()
+        checks: tuple[BeforeValidator, ...] = ()
+        if _number_field(field.annotation):
+            checks += (BeforeValidator(_no_bool_number),)
         if name in ENUM_FIELDS + LIST_FIELDS:  # 'QLoRA', 'q_proj,v_proj': as the plan itself reads them
             checks += (BeforeValidator(functools.partial(normalize_raw, name)),)
-        annotation = Annotated[(field.annotation, *field.metadata, Field(description=field.description, **extra), *checks)]
+        args = (field.annotation, *field.metadata, Field(description=field.description, **extra), *checks)
+        annotation: Any = Annotated[args]  # a value built at run time, for the tool's input schema
         default = inspect.Parameter.empty if field.is_required() else field.default
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default))
     return params
@@ -216,7 +231,8 @@ def suggest_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToo
 
     def run() -> SuggestResult:
         plan = _plan_from(arguments)
-        rm = _resolve(plan.model, offline)  # the search resolves catalog and local models itself; Hub models are passed in
+        # the search resolves catalog and local models itself; Hub models are passed in
+        rm = _resolve(plan.model, offline)
         extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
         return suggest(plan, keep=arguments.get("keep") or (), **extra)
 
@@ -339,7 +355,8 @@ class CanIFinetuneServer(MCPServer):
         if tool is None:
             close = difflib.get_close_matches(name, [t.name for t in self._tool_manager.list_tools()], n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ToolError(f"unknown tool {safe_text(repr(name), 80)}{hint} Tools: estimate_memory, suggest_cheaper_config, make_recipe")
+            raise ToolError(f"unknown tool {safe_text(repr(name), 80)}{hint} Tools: estimate_memory, "
+                            "suggest_cheaper_config, make_recipe")
         known = list(tool.parameters.get("properties", {}))
         arguments = dict(arguments or {})
         for key in list(arguments):
@@ -362,11 +379,11 @@ class CanIFinetuneServer(MCPServer):
             raise ToolError(f"{name}: internal error: {type(cause).__name__}: {safe_text(cause, 300)} "
                             "(please report it)") from exc
         except ToolError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ValidationError):  # the arguments failed the input schema
-                raise ToolError(safe_text(f"{name}: {describe_error(cause)}")) from cause
-            if isinstance(cause, ToolError):  # our own message, without the SDK's prefix
-                raise ToolError(safe_text(cause)) from cause
+            inner = exc.__cause__
+            if isinstance(inner, ValidationError):  # the arguments failed the input schema
+                raise ToolError(safe_text(f"{name}: {describe_error(inner)}")) from inner
+            if isinstance(inner, ToolError):  # our own message, without the SDK's prefix
+                raise ToolError(safe_text(inner)) from inner
             raise
 
 
@@ -407,8 +424,8 @@ def _model_spec_json(model_id: str, offline: bool = False) -> str:
         except CanIFinetuneError as exc:
             close = suggest_models(model_id, limit=5)
             hint = ("; did you mean " + ", ".join(f"'{c}'" for c in close) + "?") if close else ""
-            raise ResourceNotFoundError(f"model '{model_id}' is not in the catalog{hint} (canifinetune://catalog/models "
-                                        f"lists it): {exc}") from None
+            raise ResourceNotFoundError(f"model '{model_id}' is not in the catalog{hint} "
+                                        f"(canifinetune://catalog/models lists it): {exc}") from None
         data = {k: _jsonable(getattr(rm.spec, k)) for k in rm.spec.__dataclass_fields__}
         data.update(id=rm.id, params_total=rm.spec.total_params, params_exact=rm.params_exact,
                     embedding_params=rm.spec.embedding_params, lm_head_params=rm.spec.lm_head_params,
@@ -427,20 +444,10 @@ def _model_spec_json(model_id: str, offline: bool = False) -> str:
 
 
 def memory_model_document() -> str:
-    """docs/memory_model.md: from the checkout, else the wheel's copy (server/memory_model.md), else docstrings."""
-    doc = Path(__file__).resolve().parent.parent / "docs" / "memory_model.md"
-    if doc.is_file():
-        return doc.read_text(encoding="utf-8")
-    packaged = Path(__file__).resolve().parent / "memory_model.md"  # package data; tests keep it equal to docs/
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    from canifinetune.estimator import memory, phases
-
-    parts = ["# The memory model\n", inspect.getdoc(memory) or "", "", inspect.getdoc(phases) or "", ""]
-    for name, fn in inspect.getmembers(memory, inspect.isfunction):
-        if fn.__module__ == memory.__name__ and not name.startswith("_") and fn.__doc__:
-            parts += [f"## {name}\n", inspect.getdoc(fn) or "", ""]
-    return "\n".join(parts)
+    """docs/memory_model.md, its only copy: beside server/ in the checkout (an editable install reads it there), and
+    in the wheel as canifinetune/docs/memory_model.md beside canifinetune/server/ (pyproject.toml maps docs/ as the
+    data package canifinetune.docs at build time)."""
+    return (Path(__file__).resolve().parent.parent / "docs" / "memory_model.md").read_text(encoding="utf-8")
 
 
 FIT_PROMPT = """\
@@ -459,12 +466,13 @@ Report warnings (for example a seq_len beyond the model's context) instead of hi
 
 
 def _complete_values(kind: str, prefix: str) -> Completion:
-    from canifinetune.estimator.catalog import load_gpus, load_models, normalize_name, search_models, search_gpus
+    from canifinetune.estimator.catalog import load_gpus, load_models, normalize_name, search_gpus, search_models
 
     prefix = (prefix or "").strip()
     if kind == "model":
         names = [m.id for m in load_models()]
-        hits = [n for n in names if n.lower().startswith(prefix.lower()) or n.split("/")[-1].lower().startswith(prefix.lower())]
+        low = prefix.lower()
+        hits = [n for n in names if n.lower().startswith(low) or n.split("/")[-1].lower().startswith(low)]
         hits += [m.id for m in search_models(prefix) if m.id not in hits] if normalize_name(prefix) else []
     else:
         names = [g.name for g in load_gpus()]
@@ -525,7 +533,8 @@ def _add_resources(mcp: CanIFinetuneServer, hub_offline: bool) -> None:
     """The catalogs, a model's spec, the memory model, the plan's schema and the files of a recipe."""
 
     @mcp.resource("canifinetune://catalog/gpus", name="gpu-catalog", title="GPU catalog", mime_type="application/json",
-                  description="Every catalog GPU: name, aliases, memory as sold and usable bytes, bf16 support, throughput.")
+                  description="Every catalog GPU: name, aliases, memory as sold and usable bytes, bf16 support, "
+                              "throughput.")
     def gpu_catalog() -> str:
         return _catalog_gpus_json()
 
@@ -538,7 +547,8 @@ def _add_resources(mcp: CanIFinetuneServer, hub_offline: bool) -> None:
     @mcp.resource("canifinetune://spec/{+model_id}", name="model-spec", title="A model's resolved spec",
                   mime_type="application/json",
                   description="The architecture canifinetune resolved from a catalog model's config.json "
-                              "(e.g. canifinetune://spec/Qwen/Qwen2.5-7B-Instruct): shapes, parameter counts, linear modules.")
+                              "(e.g. canifinetune://spec/Qwen/Qwen2.5-7B-Instruct): shapes, parameter counts, linear "
+                              "modules.")
     def model_spec(model_id: str) -> str:
         try:
             return _model_spec_json(model_id, hub_offline)
@@ -580,7 +590,8 @@ def _add_prompt_and_completions(mcp: CanIFinetuneServer) -> None:
         model: Annotated[str, Field(description="the model: a Hugging Face id or catalog name, e.g. "
                                                 "'Qwen/Qwen2.5-7B-Instruct'")],
         gpu: Annotated[str, Field(description="the GPU as the user names it, e.g. 'RTX 4090' or 'A100 80GB'")],
-        goal: Annotated[str, Field(description="optional: what the fine-tune is for, the data, the sample length")] = "",
+        goal: Annotated[str, Field(
+            description="optional: what the fine-tune is for, the data, the sample length")] = "",
     ) -> str:
         return FIT_PROMPT.format(model=model, gpu=gpu, goal=f" Goal: {goal}" if goal else "")
 
@@ -608,7 +619,7 @@ def transport_security(host: str, port: int):
         hosts.append(f"[{host}]" if ":" in host else host)
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=[f"{h}:{port}" for h in hosts] + [h for h in hosts],
+        allowed_hosts=[f"{h}:{port}" for h in hosts] + list(hosts),
         allowed_origins=[f"http://{h}:{port}" for h in hosts],
     )
 
@@ -711,9 +722,9 @@ def limited_h11_protocol(header_timeout: float = HEADER_TIMEOUT_S, max_connectio
 
         def _header_timeout(self):
             self._header_timer = None
-            if self.conn.their_state in (h11.IDLE, h11.MUST_CLOSE, h11.CLOSED) and not self.transport.is_closing():
-                if self.cycle is None or self.cycle.response_complete:
-                    self.transport.close()
+            idle = self.conn.their_state in (h11.IDLE, h11.MUST_CLOSE, h11.CLOSED) and not self.transport.is_closing()
+            if idle and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()
 
         def on_response_complete(self):
             super().on_response_complete()
@@ -738,7 +749,8 @@ def http_app(host: str, port: int, offline: bool | None = None, auth_token: str 
 def check_http_exposure(host: str, auth_token: str | None) -> str | None:
     """The error for a non-loopback bind without a token (or with a short one); None when serving may go ahead."""
     if auth_token is not None and len(auth_token) < MIN_AUTH_TOKEN_CHARS:
-        return f"--auth-token: use at least {MIN_AUTH_TOKEN_CHARS} characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+        return (f"--auth-token: use at least {MIN_AUTH_TOKEN_CHARS} characters "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)")
     if not is_loopback(host) and not auth_token:
         return (f"--host {host}: serving beyond this machine needs a token: pass --auth-token TOKEN or set "
                 f"{AUTH_TOKEN_ENV}; clients then send 'Authorization: Bearer TOKEN'")
@@ -755,7 +767,8 @@ def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offli
         raise CanIFinetuneError(problem)
     if not is_loopback(host):
         print(f"canifinetune: warning: --host {host} makes the server reachable from the network; every request "
-              "needs the bearer token" + ("" if offline else ", and the tools may read configs from the Hub (add --offline)"),
+              "needs the bearer token"
+              + ("" if offline else ", and the tools may read configs from the Hub (add --offline)"),
               file=sys.stderr)
     app = http_app(host, port, offline, auth_token)
     config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info",
@@ -774,12 +787,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=DEFAULT_HTTP_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT)
     parser.add_argument("--offline", action="store_true", help="never reach the Hugging Face Hub")
-    parser.add_argument("--auth-token", default=None, help=f"require 'Authorization: Bearer TOKEN' (or set {AUTH_TOKEN_ENV})")
+    parser.add_argument("--auth-token", default=None,
+                        help=f"require 'Authorization: Bearer TOKEN' (or set {AUTH_TOKEN_ENV})")
     args = parser.parse_args(argv)
     if args.http:
         import os
 
-        run_http(args.host, args.port, offline=args.offline, auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV))
+        run_http(args.host, args.port, offline=args.offline,
+                 auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV))
     else:
         run_stdio(offline=args.offline)
     return 0
