@@ -21,21 +21,23 @@ generation/utils.py. Measured by benchmarks/validation/trainer_fake.py (cohorts 
 
 from __future__ import annotations
 
+from typing import Any
+
 from .constants import DTYPE_BYTES
-from .memory import _round_block  # the CUDA caching allocator's block (calibration CUDA_BLOCK_BYTES)
 from .errors import PlanError
+from .memory import _round_block  # the CUDA caching allocator's block (calibration CUDA_BLOCK_BYTES)
 from .plan import TrainingPlan
 from .trainers import TRAINER_DEFAULTS, TRAINER_FIELDS
 
 MODELLED = ("dpo", "orpo", "kto", "grpo", "reward")
 
 
-def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
+def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, Any]:
     """The plan's trainer fields with null replaced by the trainer's TRL 1.16 default (estimator/trainers.py).
     GRPO: generation_batch_size defaults to batch_size x num_gpus x steps_per_generation, steps_per_generation to
     gradient_accumulation_steps (grpo_config.py __post_init__)."""
     defaults = TRAINER_DEFAULTS.get(plan.trainer, {})
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for name, owners in TRAINER_FIELDS.items():
         if plan.trainer not in owners:
             continue
@@ -45,15 +47,16 @@ def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, object]:
         steps = out.get("steps_per_generation") or plan.gradient_accumulation_steps
         out["steps_per_generation"] = steps
         if out.get("generation_batch_size") is None:
-            out["generation_batch_size"] = plan.batch_size * plan.num_gpus * int(steps)  # type: ignore[arg-type]
+            out["generation_batch_size"] = plan.batch_size * plan.num_gpus * int(steps)
     return out
 
 
 def check_supported(plan: TrainingPlan) -> None:
     """Refuse, naming why, what this module cannot model or the harness cannot measure."""
     if plan.trainer == "reward" and plan.method == "full" and plan.optim not in ("adamw_torch_fused", "adamw_torch"):
-        raise PlanError(f"optim: a fully fine-tuned reward model is estimated with adamw_torch_fused or adamw_torch only (its input "
-                        f"embedding's optimizer states and step under '{plan.optim}' are not modelled)", field="optim")
+        raise PlanError("optim: a fully fine-tuned reward model is estimated with adamw_torch_fused or adamw_torch "
+                        f"only (its input embedding's optimizer states and step under '{plan.optim}' are not "
+                        "modelled)", field="optim")
     if plan.trainer == "reward" and plan.modules_to_save:
         raise PlanError("modules_to_save: not modelled for the reward trainer (PEFT's SEQ_CLS task already trains "
                         "the score head)", field="modules_to_save")
@@ -69,19 +72,20 @@ def check_supported(plan: TrainingPlan) -> None:
                         field="reference_model")
     if reference_mode(plan) == "adapter_disabled" and not plan.uses_adapters:
         raise PlanError("reference_model: 'adapter_disabled' needs a LoRA/QLoRA policy (the reference is the base "
-                        "with its adapters disabled); with full fine-tuning use 'copy' or precompute", field="reference_model")
+                        "with its adapters disabled); with full fine-tuning use 'copy' or precompute",
+                        field="reference_model")
     if plan.trainer == "dpo" and fields.get("loss_type") not in ("sigmoid", "hinge", "ipo", "robust", "bco_pair",
                                                                   "sppo_hard", "apo_zero", "apo_down", "sigmoid_norm",
                                                                   "exo_pair", "nca_pair", "discopop"):
         raise PlanError(f"loss_type: DPO loss '{fields.get('loss_type')}' is not one of TRL 1.16's per-sequence "
                         "losses modelled", field="loss_type")
     if plan.trainer == "grpo":
-        completion = int(fields["max_completion_length"])  # type: ignore[arg-type]
+        completion = int(fields["max_completion_length"])
         if completion >= plan.seq_len:
             raise PlanError(f"max_completion_length: {completion} must be below seq_len {plan.seq_len} (seq_len is "
                             "GRPO's longest prompt plus completion)", field="max_completion_length")
-        gen = int(fields["generation_batch_size"])  # type: ignore[arg-type]
-        if gen % int(fields["num_generations"]) != 0:  # type: ignore[arg-type]
+        gen = int(fields["generation_batch_size"])
+        if gen % int(fields["num_generations"]) != 0:
             raise PlanError(f"generation_batch_size: {gen} must be a multiple of num_generations "
                             f"{fields['num_generations']} (grpo_config.py)", field="generation_batch_size")
 
@@ -222,7 +226,7 @@ DISABLE_DROPOUT: dict[str, bool] = {"dpo": True, "kto": True, "orpo": True, "rew
 def sft_equivalent(plan: TrainingPlan) -> TrainingPlan:
     """The SFT plan whose step is the policy's step: same model, method and settings, batch = :func:`policy_rows`;
     lora_dropout 0 where the trainer disables dropout (:data:`DISABLE_DROPOUT`)."""
-    update: dict[str, object] = {name: None for name in TRAINER_FIELDS}
+    update: dict[str, object] = dict.fromkeys(TRAINER_FIELDS)
     update.update(trainer="sft", batch_size=policy_rows(plan))
     if DISABLE_DROPOUT.get(plan.trainer) and plan.uses_adapters:
         update["lora_dropout"] = 0.0
@@ -231,7 +235,7 @@ def sft_equivalent(plan: TrainingPlan) -> TrainingPlan:
 
 def reference_plan(plan: TrainingPlan) -> TrainingPlan:
     """The reference copy as TRL builds it: the base model in the policy's dtype, frozen, no adapters."""
-    update: dict[str, object] = {name: None for name in TRAINER_FIELDS}
+    update: dict[str, object] = dict.fromkeys(TRAINER_FIELDS)
     update.update(trainer="sft", method="full", gradient_checkpointing=False)
     return plan.model_copy(update=update)
 
@@ -286,7 +290,7 @@ def generation_rows(plan: TrainingPlan) -> int:
     are repeated num_generations times by RepeatSampler, grpo_trainer.py; each process generates its slice of the
     generation batch, ``generation_batch_size / num_processes`` rows, in one ``unwrapped_model.generate`` call)."""
     fields = resolved_trainer_fields(plan)
-    return max(1, int(fields["generation_batch_size"]) // plan.num_gpus)  # type: ignore[arg-type]
+    return max(1, int(fields["generation_batch_size"]) // plan.num_gpus)
 
 
 def generation_bytes(policy_resolved, plan: TrainingPlan) -> tuple[int, int, str]:
@@ -306,7 +310,7 @@ def generation_bytes(policy_resolved, plan: TrainingPlan) -> tuple[int, int, str
     a = policy_resolved.act_bytes
     rows = generation_rows(plan)
     fields = resolved_trainer_fields(plan)
-    prompt = plan.seq_len - int(fields["max_completion_length"])  # type: ignore[arg-type]
+    prompt = plan.seq_len - int(fields["max_completion_length"])
     t = rows * prompt
     h = spec.hidden_size
     prefill_tmp = max(3 * _round_block(a * t * spec.intermediate_size),
@@ -334,7 +338,7 @@ def vllm_reservation_bytes(plan: TrainingPlan, gpu_bytes: int | None) -> int | N
         return 0
     if gpu_bytes is None:
         return None
-    return int(float(fields["vllm_gpu_memory_utilization"]) * gpu_bytes)  # type: ignore[arg-type]
+    return int(float(fields["vllm_gpu_memory_utilization"]) * gpu_bytes)
 
 
 def trainer_step_peaks(r, phases_module):
@@ -362,7 +366,7 @@ def trainer_step_peaks(r, phases_module):
     def with_ref(p):
         items = tuple(Item(i.name, i.bytes, i.explanation + ("; " + rows_note if i.name == "activations" else ""))
                       for i in p.items)
-        return PhasePeak(p.phase, p.bytes + ref_w, items[:1] + (ref_item,) + items[1:])
+        return PhasePeak(p.phase, p.bytes + ref_w, (*items[:1], ref_item, *items[1:]))
 
     fwd = with_ref(forward)
     orpo_bwd = None
@@ -417,7 +421,8 @@ def _rows_note(plan, policy) -> str:
             "orpo": f"ORPO concatenates chosen and rejected: {policy.plan.batch_size} rows of {plan.seq_len} tokens",
             "kto": f"KTO: {plan.batch_size} completions (its KL batch runs under no_grad)",
             "reward": f"reward model: chosen and rejected, {policy.plan.batch_size} rows of {plan.seq_len} tokens",
-            "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)"}[plan.trainer]
+            "grpo": f"GRPO loss step: {plan.batch_size} rows of prompt + completion ({plan.seq_len} tokens)",
+            }[plan.trainer]
 
 
 def _orpo_loss_phases(r, policy, fwd, Item, PhasePeak):
@@ -428,9 +433,9 @@ def _orpo_loss_phases(r, policy, fwd, Item, PhasePeak):
     note = (f"ORPO's loss on the full logits: {policy.tokens} tokens x {r.spec.vocab_size} vocab in fp32 "
             "(accelerate's upcast), the chosen rows' cross-entropy and Triton selective_log_softmax")
     if below + fwd_loss > fwd.bytes:
-        fwd = PhasePeak("forward", below + fwd_loss, base + (Item("logits_and_loss", fwd_loss, note),))
-    orpo_bwd = PhasePeak("backward", below + bwd_loss, base + (Item("logits_and_loss", bwd_loss, note + "; in "
-                         "backward three fp32 T x V gradients at once (both branches' and their sum)"),))
+        fwd = PhasePeak("forward", below + fwd_loss, (*base, Item("logits_and_loss", fwd_loss, note)))
+    orpo_bwd = PhasePeak("backward", below + bwd_loss, (*base, Item("logits_and_loss", bwd_loss, note + "; in "
+                         "backward three fp32 T x V gradients at once (both branches' and their sum)")))
     return fwd, orpo_bwd
 
 
@@ -446,8 +451,10 @@ def _with_reference_forward(policy, fwd, Item, PhasePeak):
     if total <= fwd.bytes:
         return fwd
     items = tuple(i for i in fwd.items if i.name in (*_STATIC_NAMES, "activations"))
-    return PhasePeak("forward", total, items + (
-        Item("logits_and_loss", loss_kept, "the policy's fused-head outputs and final hidden states, kept for backward"),
+    return PhasePeak("forward", total, (
+        *items,
+        Item("logits_and_loss", loss_kept,
+             "the policy's fused-head outputs and final hidden states, kept for backward"),
         Item("reference_forward", ref_fwd, "the reference forward under no_grad: one block's temporaries "
              "(MLP or attention), the residual stream and the reference's per-token log-probabilities")))
 
@@ -458,8 +465,12 @@ def _generation_phase(r, policy, fwd, Item, PhasePeak):
     kv, transient, when = generation_bytes(policy, plan)
     statics = tuple(i for i in fwd.items if i.name in _STATIC_NAMES)
     rows = generation_rows(plan)
-    tokens = plan.seq_len if when == "decode" else plan.seq_len - int(resolved_trainer_fields(plan)["max_completion_length"])  # type: ignore[arg-type]
-    return PhasePeak("generation", sum(i.bytes for i in statics) + kv + transient, statics + (
+    if when == "decode":
+        tokens = plan.seq_len
+    else:
+        tokens = plan.seq_len - int(resolved_trainer_fields(plan)["max_completion_length"])
+    return PhasePeak("generation", sum(i.bytes for i in statics) + kv + transient, (
+        *statics,
         Item("kv_cache", kv, f"model.generate's KV cache at the {when}: 2 x {r.spec.num_layers} layers x "
              f"{r.spec.kv_dim} kv_dim x {tokens} tokens x {rows} sequences in {policy.compute_dtype}"),
         Item("generation_temporaries", transient,
