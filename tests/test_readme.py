@@ -184,7 +184,7 @@ def test_install_command_in_a_fresh_venv(tmp_path):
     """`pip install -e .` on a copy of the checkout in a new venv, then the README's estimate from there."""
     src = tmp_path / "canifinetune"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "estimator", "recipes", "server"):
+    for name in ("pyproject.toml", "README.md", "estimator", "recipes", "server", "docs"):  # docs: memory_model.md ships
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         else:

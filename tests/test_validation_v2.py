@@ -80,9 +80,19 @@ def ci_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ci_subset_of_v2_in_fake_mode(ci_run):
+    """Each CI case either measures within -2% / +10%, or is refused by PEFT and by the estimator alike (v39, frozen
+    with PEFT's default targets, which phi3 does not have: the run fails at once and the estimate says why)."""
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.estimator.plan import TrainingPlan
+
     cases, rows = ci_run
     assert 2 <= len(cases) <= 4 and [r["case"] for r in rows] == [c["id"] for c in cases]
+    assert any(r["status"] == "ok" for r in rows)
     for row in rows:
-        assert row["status"] == "ok", f"{row['case']}: {row.get('error')}"
+        if row["status"] != "ok":
+            assert "target_modules" in row["error"], f"{row['case']}: {row.get('error')}"
+            with pytest.raises(ValueError, match="target_modules"):
+                estimate(TrainingPlan(**row["plan"]))
+            continue
         err = row["error_pct"]["allocated"]
         assert LOWER <= err <= UPPER, f"{row['case']}: {err:+.2f}%"
