@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.validation import analyze, run_cohort
+from benchmarks.validation import run_cohort
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "benchmarks" / "validation"

@@ -448,16 +448,29 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
             del outputs, step_loss
             if loss == "trl_fused":
                 del per_token_loss
-            counter.set_phase(f"step{step}.optimizer")
-            if clip_grad:
-                torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
-            optimizer.step()
-            counter.classify()  # before zero_grad frees the gradients
-            if step == steps:
-                state["end_categories"] = counter.categories_now()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_phase(counter, optimizer, trainable, step, steps, state, clip_grad=clip_grad)
             timeline.append({"step": step, "start": start, "end": counter.current})
         counter.set_phase("done")
+    return {**measurement_report(counter, state, timeline, routed, resolved), "loss": loss, "fake": fake}
+
+
+def optimizer_phase(counter, optimizer, trainable, step: int, steps: int, state: dict, *, clip_grad: bool = True) -> None:
+    """Trainer's optimizer phase of one step: gradient clipping (max_grad_norm 1.0), the step, zero_grad(set_to_none);
+    the end-of-step categories are taken on the last step, before zero_grad frees the gradients."""
+    import torch
+
+    counter.set_phase(f"step{step}.optimizer")
+    if clip_grad:
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+    optimizer.step()
+    counter.classify()  # before zero_grad frees the gradients
+    if step == steps:
+        state["end_categories"] = counter.categories_now()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measurement_report(counter, state: dict, timeline: list, routed, resolved) -> dict:
+    """What every harness reports of a run: the peak, its phase and categories, per-phase peaks, the build, the steps."""
     return {
         "peak_allocated_bytes": counter.peak,
         "peak_phase": counter.peak_phase,
@@ -470,8 +483,6 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
         "steps": timeline,
         "attention_kernels": dict(routed.kernels),
         "resolved": resolved,
-        "loss": loss,
-        "fake": fake,
     }
 
 

@@ -378,32 +378,11 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             if trainer == "orpo":
                 outputs = None
             del outputs, step_loss
-            counter.set_phase(f"step{step}.optimizer")
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
-            optimizer.step()
-            counter.classify()
-            if step == steps:
-                state["end_categories"] = counter.categories_now()
-            optimizer.zero_grad(set_to_none=True)
+            fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
             timeline.append({"step": step, "start": start, "end": counter.current})
         counter.set_phase("done")
-    return {
-        "peak_allocated_bytes": counter.peak,
-        "peak_phase": counter.peak_phase,
-        "peak_categories": counter.peak_categories,
-        "peak_largest_other_bytes": counter.peak_largest_other,
-        "phase_peaks": {k: v for k, v in counter.phase_peaks.items() if k.startswith("step")},
-        "after_build_bytes": state["after_build"],
-        "after_build_categories": state["after_build_categories"],
-        "end_of_step_categories": state.get("end_categories"),
-        "steps": timeline,
-        "attention_kernels": dict(routed.kernels),
-        "resolved": resolved,
-        "trainer": trainer,
-        "reference": ref_mode,
-        "loss": f"trl_{trainer}",
-        "fake": True,
-    }
+    report = fm.measurement_report(counter, state, timeline, routed, resolved)
+    return {**report, "trainer": trainer, "reference": ref_mode, "loss": f"trl_{trainer}", "fake": True}
 
 
 def measure_trainer_fake(plan, config: dict) -> dict:
