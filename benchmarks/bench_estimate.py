@@ -19,7 +19,7 @@ PLANS = [
     dict(model="meta-llama/Llama-3.1-70B", method="full", gpu="H100", num_gpus=8, sharding="zero3"),
     dict(model="mistralai/Mixtral-8x7B-v0.1", method="qlora", gpu="A100 80GB", gradient_checkpointing=False),
     dict(model="Qwen/Qwen3-30B-A3B", method="lora", gpu_vram_gb=80, target_modules=["q_proj", "v_proj"]),
-    dict(model="google/gemma-2-9b", method="lora", optim="adamw_bnb_8bit", loss_implementation="standard"),
+    dict(model="google/gemma-2-9b-it", method="lora", optim="adamw_bnb_8bit", loss_implementation="standard"),
 ]
 
 
