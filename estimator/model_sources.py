@@ -10,11 +10,10 @@ import json
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import catalog
+from . import bounded_io, catalog
 from .errors import ModelConfigError, UnknownModelError
 from .errors import SafetensorsHeaderError as SafetensorsHeaderError  # declared in errors.py, raised here
 from .spec import ModelSpec
@@ -37,39 +36,13 @@ class ResolvedModel:
 
 
 def read_regular_file(path: Path, limit: int, what: str = "model") -> bytes:
-    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; else a ModelConfigError.
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; else a ModelConfigError
+    (:func:`bounded_io.read_regular_file`: a FIFO, a device or a socket is refused at once)."""
 
-    Opened with O_NONBLOCK and checked with fstat before any read, so a FIFO, a device or a socket (even
-    behind a symlink) is refused at once instead of blocking or streaming forever."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise ModelConfigError(f"{what}: cannot read {path}: {exc.strerror or type(exc).__name__}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ModelConfigError(f"{what}: {path} is not a regular file")
-        if info.st_size > limit:
-            raise ModelConfigError(
-                f"{what}: {path} is {info.st_size / 1e6:.1f} MB; a config.json is a few KB "
-                f"(limit {limit // 1048576} MiB)"
-            )
-        chunks = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise ModelConfigError(f"{what}: {path} is larger than {limit // 1048576} MiB")
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise ModelConfigError(f"{what}: cannot read {path}: {exc.strerror or type(exc).__name__}") from None
-    finally:
-        os.close(fd)
+    def too_large(size: int) -> str:
+        return f"{path} is {size / 1e6:.1f} MB; a config.json is a few KB (limit {limit // 1048576} MiB)"
+
+    return bounded_io.read_regular_file(path, limit, lambda reason: ModelConfigError(f"{what}: {reason}"), too_large)
 
 
 def read_config_file(path: Path) -> dict:
@@ -85,28 +58,8 @@ def read_config_file(path: Path) -> dict:
 def parse_config_text(text: str, where: str) -> dict:
     if len(text) > MAX_CONFIG_BYTES:
         raise ModelConfigError(f"model: {where} is larger than a config.json can be")
-    depth = 0
-    deepest = 0
-    in_string = False
-    escaped = False
-    for ch in text:  # bound nesting before json recursion can
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_CONFIG_DEPTH:
-                raise ModelConfigError(
-                    f"model: {where} nests deeper than {MAX_CONFIG_DEPTH} levels; not a model config")
-        elif ch in "]}":
-            depth -= 1
+    if bounded_io.json_nesting_breach(text, MAX_CONFIG_DEPTH) is not None:  # before json's recursion can
+        raise ModelConfigError(f"model: {where} nests deeper than {MAX_CONFIG_DEPTH} levels; not a model config")
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
@@ -256,12 +209,7 @@ def checked_params_exact(counts: dict, spec: ModelSpec, where: str) -> tuple[int
 
 def read_safetensors_header(path: Path) -> object:
     """The parsed JSON header of one .safetensors file (8-byte little-endian length, then JSON); bounded."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SafetensorsHeaderError(f"{path.name} is not a regular file")
+    with bounded_io.open_regular(path, SafetensorsHeaderError) as (fd, info):
         head = os.read(fd, 8)
         if len(head) != 8:
             raise SafetensorsHeaderError(f"{path.name} is shorter than a safetensors header")
@@ -275,8 +223,6 @@ def read_safetensors_header(path: Path) -> object:
                 raise SafetensorsHeaderError(f"{path.name} ends inside its header")
             chunks.append(chunk)
             got += len(chunk)
-    finally:
-        os.close(fd)
     return json.loads(b"".join(chunks).decode("utf-8"), parse_constant=_reject_constant)
 
 

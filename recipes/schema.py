@@ -8,14 +8,13 @@ unknown fields too. Nothing here imports torch.
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from canifinetune.estimator.bounded_io import read_regular_file
 from canifinetune.estimator.errors import RecipeError as RecipeError  # declared in errors.py (the one error tree)
 from canifinetune.estimator.errors import describe_validation_error
 from canifinetune.estimator.plan import TrainingPlan
@@ -166,32 +165,8 @@ def load_recipe(path: str | Path) -> RecipeFile:
     path = Path(path)
     if path.is_dir():
         raise RecipeError(f"recipe: {path} is a folder; give the recipe file ({path / RECIPE_FILE})")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise RecipeError(f"recipe: {path} is not a regular file")
-        if info.st_size > MAX_RECIPE_BYTES:
-            raise RecipeError(f"recipe: {path} is {info.st_size} bytes; a recipe is a few KB")
-        chunks: list[bytes] = []
-        got = 0
-        while got <= MAX_RECIPE_BYTES:
-            chunk = os.read(fd, MAX_RECIPE_BYTES + 1 - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        raw = b"".join(chunks)
-    except OSError as exc:
-        raise RecipeError(f"recipe: cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_RECIPE_BYTES:
-        raise RecipeError(f"recipe: {path} is larger than {MAX_RECIPE_BYTES} bytes; a recipe is a few KB")
+    raw = read_regular_file(path, MAX_RECIPE_BYTES, lambda reason: RecipeError(f"recipe: {reason}"),
+                            lambda size: f"{path} is {size} bytes; a recipe is a few KB")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextvars
 import inspect
 import os
-import stat
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from canifinetune.estimator.bounded_io import read_regular_file
 from canifinetune.estimator.configs import (
     CONFIG_FORMATS,
     MAX_CONFIG_BYTES,
@@ -31,21 +31,13 @@ MAX_SHOWN = 60
 
 def read_config_file(path: str) -> tuple[str, bytes]:
     """(name, bytes) of one config file: a regular file, at most MAX_CONFIG_BYTES, read without following FIFOs."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise ConfigError(f"--config {safe_text(path, 200)}: cannot open it: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"--config {safe_text(path, 200)}: not a regular file")
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{safe_text(path, 200)}: {info.st_size} bytes; a training config is at most "
-                              f"{MAX_CONFIG_BYTES // 1024} KB")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-    finally:
-        os.close(fd)
+    shown = safe_text(path, 200)
+
+    def too_large(size: int) -> str:
+        return f"{shown} is {size} bytes; a training config is at most {MAX_CONFIG_BYTES // 1024} KB"
+
+    raw = read_regular_file(path, MAX_CONFIG_BYTES, lambda reason: ConfigError(f"--config: {safe_text(reason, 400)}"),
+                            too_large)
     return path, raw
 
 

@@ -12,6 +12,7 @@ import yaml
 from yaml.events import AliasEvent, CollectionStartEvent, ScalarEvent
 from yaml.nodes import MappingNode, SequenceNode
 
+from ..bounded_io import json_nesting_breach
 from ..errors import safe_text
 from .types import ConfigError
 
@@ -149,26 +150,9 @@ def _top_mapping(name: str, data: Any) -> dict:
 
 def _json_depth(name: str, text: str) -> None:
     """Refuse nesting deeper than MAX_DEPTH before json (recursive in C) sees it."""
-    depth, in_string, escaped, line = 0, False, False, 1
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ConfigError(f"{name} line {line}: nested deeper than {MAX_DEPTH} levels; this is not a training "
-                                  "config")
-        elif char in "]}":
-            depth -= 1
-        if char == "\n":
-            line += 1
+    line = json_nesting_breach(text, MAX_DEPTH)
+    if line is not None:
+        raise ConfigError(f"{name} line {line}: nested deeper than {MAX_DEPTH} levels; this is not a training config")
 
 
 def _json_pairs(name: str):
