@@ -91,17 +91,7 @@ def format_suggestions(result) -> str:
     """
     o = result.original
     usable = o.gpu_usable_bytes
-    first = result.suggestions[0] if result.suggestions else None
-    lines = [verdict_line(o)]
-    if result.fits_already:
-        lines.append(f"it fits on {_on(o)} as it is: nothing to change")
-    elif first is not None:
-        lines.append(f"{len(result.suggestions)} configuration(s) fit"
-                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)"
-                        if result.nothing_fits else "")
-                     + f"; apply the first: {changes_summary(first.changes)}")
-    else:
-        lines.append(f"nothing fits on {_on(o)} with the allowed changes")
+    lines = [verdict_line(o), _answer_line(result)]
     if result.keep:
         lines.append("pinned (never changed): " + ", ".join(result.keep))
     lines.append(f"{o.model} as planned: ~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)")
@@ -131,7 +121,7 @@ def format_suggestions(result) -> str:
                          f"with sharding '{result.min_gpus_sharding}'")
         if result.suggestions:
             lines.append(f"({result.throughput_label})")
-    if first is not None:
+    if result.suggestions:
         move = ("apply the first suggestion's changes (or take its plan), confirm with estimate_memory "
                 "(`canifinetune estimate`), then make_recipe (`canifinetune recipe`)")
     elif result.fits_already:
@@ -207,21 +197,23 @@ def format_estimate_brief(est: Estimate, next_move: str | None = None) -> str:
 MAX_BRIEF_SUGGESTIONS = 5
 
 
+def _answer_line(result) -> str:
+    """The search's answer in one line: nothing to change, the first suggestion to apply, or that nothing fits."""
+    o = result.original
+    first = result.suggestions[0] if result.suggestions else None
+    if result.fits_already:
+        return f"it fits on {_on(o)} as it is: nothing to change"
+    if first is None:
+        return f"nothing fits on {_on(o)} with the allowed changes"
+    also = f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)" if result.nothing_fits else ""
+    return f"{len(result.suggestions)} configuration(s) fit{also}; apply the first: {changes_summary(first.changes)}"
+
+
 def format_suggestions_brief(result) -> str:
     """suggest_cheaper_config's text: the verdict, the answer, one line per suggestion (changes, budget, speed,
     host RAM, cost), the hardware on which the plan fits unchanged, the next step."""
     o = result.original
-    first = result.suggestions[0] if result.suggestions else None
-    lines = [verdict_line(o)]
-    if result.fits_already:
-        lines.append(f"it fits on {_on(o)} as it is: nothing to change")
-    elif first is not None:
-        lines.append(f"{len(result.suggestions)} configuration(s) fit"
-                     + (f" (nothing fits on {_on(o)} itself: all need more or larger GPUs)"
-                        if result.nothing_fits else "")
-                     + f"; apply the first: {changes_summary(first.changes)}")
-    else:
-        lines.append(f"nothing fits on {_on(o)} with the allowed changes")
+    lines = [verdict_line(o), _answer_line(result)]
     lines.append(need_vs_have(o) + f"; ~{result.original_throughput.tokens_per_second:,.0f} tokens/s as planned")
     if result.keep:
         lines.append("pinned (never changed): " + ", ".join(result.keep))
@@ -242,7 +234,7 @@ def format_suggestions_brief(result) -> str:
         if result.min_gpus:
             lines.append(f"fewest GPUs for the plan unchanged: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
                          f"with sharding '{result.min_gpus_sharding}'")
-    if first is not None:
+    if result.suggestions:
         move = "apply the first suggestion's changes to the arguments, confirm with estimate_memory, then make_recipe"
     elif result.fits_already:
         move = "make_recipe with the same arguments"
