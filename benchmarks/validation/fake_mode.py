@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 import traceback
@@ -314,7 +313,6 @@ def _storage_keys(tensors) -> set[int]:
 
 
 def _model_state_tensors(model):
-    import torch
 
     out = []
     for p in model.parameters():
@@ -518,19 +516,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", choices=("trl_fused", "model"), default="trl_fused",
                         help="trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); model: transformers' own loss with full logits")
     args = parser.parse_args(argv)
+    return run_and_report(lambda plan, config: measure_fake(plan, config, loss=args.loss), args.plan, args.config,
+                          args.out)
+
+
+def run_and_report(measure, plan_path: str, config_path: str, out: str | None) -> int:
+    """The harnesses' command line: read the plan and config JSON, measure, print the result JSON (and write it to
+    ``out``); any failure is reported as an error record with its traceback, never silently (exit 1)."""
     try:
-        with open(args.plan) as f:
+        with open(plan_path) as f:
             plan = json.load(f)
-        with open(args.config) as f:
+        with open(config_path) as f:
             config = json.load(f)
-        result = measure_fake(plan, config, loss=args.loss)
+        result = measure(plan, config)
         code = 0
     except BaseException as exc:  # report, never stay silent
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         code = 1
     text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
     print(text)
     return code

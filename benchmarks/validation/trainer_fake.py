@@ -491,30 +491,13 @@ def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> 
 
 def main(argv=None) -> int:
     import argparse
-    import json
-    import traceback
 
     parser = argparse.ArgumentParser(description="fake-tensor measurement of a TRL 1.16 DPO/KTO/GRPO training step")
     parser.add_argument("--plan", required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    try:
-        with open(args.plan) as f:
-            plan = json.load(f)
-        with open(args.config) as f:
-            config = json.load(f)
-        result = measure_trainer_fake(plan, config)
-        code = 0
-    except BaseException as exc:
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        code = 1
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return code
+    return _fake_mode_module().run_and_report(measure_trainer_fake, args.plan, args.config, args.out)
 
 
 if __name__ == "__main__":
