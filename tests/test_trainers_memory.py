@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from canifinetune.estimator import trainer_memory as tm
+from canifinetune.estimator.constants import GIB
 from canifinetune.estimator.errors import PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.estimator.constants import GIB
 
 QWEN = "Qwen/Qwen2.5-0.5B"
 
@@ -162,7 +162,8 @@ def test_reward_model_has_no_lm_head():
     sft_weights = _items(estimate(_plan(method="lora")))["weights"]
     score_and_copy = 5 * 512 * 7  # 5 blocks of H x 4 bytes, H = 896
     # the one-token stand-in vocabulary keeps an H-sized embedding row (2·H bytes) the real model does not have twice
-    assert items["weights"] + items["reward_model_embedding_and_score"] - score_and_copy == sft_weights + 2 * spec.hidden_size
+    counted = items["weights"] + items["reward_model_embedding_and_score"] - score_and_copy
+    assert counted == sft_weights + 2 * spec.hidden_size
     assert items["reward_model_embedding_and_score"] >= 2 * spec.vocab_size * spec.hidden_size
     assert tm.policy_rows(reward.plan) == 4 and tm.reference_mode(reward.plan) == "none"
     # without the vocabulary, the loss end of backward is smaller than DPO's (same 2B rows, no reference)
@@ -189,7 +190,8 @@ def _trainer_fake():
     pytest.importorskip("torch")
     pytest.importorskip("trl")
     if "trainer_fake" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("trainer_fake", os.path.join(ROOT, "benchmarks", "validation", "trainer_fake.py"))
+        path = os.path.join(ROOT, "benchmarks", "validation", "trainer_fake.py")
+        spec = importlib.util.spec_from_file_location("trainer_fake", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules["trainer_fake"] = module
         spec.loader.exec_module(module)

@@ -138,7 +138,7 @@ def ci_run(tmp_path_factory):
 
 
 def test_ci_subset_in_fake_mode(ci_run):
-    out, cases, rows = ci_run
+    _, cases, rows = ci_run
     assert [r["case"] for r in rows] == [c["id"] for c in cases]
     for row in rows:
         assert row["status"] == "ok", f"{row['case']}: {row.get('error')}"
@@ -147,12 +147,13 @@ def test_ci_subset_in_fake_mode(ci_run):
         assert m["attention_kernels"].get("math", 0) == 0
         assert m["peak_phase"].startswith("step")
         err = row["error_pct"]["allocated"]
-        assert LOWER <= err <= UPPER, (f"{row['case']}: estimate {row['estimate']['peak_allocated_bytes'] / 2**30:.3f} GiB "
+        estimated = row["estimate"]["peak_allocated_bytes"] / 2**30
+        assert LOWER <= err <= UPPER, (f"{row['case']}: estimate {estimated:.3f} GiB "
                                        f"vs measured {m['peak_allocated_bytes'] / 2**30:.3f} GiB ({err:+.2f}%)")
 
 
 def test_ci_subset_analysis(ci_run, tmp_path):
-    out, cases, rows = ci_run
+    out, cases, _ = ci_run
     summary = analyze.summarise(COHORT_PATH, out, tmp_path / "no-cuda.jsonl")
     fake = summary["modes"]["fake"]
     assert fake["cases_ok"] == len(cases) and not fake["negative_results"]
