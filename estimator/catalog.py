@@ -23,7 +23,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-from .gpu_names import GPULookup, lookup_gpu, suggest_gpu_names
+from . import gpu_names
+from .gpu_names import GPULookup
 
 __all__ = [
     "CatalogGPU",
@@ -336,6 +337,11 @@ def _gpu_index() -> _Index[CatalogGPU]:
     return _Index(load_gpus(), _gpu_names)
 
 
+@cache
+def _gpu_name_index() -> gpu_names.GPUNames:
+    return gpu_names.GPUNames(load_gpus())
+
+
 # --------------------------------------------------------------------------------------------- public API
 
 
@@ -354,6 +360,11 @@ def find_gpu(name: str) -> CatalogGPU | None:
     return lookup_gpu(name).entry
 
 
+def lookup_gpu(name: str) -> GPULookup:
+    """The catalog GPU a name means, or why it means none (the rules: estimator/gpu_names.py)."""
+    return gpu_names.lookup_gpu(name, _gpu_name_index())
+
+
 def suggest_models(name: str, limit: int = 5) -> list[str]:
     """Hub ids of the catalog models closest to ``name``, best first, for "did you mean" messages."""
     return _model_index().suggest(name, limit, lambda m: m.id)
@@ -361,7 +372,7 @@ def suggest_models(name: str, limit: int = 5) -> list[str]:
 
 def suggest_gpus(name: str, limit: int = 5) -> list[str]:
     """Names of the catalog GPUs closest to ``name`` as a whole (memory included), best first, for "did you mean"."""
-    return suggest_gpu_names(name, limit)
+    return gpu_names.suggest_gpu_names(name, _gpu_name_index(), limit)
 
 
 def search_models(query: str = "") -> list[CatalogModel]:

@@ -18,6 +18,7 @@ from .model_sources import ResolvedModel, resolve_model
 from .phases import step_peaks
 from .plan import TrainingPlan
 from .resolved import resolve
+from .trainers import resolved_trainer_fields
 
 Verdict = Literal["fits", "tight", "does_not_fit", "unknown"]
 
@@ -209,12 +210,10 @@ def _breakdown(r, gpu, peak, unmodelled: int, unmodelled_bytes: int, b: _Budget)
     breakdown.append(Component(name="cuda_context", bytes=b.context, gib=_gib(b.context), phase="process",
                                explanation="CUDA context and kernel images (not counted by torch)"))
     if b.vllm:
-        from . import trainer_memory
-
         breakdown.append(Component(
             name="vllm_reservation", bytes=b.vllm, gib=_gib(b.vllm), phase="process",
             explanation=f"vLLM colocated on this GPU takes vllm_gpu_memory_utilization "
-                        f"({trainer_memory.resolved_trainer_fields(r.plan)['vllm_gpu_memory_utilization']}) of its "
+                        f"({resolved_trainer_fields(r.plan)['vllm_gpu_memory_utilization']}) of its "
                         f"{_gib(gpu.usable_bytes if gpu else 0):.2f} GiB (vLLM's documented behaviour, not measured); "
                         f"training has the rest"))
     breakdown.append(Component(name="safety_margin", bytes=b.margin, gib=_gib(b.margin), phase="margin",

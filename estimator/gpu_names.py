@@ -8,7 +8,8 @@ A name is read as three parts (``parse_gpu_name``):
 * the memory, when the name states it: a number followed by g, gb or gib ("24GB", "80g", "40 GB");
 * the form factor, when the name states it: PCIe or SXM (SXM2/SXM4/SXM5 are SXM); HBM3/HBM3e are dropped.
 
-``lookup_gpu`` then decides, by what the catalog holds (docs/catalogs.md, "Matching rules"):
+``lookup_gpu`` then decides among the GPUs the catalog hands it (parsed once as ``GPUNames``: the catalog calls
+down into this module, never the reverse), by these rules (docs/catalogs.md, "Matching rules"):
 
 1. an exact name or alias (case-insensitive), or one equal to it once parsed, wins;
 2. otherwise the entries whose name or an alias has exactly the query's model words are the family;
@@ -30,10 +31,9 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING, Literal
 
-if TYPE_CHECKING:  # the catalog imports this module; its GPU type is only needed for annotations
+if TYPE_CHECKING:  # the catalog imports this module and hands it its GPUs; their type is only needed for annotations
     from .catalog import CatalogGPU
 
 # Words that name the maker or the product line, not the GPU: nvidia-smi prints "NVIDIA GeForce RTX 4090",
@@ -112,8 +112,8 @@ class GPULookup:
         return _message(self)
 
 
-class _GPUNames:
-    """Every catalog GPU's names, parsed once."""
+class GPUNames:
+    """Every catalog GPU's names, parsed once (the catalog builds it from its GPUs and keeps it)."""
 
     def __init__(self, gpus: tuple[CatalogGPU, ...]):
         self.gpus = gpus
@@ -149,13 +149,6 @@ def _bare_size(p: ParsedName, family) -> ParsedName | None:
     return ParsedName(p.model[:-1], float(p.model[-1]), p.form)
 
 
-@cache
-def _names() -> _GPUNames:
-    from .catalog import load_gpus
-
-    return _GPUNames(load_gpus())
-
-
 def _is_apple(model: tuple[str, ...]) -> bool:
     if set(model) & _APPLE_WORDS:
         return True
@@ -163,11 +156,10 @@ def _is_apple(model: tuple[str, ...]) -> bool:
             and set(model[2:]) <= _APPLE_TIERS)
 
 
-def lookup_gpu(name: str) -> GPULookup:
-    """The catalog GPU a name means, or why it means none (see the module docstring for the rules)."""
+def lookup_gpu(name: str, idx: GPUNames) -> GPULookup:
+    """The GPU of ``idx`` a name means, or why it means none (see the module docstring for the rules)."""
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
         return GPULookup(str(name)[:80] if isinstance(name, str) else repr(name)[:80], None, "empty")
-    idx = _names()
     hit = idx.exact.get(name.strip().lower())
     if hit and len(hit) == 1:
         return GPULookup(name, idx.gpus[next(iter(hit))], "found")
@@ -187,7 +179,7 @@ def lookup_gpu(name: str) -> GPULookup:
     if not family:
         status: LookupStatus = (
             "apple" if _is_apple(q.model) else "laptop" if set(q.model) & _LAPTOP_WORDS else "unknown")
-        return GPULookup(name, None, status, tuple(suggest_gpu_names(name, 5)))
+        return GPULookup(name, None, status, tuple(suggest_gpu_names(name, idx, 5)))
     fits = [i for i in family if q.memory_gb is None or idx.size_matches(i, q.memory_gb)]
     if q.form and any(idx.has_form(i, q.form) for i in fits):
         fits = [i for i in fits if idx.has_form(i, q.form)]
@@ -224,14 +216,13 @@ def _similarity(q: ParsedName, p: ParsedName, memory_gb: float) -> float:
 SUGGEST_THRESHOLD = 0.45  # below this similarity a catalog name is not offered as "did you mean"
 
 
-def suggest_gpu_names(name: str, limit: int = 5) -> list[str]:
-    """Catalog GPU names closest to ``name`` as a whole (model words and memory), best first."""
+def suggest_gpu_names(name: str, idx: GPUNames, limit: int = 5) -> list[str]:
+    """The names of ``idx``'s GPUs closest to ``name`` as a whole (model words and memory), best first."""
     if not isinstance(name, str) or limit <= 0:
         return []
     q = parse_gpu_name(name)
     if not q.model:
         return []
-    idx = _names()
     family = set(idx.family(q.model))
     scores: dict[int, float] = {}
     for i, names in enumerate(idx.parsed):

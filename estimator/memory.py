@@ -19,17 +19,11 @@ import math
 from dataclasses import replace
 
 from . import peft_knobs
+from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .moe_adapters import expert_adapter_shapes
 from .resolved import ResolvedPlan
 from .spec import LinearSpec
-
-
-def _round_block(nbytes: float) -> int:
-    """Round up to the CUDA caching allocator's 512-byte block, as every allocation is."""
-    block = int(constant("CUDA_BLOCK_BYTES"))
-    return int(math.ceil(nbytes / block) * block) if nbytes > 0 else 0
-
 
 # ---------------------------------------------------------------------------
 # Static memory: alive for the whole step
@@ -61,9 +55,9 @@ def weight_bytes(r: ResolvedPlan) -> int:
         return spec.total_params * per
     quantized_params = sum(lin.weight_params * n for lin, n in quantized)
     if r.quantization == "int8":
-        packed = sum(_round_block(lin.weight_params) * n for lin, n in quantized)
+        packed = sum(round_block(lin.weight_params) * n for lin, n in quantized)
     else:
-        packed = sum(_round_block(math.ceil(lin.weight_params / 2)) * n for lin, n in quantized)
+        packed = sum(round_block(math.ceil(lin.weight_params / 2)) * n for lin, n in quantized)
     return (spec.total_params - quantized_params) * DTYPE_BYTES[r.frozen_dtype] + packed
 
 
@@ -79,19 +73,19 @@ def quantization_constant_bytes(r: ResolvedPlan) -> int:
     total = 0
     if r.quantization == "int8":
         row = constant("INT8_ROW_STAT_BYTES")
-        return sum(_round_block(lin.out_features * row) * n for lin, n in quantized_linears(r))
+        return sum(round_block(lin.out_features * row) * n for lin, n in quantized_linears(r))
     block = int(constant("NF4_BLOCKSIZE"))
     block2 = int(constant("NF4_DOUBLE_QUANT_BLOCKSIZE"))
     double = r.plan.bnb_4bit_use_double_quant
     for lin, n in quantized_linears(r):
         blocks = math.ceil(lin.weight_params / block)
-        one = _round_block(16 * 4)  # the 4-bit code book
+        one = round_block(16 * 4)  # the 4-bit code book
         if double:
-            one += _round_block(blocks)  # uint8 absmax
-            one += _round_block(math.ceil(blocks / block2) * 4)  # fp32 second-level absmax
-            one += _round_block(256 * 4) + _round_block(4)  # 8-bit code book, offset
+            one += round_block(blocks)  # uint8 absmax
+            one += round_block(math.ceil(blocks / block2) * 4)  # fp32 second-level absmax
+            one += round_block(256 * 4) + round_block(4)  # 8-bit code book, offset
         else:
-            one += _round_block(blocks * 4)
+            one += round_block(blocks * 4)
         total += n * one
     return total
 
@@ -113,11 +107,11 @@ def adapter_bytes(r: ResolvedPlan) -> int:
     per = DTYPE_BYTES[r.adapter_dtype]
     rank = r.plan.lora_r
     return sum(
-        n * (_round_block(rank * lin.in_features * per) + _round_block(rank * lin.out_features * per))
+        n * (round_block(rank * lin.in_features * per) + round_block(rank * lin.out_features * per))
         for i, n in r.spec.layer_groups
         for lin in r.adapted_linears(i)
     ) + sum(
-        n * _round_block(rows * cols * per) for i, n in r.spec.layer_groups for rows, cols in r.expert_adapter_shapes(i)
+        n * round_block(rows * cols * per) for i, n in r.spec.layer_groups for rows, cols in r.expert_adapter_shapes(i)
     ) + extra
 
 
@@ -149,26 +143,26 @@ def optimizer_state_bytes(r: ResolvedPlan) -> int:
     per = r.trainable_bytes_per_param
     tensors = r.trainable_tensors
     if optim in ("adamw_torch_fused", "adamw_torch"):
-        return 2 * peft_knobs.trainable_bytes(r) + tensors * _round_block(4)
+        return 2 * peft_knobs.trainable_bytes(r) + tensors * round_block(4)
     if optim == "paged_adamw_32bit":
-        return 2 * n * 4 + tensors * _round_block(4)
+        return 2 * n * 4 + tensors * round_block(4)
     if optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
         block = constant("BNB_8BIT_STATE_BLOCKSIZE")
         small = constant("BNB_8BIT_MIN_SIZE")
         total = 0
         for size, count in _trainable_tensor_sizes(r):
             if size < small:
-                total += count * 2 * _round_block(size * 4)
+                total += count * 2 * round_block(size * 4)
             else:
-                total += count * 2 * (_round_block(size) + _round_block(math.ceil(size / block) * 4))
+                total += count * 2 * (round_block(size) + round_block(math.ceil(size / block) * 4))
         return total
     if optim == "adafactor":
         total = 0
         for rows, cols, count in _trainable_matrix_shapes(r):
             if cols == 1:
-                total += count * _round_block(rows * per)
+                total += count * round_block(rows * per)
             else:
-                total += count * (_round_block(rows * per) + _round_block(cols * per))
+                total += count * (round_block(rows * per) + round_block(cols * per))
         return total
     return 0  # sgd
 
@@ -240,7 +234,7 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
         largest = max(rows * cols for rows, cols, _ in _trainable_matrix_shapes(r))
         # the largest may be a modules_to_save copy, in its own dtype
         copies = 2 if peft_knobs.largest_trainable_bytes_per_param(r) == DTYPE_BYTES["fp32"] else 4
-        return copies * _round_block(largest * 4)
+        return copies * round_block(largest * 4)
     return 0
 
 
@@ -275,16 +269,16 @@ def _consumer_saved_bytes(r: ResolvedPlan, linears: tuple[LinearSpec, ...]) -> i
     saved = 0
     width = linears[0].in_features
     if r.full or r.quantization == "int8":
-        saved += _round_block(a * t * width)
+        saved += round_block(a * t * width)
     for lin in linears:
         if not r.adapted(lin):
             continue
         if plan.lora_dropout > 0:
-            saved += _round_block(t * lin.in_features)  # bool dropout mask
-            saved += _round_block(a * t * lin.in_features)  # dropped-out input, cast to compute dtype
+            saved += round_block(t * lin.in_features)  # bool dropout mask
+            saved += round_block(a * t * lin.in_features)  # dropped-out input, cast to compute dtype
         elif r.adapter_dtype != r.compute_dtype:
-            saved += _round_block(a * t * lin.in_features)  # input cast to fp32 then autocast to a
-        saved += _round_block(a * t * plan.lora_r)  # lora_A output, kept by lora_B
+            saved += round_block(a * t * lin.in_features)  # input cast to fp32 then autocast to a
+        saved += round_block(a * t * plan.lora_r)  # lora_A output, kept by lora_B
     return saved
 
 
@@ -298,7 +292,7 @@ def down_proj_saved_bytes(r: ResolvedPlan, layer: int) -> int:
             return 0
         moe = spec.moe
         assert moe is not None
-        return _round_block(r.act_bytes * r.tokens * moe.top_k * moe.expert_intermediate)
+        return round_block(r.act_bytes * r.tokens * moe.top_k * moe.expert_intermediate)
     return _consumer_saved_bytes(r, (spec.dense_mlp_linears()[-1],))
 
 
@@ -352,11 +346,11 @@ def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
     """An RMSNorm's saved tensors: its fp32 upcast input, and the normalized output when its weight trains
     (Gemma's norm keeps it in fp32)."""
     t = r.tokens
-    saved = _round_block(4 * t * width)  # fp32 upcast input
+    saved = round_block(4 * t * width)  # fp32 upcast input
     if r.spec.model_type.startswith("gemma"):
-        saved += _round_block(4 * t * width) if trainable else 0
+        saved += round_block(4 * t * width) if trainable else 0
     elif trainable:
-        saved += _round_block(r.act_bytes * t * width)
+        saved += round_block(r.act_bytes * t * width)
     return saved
 
 
@@ -369,23 +363,23 @@ def _attention_saved_bytes(r: ResolvedPlan) -> int:
     if spec.qk_norm != "none":
         total += _norm_saved_bytes(r, spec.q_dim, full) + _norm_saved_bytes(r, spec.kv_dim, full)
     # attention kernel
-    total += _round_block(a * t * spec.q_dim) * 2 + _round_block(a * t * spec.kv_dim) * 2
-    total += _round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
+    total += round_block(a * t * spec.q_dim) * 2 + round_block(a * t * spec.kv_dim) * 2
+    total += round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
     if r.attention_kernel == "math":
         # transformers' eager_attention_forward: softmax in fp32 keeps its output (4 bytes a score), the
         # cast back to the compute dtype is kept by the matmul with V (a), and Gemma2's tanh softcap keeps
         # its output too (a); measured on cohort case c40 (Gemma2, eager): exactly these three per layer.
         scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
-        total += _round_block(4 * scores) + _round_block(a * scores)
+        total += round_block(4 * scores) + round_block(a * scores)
         if spec.attn_logit_softcapping:
-            total += _round_block(a * scores)
+            total += round_block(a * scores)
         if spec.num_kv_heads != spec.num_heads:
-            total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
+            total += round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
     total += attention_mask_and_view_bytes(r)
     # o_proj: its input is the attention output already counted; only adapters add
     o_proj = attn[-1]
     if r.adapted(o_proj):
-        total += _consumer_saved_bytes(r, (o_proj,)) - (_round_block(a * t * o_proj.in_features) if full else 0)
+        total += _consumer_saved_bytes(r, (o_proj,)) - (round_block(a * t * o_proj.in_features) if full else 0)
     return total
 
 
@@ -413,14 +407,14 @@ def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
     total = 0
     gqa = spec.num_kv_heads != spec.num_heads
     if r.attention_mask:  # counted for every block, also where only some use the window (Gemma3): the safe side
-        total += _round_block(a * plan.batch_size * plan.seq_len * plan.seq_len)
+        total += round_block(a * plan.batch_size * plan.seq_len * plan.seq_len)
         if gqa and spec.num_kv_heads > 1:  # with one k/v head repeat_kv's reshape of the expand is a view
-            total += _round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2
+            total += round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2
     v_copied = (gqa and (r.attention_kernel == "math" or r.attention_mask or spec.head_dim > 256)) or (
         quantized_output_bytes(r) != a
     )
     if spec.fused_qkv and not v_copied:
-        total += _round_block(a * t * (spec.q_dim + 2 * spec.kv_dim)) - _round_block(a * t * spec.kv_dim)
+        total += round_block(a * t * (spec.q_dim + 2 * spec.kv_dim)) - round_block(a * t * spec.kv_dim)
     return total
 
 
@@ -430,9 +424,9 @@ def _mlp_activation_bytes(r: ResolvedPlan, linears, width: int, tokens: int, con
     down = linears[-1]
     saved = consumers(up_in)
     # gate (SiLU input), act and up (product inputs): fp32 behind quantized linears on a kbit-prepared base
-    saved += 3 * _round_block(quantized_output_bytes(r) * tokens * width)
+    saved += 3 * round_block(quantized_output_bytes(r) * tokens * width)
     if r.full:
-        saved += _round_block(a * tokens * width)  # product, kept by down_proj
+        saved += round_block(a * tokens * width)  # product, kept by down_proj
     elif r.adapted(down):
         saved += consumers((down,))
     return saved
@@ -448,16 +442,16 @@ def _moe_activation_bytes(r: ResolvedPlan) -> int:
     t = r.tokens
     routed = t * moe.top_k
     h = spec.hidden_size
-    saved = _round_block(4 * t * moe.num_experts) * 2  # router logits and softmax (fp32)
-    saved += _round_block(a * routed * h)  # gathered expert inputs
+    saved = round_block(4 * t * moe.num_experts) * 2  # router logits and softmax (fp32)
+    saved += round_block(a * routed * h)  # gathered expert inputs
     width = moe.expert_intermediate
-    saved += 3 * _round_block(a * routed * width) + (_round_block(a * routed * width) if r.full else 0)
-    saved += _round_block(a * routed * h)  # expert outputs, kept for the routing-weight product
+    saved += 3 * round_block(a * routed * width) + (round_block(a * routed * width) if r.full else 0)
+    saved += round_block(a * routed * h)  # expert outputs, kept for the routing-weight product
     saved += expert_adapter_saved_bytes(r)
     if moe.shared_intermediate:
         lin = r.spec.dense_mlp_linears(moe.shared_intermediate)
-        saved += 4 * _round_block(a * t * moe.shared_intermediate)
-        saved += _round_block(a * t * h) * 2  # shared expert output and its sigmoid gate product
+        saved += 4 * round_block(a * t * moe.shared_intermediate)
+        saved += round_block(a * t * h) * 2  # shared expert output and its sigmoid gate product
         del lin
     return saved
 
@@ -492,15 +486,15 @@ def expert_adapter_saved_bytes(r: ResolvedPlan) -> int:
     e, h, i = moe.num_experts, spec.hidden_size, moe.expert_intermediate
     saved = 0
     if lora.gate_up_rank:
-        saved += _round_block(w * e * 2 * i * h)
+        saved += round_block(w * e * 2 * i * h)
     if lora.down_rank:
-        saved += _round_block(w * e * h * i)
-        saved += _round_block(a * r.tokens * moe.top_k * i)
+        saved += round_block(w * e * h * i)
+        saved += round_block(a * r.tokens * moe.top_k * i)
     if r.adapter_dtype != r.frozen_dtype:
         stacked = expert_adapter_shapes(replace(lora, router_rank=0), e, h, i)
-        saved += sum(_round_block(w * rows * cols) for rows, cols in stacked)
+        saved += sum(round_block(w * rows * cols) for rows, cols in stacked)
     if lora.router_rank:
-        saved += _round_block(w * e * h) + _round_block(a * r.tokens * h)
+        saved += round_block(w * e * h) + round_block(a * r.tokens * h)
     return saved
 
 
@@ -514,12 +508,12 @@ def shared_activation_bytes(r: ResolvedPlan) -> int:
     a = r.act_bytes
     e = residual_bytes(r)
     h = spec.hidden_size
-    total = _round_block(e * t * h)
+    total = round_block(e * t * h)
     if spec.embed_scale:
-        total += _round_block(e * t * h)
-    total += 2 * _round_block(e * t * spec.head_dim)
-    total += _round_block(4 * t * h) + (_round_block(a * t * h) if r.full else 0)
-    total += 2 * _round_block(8 * t)
+        total += round_block(e * t * h)
+    total += 2 * round_block(e * t * spec.head_dim)
+    total += round_block(4 * t * h) + (round_block(a * t * h) if r.full else 0)
+    total += 2 * round_block(8 * t)
     return total
 
 
@@ -527,7 +521,7 @@ def checkpoint_boundary_bytes(r: ResolvedPlan) -> int:
     """With gradient checkpointing (non-reentrant, transformers' GradientCheckpointingLayer), each
     block keeps only its input hidden states: e·T·H per layer, e = :func:`residual_bytes` (fp32 after
     prepare_model_for_kbit_training)."""
-    return _round_block(residual_bytes(r) * r.tokens * r.spec.hidden_size)
+    return round_block(residual_bytes(r) * r.tokens * r.spec.hidden_size)
 
 
 # ---------------------------------------------------------------------------
@@ -551,12 +545,12 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     n = plan.batch_size * max(plan.seq_len - 1, 1)
     a = r.act_bytes
     if r.loss_implementation == "chunked":
-        return _round_block(a * n * spec.hidden_size) + 8 * _round_block(4 * n)
+        return round_block(a * n * spec.hidden_size) + 8 * round_block(4 * n)
     t = r.tokens
-    softcap = _round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
+    softcap = round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
     # + a trainable modules_to_save head's input (and cast): peft_knobs.head_copy_saved_bytes
-    return (_round_block(a * t * spec.vocab_size) + softcap + _round_block(4 * t * spec.vocab_size)
-            + peft_knobs.head_copy_saved_bytes(r))
+    return (round_block(a * t * spec.vocab_size) + softcap + round_block(4 * t * spec.vocab_size)
+            + peft_knobs.head_copy_saved_bytes(r, lm_head_cast_bytes(r)))
 
 
 def lm_head_cast_bytes(r: ResolvedPlan) -> int:
@@ -570,7 +564,7 @@ def lm_head_cast_bytes(r: ResolvedPlan) -> int:
     """
     if not (r.autocast and r.kbit_prepared and not r.full) or r.frozen_dtype == r.compute_dtype:
         return 0
-    return _round_block(r.act_bytes * r.spec.vocab_size * r.spec.hidden_size)
+    return round_block(r.act_bytes * r.spec.vocab_size * r.spec.hidden_size)
 
 
 def loss_backward_bytes(r: ResolvedPlan) -> int:
@@ -588,14 +582,14 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
     if r.loss_implementation == "chunked":
         n = plan.batch_size * max(plan.seq_len - 1, 1)
         tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
-        total = _round_block(a * tile) + _round_block(4 * n * spec.hidden_size) + _round_block(a * n * spec.hidden_size)
+        total = round_block(a * tile) + round_block(4 * n * spec.hidden_size) + round_block(a * n * spec.hidden_size)
         if r.full:
-            total += _round_block(4 * spec.vocab_size * spec.hidden_size)
-            total += _round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
+            total += round_block(4 * spec.vocab_size * spec.hidden_size)
+            total += round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
         total += peft_knobs.head_copy_loss_backward_bytes(r)  # a modules_to_save head: fp32 gradient and its cast
         return total
     t = r.tokens
-    return 2 * _round_block(4 * t * spec.vocab_size)
+    return 2 * round_block(4 * t * spec.vocab_size)
 
 
 def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
@@ -605,10 +599,10 @@ def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
     spec = r.spec
     plan = r.plan
     if r.loss_implementation != "chunked":
-        return _round_block(4 * r.tokens * spec.vocab_size)
+        return round_block(4 * r.tokens * spec.vocab_size)
     n = plan.batch_size * max(plan.seq_len - 1, 1)
     tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
-    return _round_block(r.act_bytes * tile)
+    return round_block(r.act_bytes * tile)
 
 
 def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
@@ -634,11 +628,11 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
         width_tokens = t * spec.intermediate_size
     q = quantized_output_bytes(r)  # the MLP's tensors and their gradients: fp32 on a kbit-prepared base
     e = residual_bytes(r)
-    mlp = 3 * _round_block(q * width_tokens) + 2 * _round_block(e * t * h) - down_proj_saved_bytes(r, layer)
+    mlp = 3 * round_block(q * width_tokens) + 2 * round_block(e * t * h) - down_proj_saved_bytes(r, layer)
     if spec.is_moe_layer(layer):
         mlp += expert_adapter_backward_bytes(r)
-    attn = _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim) + _round_block(4 * t * spec.q_dim)
-    attn += 2 * _round_block(e * t * h)
+    attn = round_block(a * t * spec.q_dim) + 2 * round_block(a * t * spec.kv_dim) + round_block(4 * t * spec.q_dim)
+    attn += 2 * round_block(e * t * h)
     return max(mlp, attn)
 
 
@@ -658,8 +652,8 @@ def expert_adapter_backward_bytes(r: ResolvedPlan) -> int:
     assert moe is not None and lora is not None
     w = DTYPE_BYTES[r.frozen_dtype]
     e, h, i = moe.num_experts, r.spec.hidden_size, moe.expert_intermediate
-    down = _round_block(w * e * h * i) if lora.down_rank else 0
-    gate_up = _round_block(w * e * 2 * i * h) if lora.gate_up_rank else 0
+    down = round_block(w * e * h * i) if lora.down_rank else 0
+    gate_up = round_block(w * e * 2 * i * h) if lora.gate_up_rank else 0
     return max(down, gate_up - down)
 
 
@@ -684,12 +678,12 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
     # DoRA: the weight-norm work of its largest linear comes on top (peft_knobs.dora_forward_transient_bytes)
     dora = peft_knobs.dora_forward_transient_bytes(r)
     t = r.tokens
-    total = _round_block(r.act_bytes * t * widest)
+    total = round_block(r.act_bytes * t * widest)
     if r.adapter_dtype != r.compute_dtype:
         per = DTYPE_BYTES[r.adapter_dtype]
-        total += _round_block(per * t * widest)
+        total += round_block(per * t * widest)
         if r.plan.lora_dropout > 0:
-            total += _round_block(per * t * widest)
+            total += round_block(per * t * widest)
     return total + dora
 
 
@@ -703,8 +697,8 @@ def dequantization_bytes(r: ResolvedPlan) -> int:
         return 0
     if r.quantization == "int8":
         widest = max(lin.in_features for lin in linears)
-        return _round_block(r.tokens * widest) + _round_block(4 * r.tokens)
-    return _round_block(r.act_bytes * max(lin.weight_params for lin in linears))
+        return round_block(r.tokens * widest) + round_block(4 * r.tokens)
+    return round_block(r.act_bytes * max(lin.weight_params for lin in linears))
 
 
 def workspace_bytes(r: ResolvedPlan) -> int:

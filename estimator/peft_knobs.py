@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .allocator import round_block
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 
@@ -67,12 +68,6 @@ _OTHER_MODULES = (
     "self_attn", "mlp", "layers", "model", "rotary_emb", "experts", "gate", "router", "shared_expert",
     "shared_expert_gate",
 )
-
-
-def _round_block(nbytes: float) -> int:
-    from .memory import _round_block as round_block
-
-    return round_block(nbytes)
 
 
 # ---------------------------------------------------------------------------
@@ -179,10 +174,10 @@ def extra_weight_bytes(r: ResolvedPlan) -> int:
     spec = r.spec
     total = 0
     copies = sum(1 for n in r.modules_to_save if n in MODELLED_MODULES_TO_SAVE)
-    total += copies * _round_block(spec.vocab_size * spec.hidden_size * DTYPE_BYTES[saved_copy_dtype(r)])
+    total += copies * round_block(spec.vocab_size * spec.hidden_size * DTYPE_BYTES[saved_copy_dtype(r)])
     if dora(r):
         per = DTYPE_BYTES[magnitude_dtype(r)]
-        total += sum(n * _round_block(lin.out_features * per)
+        total += sum(n * round_block(lin.out_features * per)
                      for i, n in spec.layer_groups for lin in r.adapted_linears(i))
     return total
 
@@ -250,23 +245,23 @@ def head_copy_loss_backward_bytes(r: ResolvedPlan) -> int:
         return 0
     vh = r.spec.vocab_size * r.spec.hidden_size
     per = DTYPE_BYTES[saved_copy_dtype(r)]
-    return _round_block(4 * vh) + (_round_block(per * vh) if per != 4 else 0)
+    return round_block(4 * vh) + (round_block(per * vh) if per != 4 else 0)
 
 
-def head_copy_saved_bytes(r: ResolvedPlan) -> int:
+def head_copy_saved_bytes(r: ResolvedPlan, frozen_head_cast: int) -> int:
     """What a trainable head copy keeps for backward under the standard loss: lm_head's input, the final norm's
     output a·T·H (a frozen head keeps nothing: the matmul saves its input only for the weight's gradient), plus the
     compute-dtype cast of an fp32 copy under autocast (a·V·H, saved for the input's gradient). The chunked head saves
-    its contiguous copy of the hidden states whether the head trains or not (loss_forward_bytes)."""
+    its contiguous copy of the hidden states whether the head trains or not (loss_forward_bytes).
+
+    ``frozen_head_cast`` is memory.lm_head_cast_bytes(r), a kbit-prepared fp32 head's cast: when there is one, the
+    copy's cast is counted there, not again here (the caller passes it: memory.py sits above this module)."""
     if not head_trains_as_copy(r) or r.loss_implementation == "chunked":
         return 0
-    from . import memory
-
     a = r.act_bytes
-    total = _round_block(a * r.tokens * r.spec.hidden_size)
-    frozen_head_cast = getattr(memory, "lm_head_cast_bytes", None)  # a kbit-prepared fp32 head's cast, counted there
-    if r.autocast and saved_copy_dtype(r) != r.compute_dtype and not (frozen_head_cast and frozen_head_cast(r)):
-        total += _round_block(a * r.spec.vocab_size * r.spec.hidden_size)
+    total = round_block(a * r.tokens * r.spec.hidden_size)
+    if r.autocast and saved_copy_dtype(r) != r.compute_dtype and not frozen_head_cast:
+        total += round_block(a * r.spec.vocab_size * r.spec.hidden_size)
     return total
 
 
@@ -299,7 +294,7 @@ def dora_layer_saved_bytes(r: ResolvedPlan, layer: int) -> int:
     t = r.tokens
     total = 0
     for lin in r.adapted_linears(layer):
-        total += 2 * _round_block(a * t * lin.out_features)
+        total += 2 * round_block(a * t * lin.out_features)
         if r.plan.lora_dropout > 0:
             param_itself = (
                 r.quantization == "none"
@@ -307,7 +302,7 @@ def dora_layer_saved_bytes(r: ResolvedPlan, layer: int) -> int:
                 and r.adapter_dtype == r.compute_dtype
             )
             if not param_itself:
-                total += _round_block(a * lin.weight_params)
+                total += round_block(a * lin.weight_params)
     return total
 
 
@@ -325,11 +320,11 @@ def dora_linear_forward_transient_bytes(r: ResolvedPlan, lin: LinearSpec) -> int
     p = _x_bytes(r)
     cast = r.autocast and p != a
     i, o = lin.in_features, lin.out_features
-    step1 = _round_block(p * i * i) + (_round_block(a * i * i) if cast else 0)
-    step1 += _round_block(a * i * r.plan.lora_r) + _round_block(a * i * o)
-    held = _round_block((a if cast else p) * i * i)
+    step1 = round_block(p * i * i) + (round_block(a * i * i) if cast else 0)
+    step1 += round_block(a * i * r.plan.lora_r) + round_block(a * i * o)
+    held = round_block((a if cast else p) * i * i)
     new = 1 if _weight_in_x_is_new(r) else 0
-    step2 = held + (3 + new) * _round_block(p * o * i)
+    step2 = held + (3 + new) * round_block(p * o * i)
     return max(step1, step2)
 
 
@@ -343,18 +338,17 @@ def dora_forward_transient_bytes(r: ResolvedPlan) -> int:
     )
 
 
-def standard_head_copy_start(r: ResolvedPlan, loss_start: int, head_grad: int) -> tuple[int, int]:
+def standard_head_copy_start(r: ResolvedPlan, loss_start: int, head_grad: int,
+                             frozen_head_cast: int) -> tuple[int, int]:
     """(loss bytes, head-gradient bytes) of the larger of two moments at the loss end of backward, under the standard
     loss with a modules_to_save head: nll_loss's and log_softmax's fp32 gradients with every forward loss tensor
     (``loss_start``, no head gradient yet), or lm_head's own backward, which writes the head gradient once those are
     freed: the logits a·T·V (held by the model output), their gradient cast back to the compute dtype a·T·V, the
-    head's saved input (:func:`head_copy_saved_bytes`) and, on a kbit-prepared base, the head weight's cast."""
-    from . import memory
-
+    head's saved input (:func:`head_copy_saved_bytes`) and, on a kbit-prepared base, the head weight's cast
+    (``frozen_head_cast``: memory.lm_head_cast_bytes(r))."""
     a = r.act_bytes
     vocab = r.tokens * r.spec.vocab_size
-    frozen_head_cast = getattr(memory, "lm_head_cast_bytes", None)
-    moment = 2 * _round_block(a * vocab) + head_copy_saved_bytes(r) + (frozen_head_cast(r) if frozen_head_cast else 0)
+    moment = 2 * round_block(a * vocab) + head_copy_saved_bytes(r, frozen_head_cast) + frozen_head_cast
     if loss_start >= moment + head_grad:
         return loss_start, 0
     return moment, head_grad

@@ -216,7 +216,8 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
     loss_start = acts.loss_fwd + acts.loss_bwd
     if start_head and not r.full:
         # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_knobs)
-        loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head)
+        loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head,
+                                                                     m.lm_head_cast_bytes(r))
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head
     return _Live(start, start_gather, (acts.saved_layers + acts.shared, loss_start, start_head, 0))

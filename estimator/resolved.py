@@ -14,6 +14,7 @@ from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
 from .plan import TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
+from .trainers import check_supported
 
 # Families whose transformers 5.24 model class sets _supports_sdpa = False (modeling_gemma2.py: "sdpa does
 # not support softcapping"): loading them with attn_implementation="sdpa" raises.
@@ -194,9 +195,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     autocast = plan.dtype in ("bf16", "fp16")
     quantization = _quantization(plan)
     if plan.trainer != "sft":
-        # DPO/ORPO/KTO/GRPO/reward: estimator/trainer_memory.py (unmodelled combinations are refused there)
-        from .trainer_memory import check_supported
-
+        # DPO/ORPO/KTO/GRPO/reward: what estimator/trainer_memory.py does not model is refused before it is needed
         check_supported(plan)
     kbit_prepared = plan.effective_kbit_preparation
     targets, adapter_dtype, expert_lora = _adapters(plan, spec, quantization, warnings)

@@ -21,93 +21,14 @@ generation/utils.py. Measured by benchmarks/validation/trainer_fake.py (cohorts 
 
 from __future__ import annotations
 
-from typing import Any
-
+from . import memory as m
+from .allocator import round_block
 from .constants import DTYPE_BYTES
-from .errors import PlanError
-from .memory import _round_block  # the CUDA caching allocator's block (calibration CUDA_BLOCK_BYTES)
 from .plan import TrainingPlan
-from .trainers import TRAINER_DEFAULTS, TRAINER_FIELDS
+from .resolved import resolve
+from .trainers import TRAINER_FIELDS, check_supported, reference_mode, resolved_trainer_fields
 
 MODELLED = ("dpo", "orpo", "kto", "grpo", "reward")
-
-
-def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, Any]:
-    """The plan's trainer fields with null replaced by the trainer's TRL 1.16 default (estimator/trainers.py).
-    GRPO: generation_batch_size defaults to batch_size x num_gpus x steps_per_generation, steps_per_generation to
-    gradient_accumulation_steps (grpo_config.py __post_init__)."""
-    defaults = TRAINER_DEFAULTS.get(plan.trainer, {})
-    out: dict[str, Any] = {}
-    for name, owners in TRAINER_FIELDS.items():
-        if plan.trainer not in owners:
-            continue
-        value = getattr(plan, name)
-        out[name] = defaults.get(name) if value is None else value
-    if plan.trainer == "grpo":
-        steps = out.get("steps_per_generation") or plan.gradient_accumulation_steps
-        out["steps_per_generation"] = steps
-        if out.get("generation_batch_size") is None:
-            out["generation_batch_size"] = plan.batch_size * plan.num_gpus * int(steps)
-    return out
-
-
-def check_supported(plan: TrainingPlan) -> None:
-    """Refuse, naming why, what this module cannot model or the harness cannot measure."""
-    if plan.trainer == "reward" and plan.method == "full" and plan.optim not in ("adamw_torch_fused", "adamw_torch"):
-        raise PlanError("optim: a fully fine-tuned reward model is estimated with adamw_torch_fused or adamw_torch "
-                        f"only (its input embedding's optimizer states and step under '{plan.optim}' are not "
-                        "modelled)", field="optim")
-    if plan.trainer == "reward" and plan.modules_to_save:
-        raise PlanError("modules_to_save: not modelled for the reward trainer (PEFT's SEQ_CLS task already trains "
-                        "the score head)", field="modules_to_save")
-    if plan.sharding != "none" or plan.num_gpus > 1:
-        raise PlanError(f"trainer: '{plan.trainer}' is estimated on one GPU only (the reference model's and the "
-                        "generation's sharding are not modelled); set num_gpus 1", field="trainer")
-    if plan.framework != "trl":
-        raise PlanError(f"trainer: '{plan.trainer}' is TRL's trainer; set framework 'trl'", field="framework")
-    fields = resolved_trainer_fields(plan)
-    if reference_mode(plan) == "copy" and plan.method == "qlora":
-        raise PlanError("reference_model: a separate quantized reference copy beside a QLoRA policy is not modelled; "
-                        "use 'adapter_disabled' (TRL's default with PEFT) or precompute_ref_log_probs",
-                        field="reference_model")
-    if reference_mode(plan) == "adapter_disabled" and not plan.uses_adapters:
-        raise PlanError("reference_model: 'adapter_disabled' needs a LoRA/QLoRA policy (the reference is the base "
-                        "with its adapters disabled); with full fine-tuning use 'copy' or precompute",
-                        field="reference_model")
-    if plan.trainer == "dpo" and fields.get("loss_type") not in ("sigmoid", "hinge", "ipo", "robust", "bco_pair",
-                                                                  "sppo_hard", "apo_zero", "apo_down", "sigmoid_norm",
-                                                                  "exo_pair", "nca_pair", "discopop"):
-        raise PlanError(f"loss_type: DPO loss '{fields.get('loss_type')}' is not one of TRL 1.16's per-sequence "
-                        "losses modelled", field="loss_type")
-    if plan.trainer == "grpo":
-        completion = int(fields["max_completion_length"])
-        if completion >= plan.seq_len:
-            raise PlanError(f"max_completion_length: {completion} must be below seq_len {plan.seq_len} (seq_len is "
-                            "GRPO's longest prompt plus completion)", field="max_completion_length")
-        gen = int(fields["generation_batch_size"])
-        if gen % int(fields["num_generations"]) != 0:
-            raise PlanError(f"generation_batch_size: {gen} must be a multiple of num_generations "
-                            f"{fields['num_generations']} (grpo_config.py)", field="generation_batch_size")
-
-
-def reference_mode(plan: TrainingPlan) -> str:
-    """Where the reference log-probabilities come from, as TRL 1.16 decides it.
-
-    DPO/KTO (dpo_trainer.py / kto_trainer.py __init__): ``precompute_ref_log_probs`` -> 'none' (computed once
-    before training, read from the dataset); otherwise the plan's ``reference_model``; by default a PEFT policy uses
-    its base with adapters disabled (``use_adapter(model, None)``, no second model) and a full fine-tune loads a
-    second frozen copy (``create_model_from_path``, in the policy's dtype). GRPO (grpo_trainer.py): no reference at
-    all when beta == 0 (its default), else as DPO. ORPO and reward modelling have none."""
-    if plan.trainer not in ("dpo", "kto", "grpo"):
-        return "none"
-    fields = resolved_trainer_fields(plan)
-    if plan.trainer == "grpo" and not fields.get("beta"):
-        return "none"
-    if fields.get("precompute_ref_log_probs"):
-        return "none"
-    if plan.reference_model is not None:
-        return plan.reference_model
-    return "adapter_disabled" if plan.uses_adapters else "copy"
 
 
 def reward_spec(spec):
@@ -134,9 +55,9 @@ def reward_embedding_bytes(policy_resolved, spec) -> int:
     with its gradient and states, 4 blocks of H x w."""
     if policy_resolved.full:
         w = policy_resolved.trainable_bytes_per_param
-        return 3 * _round_block(w * spec.vocab_size * spec.hidden_size) + 4 * _round_block(w * spec.hidden_size)
+        return 3 * round_block(w * spec.vocab_size * spec.hidden_size) + 4 * round_block(w * spec.hidden_size)
     frozen = DTYPE_BYTES[policy_resolved.frozen_dtype]
-    return _round_block(frozen * spec.vocab_size * spec.hidden_size) + 5 * _round_block(4 * spec.hidden_size)
+    return round_block(frozen * spec.vocab_size * spec.hidden_size) + 5 * round_block(4 * spec.hidden_size)
 
 
 def reward_embedding_grad_bytes(policy_resolved, spec) -> int:
@@ -147,7 +68,7 @@ def reward_embedding_grad_bytes(policy_resolved, spec) -> int:
     LoRA/QLoRA (the embedding is frozen)."""
     if not policy_resolved.full:
         return 0
-    return _round_block(policy_resolved.trainable_bytes_per_param * spec.vocab_size * spec.hidden_size)
+    return round_block(policy_resolved.trainable_bytes_per_param * spec.vocab_size * spec.hidden_size)
 
 
 def orpo_logits_bytes(policy_resolved) -> tuple[int, int]:
@@ -174,10 +95,10 @@ def orpo_logits_bytes(policy_resolved) -> tuple[int, int]:
     v = policy_resolved.spec.vocab_size
     t = policy_resolved.tokens
     half = (plan.batch_size // 2) * max(plan.seq_len - 1, 1)
-    full = _round_block(4 * t * v)
-    chosen = _round_block(4 * half * v)
-    grad_logits = _round_block(4 * plan.batch_size * max(plan.seq_len - 1, 1) * v)
-    forward = max(_round_block(policy_resolved.act_bytes * t * v) + full, full + 2 * chosen)
+    full = round_block(4 * t * v)
+    chosen = round_block(4 * half * v)
+    grad_logits = round_block(4 * plan.batch_size * max(plan.seq_len - 1, 1) * v)
+    forward = max(round_block(policy_resolved.act_bytes * t * v) + full, full + 2 * chosen)
     backward = max(3 * full, full + chosen + grad_logits)
     return forward, backward
 
@@ -204,7 +125,7 @@ def reward_optimizer_temporary_bytes(policy_resolved, spec) -> int:
     optimizer_step_temporary_bytes, the same formula); 0 under fused AdamW or LoRA/QLoRA."""
     if not policy_resolved.full or policy_resolved.plan.optim != "adamw_torch":
         return 0
-    return _round_block(policy_resolved.trainable_bytes_per_param * spec.vocab_size * spec.hidden_size)
+    return round_block(policy_resolved.trainable_bytes_per_param * spec.vocab_size * spec.hidden_size)
 
 
 def policy_rows(plan: TrainingPlan) -> int:
@@ -245,8 +166,6 @@ def reference_weight_bytes(ref_resolved) -> int:
     ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)``); the same count as the policy's weights
     (estimator/memory.py weight_bytes), so a full-fine-tuning reference copy doubles the frozen weights. 0 for
     'adapter_disabled' (the policy's own base) and 'none' (precomputed, or GRPO beta 0)."""
-    from . import memory as m
-
     return m.weight_bytes(ref_resolved)
 
 
@@ -266,10 +185,10 @@ def reference_forward_bytes(policy_resolved) -> int:
     a = policy_resolved.act_bytes
     e = DTYPE_BYTES[policy_resolved.residual_dtype]
     h = spec.hidden_size
-    mlp = 3 * _round_block(a * t * spec.intermediate_size)
-    attn = 2 * _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim)
+    mlp = 3 * round_block(a * t * spec.intermediate_size)
+    attn = 2 * round_block(a * t * spec.q_dim) + 2 * round_block(a * t * spec.kv_dim)
     n = plan.batch_size * max(plan.seq_len - 1, 1)
-    return max(mlp, attn) + 3 * _round_block(e * t * h) + _round_block(4 * n)
+    return max(mlp, attn) + 3 * round_block(e * t * h) + round_block(4 * n)
 
 
 def kv_cache_bytes(spec, rows: int, tokens: int, dtype_bytes: int, prefill: bool = False) -> int:
@@ -281,7 +200,7 @@ def kv_cache_bytes(spec, rows: int, tokens: int, dtype_bytes: int, prefill: bool
     decode step it is min(tokens, sliding_window) tokens (the last window - 1 plus the new one)."""
     full_layers = spec.num_layers - spec.sliding_window_layers
     window = tokens if (prefill or not spec.sliding_window) else min(tokens, spec.sliding_window)
-    per_tensor = lambda n: _round_block(rows * spec.kv_dim * n * dtype_bytes)  # noqa: E731
+    per_tensor = lambda n: round_block(rows * spec.kv_dim * n * dtype_bytes)  # noqa: E731
     return 2 * full_layers * per_tensor(tokens) + 2 * spec.sliding_window_layers * per_tensor(window)
 
 
@@ -313,12 +232,12 @@ def generation_bytes(policy_resolved, plan: TrainingPlan) -> tuple[int, int, str
     prompt = plan.seq_len - int(fields["max_completion_length"])
     t = rows * prompt
     h = spec.hidden_size
-    prefill_tmp = max(3 * _round_block(a * t * spec.intermediate_size),
-                      2 * _round_block(a * t * spec.q_dim) + 2 * _round_block(a * t * spec.kv_dim))
-    prefill_tmp += 3 * _round_block(a * t * h)
+    prefill_tmp = max(3 * round_block(a * t * spec.intermediate_size),
+                      2 * round_block(a * t * spec.q_dim) + 2 * round_block(a * t * spec.kv_dim))
+    prefill_tmp += 3 * round_block(a * t * h)
     prefill_kv = kv_cache_bytes(spec, rows, prompt, a, prefill=True)
     decode_kv = kv_cache_bytes(spec, rows, plan.seq_len, a)
-    decode_tmp = _round_block(rows * spec.kv_dim * plan.seq_len * a) + 3 * _round_block(4 * rows * spec.vocab_size)
+    decode_tmp = round_block(rows * spec.kv_dim * plan.seq_len * a) + 3 * round_block(4 * rows * spec.vocab_size)
     if prefill_kv + prefill_tmp > decode_kv + decode_tmp:
         return prefill_kv, prefill_tmp, "prefill"
     return decode_kv, decode_tmp, "decode"
@@ -349,8 +268,6 @@ def trainer_step_peaks(r, phases_module):
     forward peak and the reference forward (static + the policy's saved activations and fused-head outputs +
     :func:`reference_forward_bytes`). GRPO without vLLM adds a 'generation' phase: static + KV cache + prefill
     temporaries (:func:`generation_bytes`), the gradients being None between optimizer steps."""
-    from .resolved import resolve
-
     plan = r.plan
     check_supported(plan)
     Item, PhasePeak = phases_module.Item, phases_module.PhasePeak
@@ -395,8 +312,6 @@ _STATIC_NAMES = ("weights", "reference_model", "quantization_constants", "lora_a
 
 def _reference_item(r, policy, Item):
     """(bytes, item) of the reference model in every phase (a reward model: its input embedding and score head)."""
-    from .resolved import resolve
-
     plan = r.plan
     mode = reference_mode(plan)
     ref_w = reference_weight_bytes(resolve(reference_plan(plan), r.spec)) if mode == "copy" else 0
@@ -441,8 +356,6 @@ def _orpo_loss_phases(r, policy, fwd, Item, PhasePeak):
 
 def _with_reference_forward(policy, fwd, Item, PhasePeak):
     """DPO/KTO: the forward phase, or the reference forward on top of the policy's kept tensors if larger."""
-    from . import memory as m
-
     ref_fwd = reference_forward_bytes(policy)
     kept = {i.name: i.bytes for i in fwd.items}
     statics = sum(kept.get(n, 0) for n in _STATIC_NAMES)

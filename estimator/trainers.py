@@ -4,9 +4,21 @@ TRL 1.16 (read in its config classes: trl/trainer/dpo_config.py, kto_config.py, 
 grpo_config.py; ORPO lives in trl/experimental/orpo) gives each trainer its own memory-relevant settings. The
 plan holds them under TRL's names, null meaning "the trainer's default" below; a field set for a trainer that
 has no such setting is refused by the plan, naming it.
+
+What follows from the fields alone lives here too, below the memory model that needs it: the fields with their
+defaults filled in (``resolved_trainer_fields``), where the reference log-probabilities come from
+(``reference_mode``), and the combinations the memory model refuses (``check_supported``, called when a plan is
+resolved). Their memory is estimator/trainer_memory.py's.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import PlanError
+
+if TYPE_CHECKING:  # the plan imports this module; its type is only needed for annotations
+    from .plan import TrainingPlan
 
 TRAINERS: tuple[str, ...] = ("sft", "dpo", "orpo", "kto", "reward", "grpo")
 
@@ -47,3 +59,81 @@ TRAINER_DEFAULTS: dict[str, dict[str, object]] = {
 def refused_fields(trainer: str, values: dict[str, object]) -> list[str]:
     """The trainer fields set (not null) in ``values`` that ``trainer`` does not have."""
     return [name for name, owners in TRAINER_FIELDS.items() if values.get(name) is not None and trainer not in owners]
+
+
+def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, Any]:
+    """The plan's trainer fields with null replaced by the trainer's TRL 1.16 default (TRAINER_DEFAULTS).
+    GRPO: generation_batch_size defaults to batch_size x num_gpus x steps_per_generation, steps_per_generation to
+    gradient_accumulation_steps (grpo_config.py __post_init__)."""
+    defaults = TRAINER_DEFAULTS.get(plan.trainer, {})
+    out: dict[str, Any] = {}
+    for name, owners in TRAINER_FIELDS.items():
+        if plan.trainer not in owners:
+            continue
+        value = getattr(plan, name)
+        out[name] = defaults.get(name) if value is None else value
+    if plan.trainer == "grpo":
+        steps = out.get("steps_per_generation") or plan.gradient_accumulation_steps
+        out["steps_per_generation"] = steps
+        if out.get("generation_batch_size") is None:
+            out["generation_batch_size"] = plan.batch_size * plan.num_gpus * int(steps)
+    return out
+
+
+def check_supported(plan: TrainingPlan) -> None:
+    """Refuse, naming why, what estimator/trainer_memory.py cannot model or the harness cannot measure."""
+    if plan.trainer == "reward" and plan.method == "full" and plan.optim not in ("adamw_torch_fused", "adamw_torch"):
+        raise PlanError("optim: a fully fine-tuned reward model is estimated with adamw_torch_fused or adamw_torch "
+                        f"only (its input embedding's optimizer states and step under '{plan.optim}' are not "
+                        "modelled)", field="optim")
+    if plan.trainer == "reward" and plan.modules_to_save:
+        raise PlanError("modules_to_save: not modelled for the reward trainer (PEFT's SEQ_CLS task already trains "
+                        "the score head)", field="modules_to_save")
+    if plan.sharding != "none" or plan.num_gpus > 1:
+        raise PlanError(f"trainer: '{plan.trainer}' is estimated on one GPU only (the reference model's and the "
+                        "generation's sharding are not modelled); set num_gpus 1", field="trainer")
+    if plan.framework != "trl":
+        raise PlanError(f"trainer: '{plan.trainer}' is TRL's trainer; set framework 'trl'", field="framework")
+    fields = resolved_trainer_fields(plan)
+    if reference_mode(plan) == "copy" and plan.method == "qlora":
+        raise PlanError("reference_model: a separate quantized reference copy beside a QLoRA policy is not modelled; "
+                        "use 'adapter_disabled' (TRL's default with PEFT) or precompute_ref_log_probs",
+                        field="reference_model")
+    if reference_mode(plan) == "adapter_disabled" and not plan.uses_adapters:
+        raise PlanError("reference_model: 'adapter_disabled' needs a LoRA/QLoRA policy (the reference is the base "
+                        "with its adapters disabled); with full fine-tuning use 'copy' or precompute",
+                        field="reference_model")
+    if plan.trainer == "dpo" and fields.get("loss_type") not in ("sigmoid", "hinge", "ipo", "robust", "bco_pair",
+                                                                  "sppo_hard", "apo_zero", "apo_down", "sigmoid_norm",
+                                                                  "exo_pair", "nca_pair", "discopop"):
+        raise PlanError(f"loss_type: DPO loss '{fields.get('loss_type')}' is not one of TRL 1.16's per-sequence "
+                        "losses modelled", field="loss_type")
+    if plan.trainer == "grpo":
+        completion = int(fields["max_completion_length"])
+        if completion >= plan.seq_len:
+            raise PlanError(f"max_completion_length: {completion} must be below seq_len {plan.seq_len} (seq_len is "
+                            "GRPO's longest prompt plus completion)", field="max_completion_length")
+        gen = int(fields["generation_batch_size"])
+        if gen % int(fields["num_generations"]) != 0:
+            raise PlanError(f"generation_batch_size: {gen} must be a multiple of num_generations "
+                            f"{fields['num_generations']} (grpo_config.py)", field="generation_batch_size")
+
+
+def reference_mode(plan: TrainingPlan) -> str:
+    """Where the reference log-probabilities come from, as TRL 1.16 decides it.
+
+    DPO/KTO (dpo_trainer.py / kto_trainer.py __init__): ``precompute_ref_log_probs`` -> 'none' (computed once
+    before training, read from the dataset); otherwise the plan's ``reference_model``; by default a PEFT policy uses
+    its base with adapters disabled (``use_adapter(model, None)``, no second model) and a full fine-tune loads a
+    second frozen copy (``create_model_from_path``, in the policy's dtype). GRPO (grpo_trainer.py): no reference at
+    all when beta == 0 (its default), else as DPO. ORPO and reward modelling have none."""
+    if plan.trainer not in ("dpo", "kto", "grpo"):
+        return "none"
+    fields = resolved_trainer_fields(plan)
+    if plan.trainer == "grpo" and not fields.get("beta"):
+        return "none"
+    if fields.get("precompute_ref_log_probs"):
+        return "none"
+    if plan.reference_model is not None:
+        return plan.reference_model
+    return "adapter_disabled" if plan.uses_adapters else "copy"

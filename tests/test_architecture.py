@@ -106,26 +106,11 @@ def test_no_import_of_the_checkout_as_top_level_packages():
     assert not bare, "import through canifinetune.<package>, never the checkout's folders:\n" + "\n".join(bare)
 
 
-# Deferred (function-level) imports that close a cycle in the core, each there to break it at import time. They
-# may only go: a new deferred cycle fails the test, and so does one of these once it is gone (remove it here).
-KNOWN_DEFERRED_CYCLES = {
-    "canifinetune.estimator.catalog -> canifinetune.estimator.gpu_names -> canifinetune.estimator.catalog",
-    "canifinetune.estimator.peft_knobs -> canifinetune.estimator.memory -> canifinetune.estimator.peft_knobs",
-    "canifinetune.estimator.resolved -> canifinetune.estimator.peft_knobs -> canifinetune.estimator.memory"
-    " -> canifinetune.estimator.resolved",
-    "canifinetune.estimator.resolved -> canifinetune.estimator.trainer_memory -> canifinetune.estimator.resolved",
-}
-
-
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_within_a_package(package):
-    cycles = _cycles(package, module_level_only=False)
     assert not _cycles(package, module_level_only=True), "a module-level cycle fails at import time"
-    if package == "estimator":
-        assert set(cycles) == KNOWN_DEFERRED_CYCLES, (
-            "the core's deferred import cycles changed:\n" + "\n".join(sorted(set(cycles) ^ KNOWN_DEFERRED_CYCLES)))
-    else:
-        assert not cycles, f"import cycles in {package}:\n" + "\n".join(cycles)
+    cycles = _cycles(package, module_level_only=False)
+    assert not cycles, f"import cycles in {package} (function-level imports included):\n" + "\n".join(cycles)
 
 
 def _cycles(package: str, *, module_level_only: bool) -> list[str]:

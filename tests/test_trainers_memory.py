@@ -15,6 +15,7 @@ from canifinetune.estimator.errors import PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.trainers import reference_mode
 
 QWEN = "Qwen/Qwen2.5-0.5B"
 
@@ -33,20 +34,20 @@ def test_reference_copy_doubles_the_frozen_weights():
     e = estimate(_plan(trainer="dpo", method="full"))
     items = _items(e)
     assert items["reference_model"] == items["weights"] > 0
-    assert tm.reference_mode(e.plan) == "copy"
+    assert reference_mode(e.plan) == "copy"
 
 
 def test_precompute_removes_the_reference():
     with_ref = estimate(_plan(trainer="dpo", method="full"))
     pre = estimate(_plan(trainer="dpo", method="full", precompute_ref_log_probs=True))
     assert "reference_model" not in _items(pre)
-    assert tm.reference_mode(pre.plan) == "none"
+    assert reference_mode(pre.plan) == "none"
     assert with_ref.peak_allocated_bytes - pre.peak_allocated_bytes == _items(with_ref)["reference_model"]
 
 
 def test_adapter_disabled_reference_adds_no_weights():
     lora = _plan(trainer="dpo", method="lora")
-    assert tm.reference_mode(lora) == "adapter_disabled"
+    assert reference_mode(lora) == "adapter_disabled"
     assert "reference_model" not in _items(estimate(lora))
     copy = _plan(trainer="dpo", method="lora", reference_model="copy")
     assert _items(estimate(copy))["reference_model"] == _items(estimate(lora))["weights"]
@@ -61,10 +62,10 @@ def test_dpo_runs_the_policy_over_chosen_and_rejected():
 
 def test_grpo_beta_zero_has_no_reference():
     kw = dict(trainer="grpo", method="full", num_generations=2, max_completion_length=256)
-    assert tm.reference_mode(_plan(**kw)) == "none"
+    assert reference_mode(_plan(**kw)) == "none"
     assert "reference_model" not in _items(estimate(_plan(**kw)))
-    assert tm.reference_mode(_plan(beta=0.04, **kw)) == "copy"
-    assert tm.reference_mode(_plan(beta=0.04, **{**kw, "method": "lora"})) == "adapter_disabled"
+    assert reference_mode(_plan(beta=0.04, **kw)) == "copy"
+    assert reference_mode(_plan(beta=0.04, **{**kw, "method": "lora"})) == "adapter_disabled"
 
 
 def test_grpo_generation_phase_holds_the_kv_cache():
@@ -108,7 +109,7 @@ def test_orpo_full_logits_loss():
     fp32 T x V tensors (T = 2B x S) beside the policy's saved activations (trainer_memory.orpo_logits_bytes)."""
     spec = resolve_model(QWEN).spec
     orpo = estimate(_plan(trainer="orpo", method="lora"))
-    assert tm.policy_rows(orpo.plan) == 4 and tm.reference_mode(orpo.plan) == "none"
+    assert tm.policy_rows(orpo.plan) == 4 and reference_mode(orpo.plan) == "none"
     assert orpo.peak_phase == "backward"
     tokens = 4 * 512
     assert _items(orpo)["logits_and_loss"] == 3 * _round(4 * tokens * spec.vocab_size)
@@ -165,7 +166,7 @@ def test_reward_model_has_no_lm_head():
     counted = items["weights"] + items["reward_model_embedding_and_score"] - score_and_copy
     assert counted == sft_weights + 2 * spec.hidden_size
     assert items["reward_model_embedding_and_score"] >= 2 * spec.vocab_size * spec.hidden_size
-    assert tm.policy_rows(reward.plan) == 4 and tm.reference_mode(reward.plan) == "none"
+    assert tm.policy_rows(reward.plan) == 4 and reference_mode(reward.plan) == "none"
     # without the vocabulary, the loss end of backward is smaller than DPO's (same 2B rows, no reference)
     dpo = estimate(_plan(trainer="dpo", method="lora", precompute_ref_log_probs=True, gradient_checkpointing=False))
     rwd = estimate(_plan(trainer="reward", method="lora", gradient_checkpointing=False))

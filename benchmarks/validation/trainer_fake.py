@@ -165,8 +165,8 @@ def orpo_gpu_routing():
 
 
 def reference_mode(plan) -> str:
-    """'copy', 'adapter_disabled' or 'none' as TRL 1.16 decides it (estimator/trainer_memory.reference_mode)."""
-    from canifinetune.estimator.trainer_memory import reference_mode as decide
+    """'copy', 'adapter_disabled' or 'none' as TRL 1.16 decides it (estimator/trainers.reference_mode)."""
+    from canifinetune.estimator.trainers import reference_mode as decide
 
     return decide(plan)
 
@@ -220,7 +220,8 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
 
     from canifinetune.estimator.trainer_memory import DISABLE_DROPOUT
 
-    from canifinetune.estimator.trainer_memory import policy_rows, resolved_trainer_fields
+    from canifinetune.estimator.trainer_memory import policy_rows
+    from canifinetune.estimator.trainers import resolved_trainer_fields
     from canifinetune.recipes import model_setup
 
     fm = _fake_mode_module()

@@ -1,0 +1,17 @@
+"""The CUDA caching allocator's rounding, which every byte count of the memory model goes through.
+
+Its own module so that the component modules (memory.py, peft_knobs.py, trainer_memory.py) share it from below
+rather than from each other.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .constants import constant
+
+
+def round_block(nbytes: float) -> int:
+    """Round up to the CUDA caching allocator's 512-byte block, as every allocation is."""
+    block = int(constant("CUDA_BLOCK_BYTES"))
+    return int(math.ceil(nbytes / block) * block) if nbytes > 0 else 0
