@@ -141,6 +141,25 @@ def _seed_dynamic_map() -> None:
     F.create_dynamic_map = cached
 
 
+def _fake_int8_param(weight):
+    """The int8 weight ``Int8Params(weight.to(float16), has_fp16_weights=False).to(device)`` makes, for a fake weight.
+
+    Int8Params cannot wrap a FakeTensor (``_make_subclass`` refuses it), so do what ``Int8Params._quantize`` does with
+    bitsandbytes' own op, which has a fake kernel (bitsandbytes 0.50.2 nn/modules.py): the weight made contiguous and
+    fp16, ``int8_vectorwise_quant`` -> CB (int8, out x in, row-major: the parameter's data) and SCB (one fp32 scale per
+    output row); then hang CB, SCB and ``has_fp16_weights=False`` on a plain Parameter, as Int8Params carries them
+    (read by ``Linear8bitLt.forward``/``init_8bit_state``, which move them onto the module's MatmulLtState)."""
+    import bitsandbytes as bnb
+    import torch
+
+    CB, SCB, _ = bnb.functional.int8_vectorwise_quant(weight.contiguous().to(torch.float16))
+    param = torch.nn.Parameter(CB, requires_grad=False)
+    param.CB = CB
+    param.SCB = SCB
+    param.has_fp16_weights = False
+    return param
+
+
 def _quantize_model(model, plan, qconfig) -> list[str]:
     """Replace nn.Linear modules by bitsandbytes modules as transformers' bnb quantizer does, and quantize their
     (random) weights. Returns the names of the modules left unquantized by transformers' rules."""
@@ -203,9 +222,10 @@ def _quantize_model(model, plan, qconfig) -> list[str]:
                 new.weight = param.to(weight.device)  # Params4bit quantizes when moved to a device
         else:
             if _is_fake(weight):
-                raise NotImplementedError("8-bit (LLM.int8) bases are not supported under fake tensors")
-            param = bnb.nn.Int8Params(weight.to(torch.float16), requires_grad=False, has_fp16_weights=False)
-            new.weight = param.to(weight.device)
+                new.weight = _fake_int8_param(weight)
+            else:
+                param = bnb.nn.Int8Params(weight.to(torch.float16), requires_grad=False, has_fp16_weights=False)
+                new.weight = param.to(weight.device)  # Int8Params quantizes when moved to a device
         if old.bias is not None:
             new.bias = torch.nn.Parameter(old.bias.detach(), requires_grad=False)
         new.compute_dtype = torch_dtype(plan)

@@ -115,6 +115,35 @@ def test_qlora_runs_under_fake_tensors(checkpointing):
     assert r["peak_categories"]["parameters"] < r["resolved"]["total_params"] * 2
 
 
+@pytest.mark.parametrize("framework", ["trl", "transformers"])
+def test_int8_base_runs_under_fake_tensors_as_on_cuda(framework, monkeypatch):
+    pytest.importorskip("bitsandbytes")
+    from bitsandbytes.autograd import _functions as fns
+
+    calls = {"MatMul8bitLt": 0, "MatMul8bitFp": 0}
+    for name in calls:
+        cls = getattr(fns, name)
+
+        def forward(ctx, *args, _original=cls.forward, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(ctx, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "forward", staticmethod(forward))
+    plan = _plan(method="lora", load_in_8bit=True, target_modules="all-linear", framework=framework)
+    r = fake_mode.run_steps(plan, TINY, fake=True)
+    assert calls["MatMul8bitLt"] > 0 and calls["MatMul8bitFp"] == 0  # the CUDA path, not the CPU one
+    s = r["resolved"]
+    int8 = s["base_weight_dtypes"]["int8"]  # 2 layers x 7 linears, one byte per weight
+    assert int8 == 2 * (64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 * 3)
+    rest = sum(n for dtype, n in s["base_weight_dtypes"].items() if dtype != "int8")
+    adapters = s["trainable_params"] * (2 if framework == "trl" else 4)  # TRL casts them to bf16
+    per = 4 if framework == "transformers" else 2  # prepare_model_for_kbit_training: the rest in fp32
+    # plus one fp32 scale (SCB) per output row: at most 128 rows, 512 bytes (one block) per linear
+    expected = int8 + 14 * 512 + rest * per + adapters
+    # small tensors (norms, LoRA matrices, the rotary buffer) are rounded up to 512-byte blocks
+    assert expected <= r["after_build_categories"]["parameters"] <= expected + 64 * 512
+
+
 @pytest.mark.slow
 def test_qwen2_05b_full_is_plausible():
     plan = TrainingPlan(model="Qwen/Qwen2-0.5B", method="full", seq_len=1024, batch_size=1, gradient_checkpointing=True)

@@ -253,6 +253,8 @@ def gpu_routing(route_sdpa: bool = True):
     # MoE experts in fp32/fp16 (kbit-prepared or mixed precision): torch's grouped_mm meta kernel is bf16-only where
     # CUDA is not (benchmarks/validation/moe_fake.py)
     patches.append(_beside("moe_fake").grouped_mm_meta_patch())
+    # bitsandbytes 8-bit bases: bnb.matmul as CUDA runs it (MatMul8bitLt), not the CPU path (int8_fake.py)
+    patches += _beside("int8_fake").patches()
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     for obj, name, value in patches:
         setattr(obj, name, value)
@@ -320,6 +322,9 @@ def _model_state_tensors(model):
         qs = getattr(p, "quant_state", None)
         if qs is not None:
             out.extend(_quant_state_tensors(qs))
+        out.append(getattr(p, "SCB", None))  # an 8-bit weight's row scales, before its first forward
+    for m in model.modules():  # after it, on the Linear8bitLt's MatmulLtState
+        out.append(getattr(getattr(m, "state", None), "SCB", None))
     out.extend(model.buffers())
     return out
 

@@ -16,7 +16,7 @@ Modes:
   ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and the process total from NVML.
 
 One JSON line per selected case is written, in cohort order, as each case finishes; a case that cannot run in the
-mode (bitsandbytes 8-bit optimizers and 8-bit bases under fake tensors) is written with status ``unsupported`` and
+mode (bitsandbytes 8-bit and paged optimizers under fake tensors) is written with status ``unsupported`` and
 the reason, a failure with status ``error``, its message and the traceback's tail. Nothing is dropped.
 """
 
@@ -130,11 +130,8 @@ def case_errors(mode: str, estimate: dict, measured: dict) -> dict:
 
 
 def unsupported_reason(mode: str, plan) -> str | None:
-    if mode == "fake":
-        if plan.optim in FAKE_UNSUPPORTED_OPTIM:
-            return FAKE_UNSUPPORTED_OPTIM[plan.optim]
-        if plan.load_in_8bit:
-            return "8-bit (LLM.int8) base: Int8Params cannot wrap a fake tensor"
+    if mode == "fake" and plan.optim in FAKE_UNSUPPORTED_OPTIM:
+        return FAKE_UNSUPPORTED_OPTIM[plan.optim]
     return None
 
 
