@@ -379,6 +379,12 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
             if trainer == "orpo":
                 outputs = None
             del outputs, step_loss
+            # TRL's compute_loss returns the loss alone: its intermediate tensors, and with them the step's autograd
+            # graph, die before the optimizer step. Kept here until the next step, that graph would keep whatever a
+            # custom Function holds as a ctx attribute (bitsandbytes' MatMul8bitLt: every 8-bit linear's input).
+            logps = chosen = rejected = delta = ref_c = ref_r = kl_logps = ref_kl = ref_logps_seq = kl = None
+            chosen_lr = rejected_lr = losses = per_token_logps = entropies = coef_1 = coef_2 = None
+            per_token_loss = per_token_kl = rewards_chosen = rewards_rejected = None
             fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
             timeline.append({"step": step, "start": start, "end": counter.current})
         counter.set_phase("done")
