@@ -128,14 +128,16 @@ def _activations(r: ResolvedPlan) -> _Activations:
     spec, groups, ckpt = r.spec, r.spec.layer_groups, r.plan.gradient_checkpointing
     layer_full = {i: m.layer_activation_bytes(r, i) for i, _ in groups}
     boundary = m.checkpoint_boundary_bytes(r)
-    saved_per_layer = {i: (boundary if ckpt else layer_full[i]) for i, _ in groups}
+    kept = {i: m.int8_kept_input_bytes(r, i) for i, _ in groups}  # 8-bit linears' inputs: never checkpointed
+    saved_per_layer = {i: (boundary + kept[i] if ckpt else layer_full[i]) for i, _ in groups}
     if ckpt:
         # block inputs; block 0's input is the embedding output, already in the shared activations
-        saved_layers = boundary * (spec.num_layers - 1)
+        saved_layers = boundary * (spec.num_layers - 1) + sum(kept[i] * n for i, n in groups)
     else:
         saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
     note = (
         f"gradient checkpointing: each of {spec.num_layers} blocks keeps its input (a·T·H)"
+        + (" and its 8-bit linears' inputs (bitsandbytes keeps them past checkpointing)" if any(kept.values()) else "")
         if ckpt
         else f"{spec.num_layers} blocks x what each saves for backward (norms, attention, MLP, adapters)"
     )
