@@ -20,7 +20,9 @@ LOWER, UPPER = -2.0, 10.0
 def _rows(cohort: dict) -> list[dict]:
     rows = []
     name = cohort["cohort"]
-    for path in sorted((VALIDATION / "results").glob(f"fake-{name}*.jsonl")):
+    # the main run (and its parts) first, re-runs after: "-rerun-" sorts before ".jsonl" by name
+    paths = sorted((VALIDATION / "results").glob(f"fake-{name}*.jsonl"), key=lambda p: ("-rerun-" in p.name, p.name))
+    for path in paths:
         if not re.fullmatch(rf"fake-{name}(-part\d+|-rerun-[\w-]+)?\.jsonl", path.name):
             continue
         header, lines = analyze.read_results(path)

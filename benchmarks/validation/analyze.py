@@ -553,7 +553,11 @@ def render(summary: dict, cohort: dict) -> str:
         "logging and evaluation are not in it. Samples are unpadded and exactly seq_len tokens long.",
         "- One software stack (the versions above), bf16/fp16 on a simulated Ampere-or-newer GPU (flash attention where "
         "it applies). Other GPUs (no bf16, no flash), other library versions, padded batches, packing, multi-GPU "
-        "sharding and 8-bit bases are outside this cohort.",
+        + ("sharding and 8-bit bases are outside this cohort." if not any(c["plan"].get("load_in_8bit")
+                                                                        for c in cohort["cases"]) else
+           "sharding are outside this cohort. Its 8-bit bases are measured with no outlier column (random weights have "
+           "no activation above llm_int8_threshold): a pretrained model's few outlier columns, kept in fp16 per "
+           "8-bit linear, are not in the figures."),
         "- Models, GPUs and settings outside the cohort: see [how-it-works.md](how-it-works.md#where-an-estimate-does-not-apply) "
         "for what is out of scope.",
         f"- The cohort is {summary['cases_in_cohort']} hand-chosen plans, not a random sample of what users run: the rates describe these cases.",
@@ -611,6 +615,21 @@ NOTES = {
         "of its plans was measured; the modelling had been explored on other shapes first. ORPO's log-probabilities "
         "are measured as TRL's Triton kernel allocates them on a GPU (the harness routes selective_log_softmax; "
         "the CPU fallback allocates more).",
+    ],
+    "cohort-v7": [
+        "Cohort v7 (12 plans on an 8-bit LLM.int8 base: LoRA under the TRL and the transformers stacks, ORPO, DPO; "
+        "commit f0ec5cf) was frozen before any of its plans was measured, after three exploratory SmolLM2-135M plans "
+        "had shown the estimator underestimating this path (named in the cohort's selection text). It is the first "
+        "measurement of 8-bit bases: the harness quantizes with bitsandbytes' int8_vectorwise_quant onto a plain "
+        "Parameter (Int8Params cannot wrap a fake tensor) and routes bnb.matmul to MatMul8bitLt as on CUDA "
+        "(benchmarks/validation/int8_fake.py). Prospectively 11 of 12 cases were below -2% (down to -44%): "
+        "MatMul8bitLt keeps each 8-bit linear's input on ctx, outside save_for_backward, so checkpointing cannot "
+        "free it, and an unadapted 8-bit down_proj keeps the MLP product; the estimator now counts both "
+        "(memory.int8_kept_input_bytes, docs/memory_model.md), changing only 8-bit plans. e12 (DPO) did not fail: it "
+        "was measured again (re-run below) after a harness fix, because the trainer harness kept the step's "
+        "graph-carrying locals until the next step, which with MatMul8bitLt's ctx-held inputs kept 697 MiB of step "
+        "1's tensors alive into step 2 (TRL's compute_loss drops them when it returns); its prospective -65.43% is "
+        "against that first, inflated measurement.",
     ],
 }
 
