@@ -225,7 +225,9 @@ def _quantize_model(model, plan, qconfig) -> list[str]:
                 new.weight = _fake_int8_param(weight)
             else:
                 param = bnb.nn.Int8Params(weight.to(torch.float16), requires_grad=False, has_fp16_weights=False)
-                new.weight = param.to(weight.device)  # Int8Params quantizes when moved to a device
+                # Int8Params.to quantizes only a CPU tensor (bitsandbytes 0.50.2): weights built on the GPU would
+                # stay fp16 and be quantized again at every forward, so quantize where the weight lives.
+                new.weight = param._quantize(weight.device)
         if old.bias is not None:
             new.bias = torch.nn.Parameter(old.bias.detach(), requires_grad=False)
         new.compute_dtype = torch_dtype(plan)

@@ -188,3 +188,25 @@ def test_cli_reports_errors(tmp_path):
     )
     assert proc.returncode != 0
     assert "error" in json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_int8_base_with_real_tensors_is_quantized_where_its_weights_live(device):
+    """The real-tensor path (the runtime, the cuda cohort) quantizes at build time wherever the weights live:
+    Int8Params.to quantizes only a CPU tensor (bitsandbytes 0.50.2), so weights off the CPU (on the GPU, or on meta
+    here) would otherwise stay 16-bit and be quantized again at every forward."""
+    bnb = pytest.importorskip("bitsandbytes")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from canifinetune.recipes import model_setup
+
+    plan = _plan(method="lora", load_in_8bit=True)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY), dtype=torch.bfloat16)
+    model_setup._quantize_model(model, plan, model_setup.quantization_config(plan))
+    int8_linears = [m for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    assert len(int8_linears) == 2 * 7
+    for linear in int8_linears:
+        assert linear.weight.dtype == torch.int8 and linear.weight.device.type == device
+        assert linear.weight.SCB is not None and tuple(linear.weight.SCB.shape) == (linear.out_features,)
