@@ -404,8 +404,9 @@ def render(summary: dict, cohort: dict) -> str:
         if not mode_res.get("run") or not mode_res.get("reruns"):
             continue
         lines += [f"## {mode_res['mode']} mode: cases re-run", "",
-                  "These cases failed in the main run and were run again later, at the commit shown, after the cause was "
-                  "fixed; the figures on this page use the re-run, the prospective line the original failure.", "",
+                  "These cases failed in the main run, or ran under a harness fault found later, and were run again at the "
+                  "commit shown after the cause was fixed; the figures on this page use the re-run, the prospective line "
+                  "the original run.", "",
                   "| case | re-run file | commit | originally | now | error now (as recorded at the re-run) |",
                   "|---|---|---|---|---|---|"]
         for rr in mode_res["reruns"]:
@@ -413,7 +414,7 @@ def render(summary: dict, cohort: dict) -> str:
             shown = ", ".join(f"{k} {v:+.2f}%" for k, v in err.items()) if isinstance(err, dict) else str(err)
             reason = (rr.get("original_reason") or "")[:90].replace("|", "/")
             lines.append(f"| {rr['case']} | `{rr['file']}` | `{(rr.get('git_commit') or '')[:10]}` | "
-                         f"{rr['original_status']}: {reason} | {rr['status']} | {shown} |")
+                         f"{rr['original_status']}{': ' + reason if reason else ''} | {rr['status']} | {shown} |")
         lines.append("")
     for mode_res in (fake, cuda):
         if not mode_res.get("run"):
