@@ -3,7 +3,7 @@
     python benchmarks/bench_estimate.py
 
 Goals (issue 2): one estimate <= 1 ms p50 on a 2-core machine; importing the estimator <= 150 ms
-(measured in fresh interpreters, median of several, minus the interpreter's own start).
+(timed inside fresh interpreters around the import alone; the median of 15).
 """
 
 from __future__ import annotations
@@ -49,21 +49,18 @@ def bench_estimate(repeats: int = 400) -> None:
     print(f"  estimate() alone, model pre-resolved: p50 {statistics.median(times) * 1e3:.3f} ms")
 
 
-def bench_import(runs: int = 7) -> None:
-    def run(code: str) -> float:
-        best = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True)
-            best.append(time.perf_counter() - t0)
-        return statistics.median(best)
-
-    bare = run("pass")
-    full = run("import canifinetune.estimator.estimate")
+def bench_import(runs: int = 15) -> None:
+    """The import's own time, read inside fresh interpreters (so the interpreter's start, which swings by 10 ms and
+    more on a shared 2-core machine, is not in it): median and fastest of ``runs``."""
+    code = ("import time; t0 = time.perf_counter(); import canifinetune.estimator.estimate; "
+            "print(time.perf_counter() - t0)")
+    times = sorted(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+                         .stdout) for _ in range(runs))
     # The package's __init__ is empty; what a caller needs (plan, catalogs, memory model, pydantic) comes with
     # the estimate module, so that is the figure held against the 150 ms goal.
-    print(f"import canifinetune.estimator.estimate (plan, catalogs, memory model, pydantic): "
-          f"{1e3 * (full - bare):.1f} ms over a bare interpreter ({1e3 * bare:.1f} ms); goal <= 150 ms")
+    print(f"import canifinetune.estimator.estimate (plan, catalogs, memory model, pydantic), {runs} fresh "
+          f"interpreters: median {1e3 * statistics.median(times):.1f} ms, fastest {1e3 * times[0]:.1f} ms, "
+          f"slowest {1e3 * times[-1]:.1f} ms; goal: median <= 150 ms")
 
 
 if __name__ == "__main__":
