@@ -632,6 +632,16 @@ NOTES = {
         "1's tensors alive into step 2 (TRL's compute_loss drops them when it returns); its prospective -65.43% is "
         "against that first, inflated measurement.",
     ],
+    "cohort-v8": [
+        "Cohort v8 (8 plans on an 8-bit LLM.int8 base for the TRL trainers v7 did not cover: 3 KTO LoRA, 2 "
+        "reward-modelling LoRA, 3 GRPO LoRA loss steps, beta 0 and 0.04; commit 18b371e) was frozen before any of "
+        "its plans was measured, with no exploratory measurement, and after the estimator's 8-bit kept-input term "
+        "from cohort v7 (62fcceb) had landed: its figures are prospective for the estimator as committed then. All 8 "
+        "were within -2% / +10% (+0.10% to +2.27%); nothing in the estimator was changed for it. No SFT plan on a "
+        "new family: the catalog has none of another family under 1.6B. Limits: fake mode only (no GPU run of these "
+        "plans), the trainers under framework trl only (the estimator refuses them under transformers), 8-bit "
+        "linears with no outlier column, and GRPO's loss step only (generation not measured here), as in v4 and v7.",
+    ],
 }
 
 
