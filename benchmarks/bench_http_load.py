@@ -108,7 +108,8 @@ def wait_listening(proc: subprocess.Popen, port: int, log, timeout: float = 30.0
 
 @contextlib.contextmanager
 def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0):
-    log = tempfile.NamedTemporaryFile("w+", prefix="canifinetune-load-", suffix=".err", delete=False)
+    # closed in the finally below, after the server stops; its name outlives it (delete=False)
+    log = tempfile.NamedTemporaryFile("w+", prefix="canifinetune-load-", suffix=".err", delete=False)  # noqa: SIM115
     cmd = [sys.executable, "-m", "canifinetune.server.cli", "serve", "--http", "--host", "127.0.0.1",
            "--port", str(port)] + (extra or [])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # catalog models only: the benchmark never leaves this machine
@@ -201,9 +202,11 @@ def run(clients: int = 200, calls: int = 20, seed: int = 0, call_timeout: float 
         "clients": clients, "calls_per_client": calls, "calls_expected": clients * calls, "calls_answered": len(lat),
         "errors": errors, "error_samples": out["errors"][:5],
         "server_alive_after": alive,
-        "p50_ms": _pct(lat, 0.50) * 1000, "p99_ms": _pct(lat, 0.99) * 1000, "max_ms": max(lat, default=float("nan")) * 1000,
+        "p50_ms": _pct(lat, 0.50) * 1000, "p99_ms": _pct(lat, 0.99) * 1000,
+        "max_ms": max(lat, default=float("nan")) * 1000,
         "mean_ms": (statistics.fmean(lat) * 1000) if lat else float("nan"),
-        "session_open_p50_ms": _pct(out["opened"], 0.50) * 1000, "session_open_p99_ms": _pct(out["opened"], 0.99) * 1000,
+        "session_open_p50_ms": _pct(out["opened"], 0.50) * 1000,
+        "session_open_p99_ms": _pct(out["opened"], 0.99) * 1000,
         "wall_s": out["wall_s"], "calls_per_s": len(lat) / out["wall_s"] if out["wall_s"] else float("nan"),
         "server_cpu_s": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
         "client_cpu_s": client_cpu1 - client_cpu0, "cpus": os.cpu_count(),
@@ -218,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--calls", type=int, default=20, help="calls per client")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds one call may take before it counts as an error")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds one call may take before it counts as an error")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     r = run(args.clients, args.calls, args.seed, args.timeout)
@@ -227,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{r['clients']} clients x {r['calls_per_client']} calls = {r['calls_expected']} calls "
               f"(mix: {', '.join(f'{t} {w}0%' for t, w in MIX)}) on 127.0.0.1")
-        print(f"errors:        {r['errors']} (goal 0)" + (f"  e.g. {r['error_samples'][0]}" if r["error_samples"] else ""))
+        print(f"errors:        {r['errors']} (goal 0)"
+              + (f"  e.g. {r['error_samples'][0]}" if r["error_samples"] else ""))
         print(f"latency:       p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms "
               f"(session open p50 {r['session_open_p50_ms']:.0f} ms, p99 {r['session_open_p99_ms']:.0f} ms)")
         print(f"throughput:    {r['calls_per_s']:.0f} calls/s over {r['wall_s']:.1f} s")
         if r["server_cpu_s"] is not None and r["calls_answered"]:
-            print(f"cpu:           server {r['server_cpu_s']:.1f} s ({r['server_cpu_s'] * 1000 / r['calls_answered']:.1f} ms "
+            print(f"cpu:           server {r['server_cpu_s']:.1f} s "
+                  f"({r['server_cpu_s'] * 1000 / r['calls_answered']:.1f} ms "
                   f"per call), clients {r['client_cpu_s']:.1f} s, on {r['cpus']} CPUs (clients and server share them)")
         idle = f"{r['server_idle_rss_mib']:.0f} MiB idle, " if r["server_idle_rss_mib"] else ""
         peak = f"{r['server_peak_rss_mib']:.0f} MiB" if r["server_peak_rss_mib"] else "unknown"

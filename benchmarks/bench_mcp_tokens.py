@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_mcp import SERVER, Session  # noqa: E402
+from benchmarks.bench_mcp import SERVER, Session
 
 TYPICAL = {
     "estimate_memory": {"model": "Qwen/Qwen2.5-7B-Instruct", "gpu": "RTX 4090", "seq_len": 2048},
@@ -76,7 +76,8 @@ def report(m: dict) -> str:
         f"tools/list: {m['tools_list_bytes']:,} bytes (goal <= {TOOLS_LIST_GOAL:,}); input schemas "
         f"{m['input_schemas_bytes']:,} bytes in all (goal <= {INPUT_SCHEMAS_GOAL:,})",
         "",
-        f"{'tool':<24}{'input':>8}{'output':>8}{'descr':>7}  {'text':>6}{'tokens':>8}{'struct':>8}{'other':>7}  other content",
+        f"{'tool':<24}{'input':>8}{'output':>8}{'descr':>7}  "
+        f"{'text':>6}{'tokens':>8}{'struct':>8}{'other':>7}  other content",
     ]
     for name, t in m["tools"].items():
         lines.append(

@@ -42,7 +42,8 @@ def main() -> int:
         times.sort()
         p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
         label = f"{plan.model} {plan.method} {plan.gpu} seq {plan.seq_len}"
-        print(f"{label:<60} {statistics.median(times):8.1f} {p95:8.1f} {res.plans_evaluated:6d} {len(res.suggestions):5d}")
+        print(f"{label:<60} {statistics.median(times):8.1f} {p95:8.1f} "
+              f"{res.plans_evaluated:6d} {len(res.suggestions):5d}")
     all_ms.sort()
     p50 = statistics.median(all_ms)
     p95 = all_ms[min(len(all_ms) - 1, int(0.95 * len(all_ms)))]

@@ -1,11 +1,13 @@
 """Every estimate of the validation cohorts and the test tables, byte for byte, to prove a refactoring changed none.
 
-    python benchmarks/estimate_snapshot.py --write   # record tests/data/estimate_snapshot.json (after a deliberate change)
+    python benchmarks/estimate_snapshot.py --write   # record tests/data/estimate_snapshot.json
+                                                     # (after a deliberate change)
     python benchmarks/estimate_snapshot.py           # compare: prints the plans whose estimate changed, exit 1 if any
 
 Each plan's record holds, per GPU size, the sha256 of the whole estimate as JSON (every component's bytes, phases,
 verdict, explanations, warnings: the byte-for-byte check) beside its figures (peak, verdict and each component's bytes:
-what a reviewer reads in the diff), or the error the plan raises. tests/test_estimate_snapshot.py runs the comparison on every test run.
+what a reviewer reads in the diff), or the error the plan raises. tests/test_estimate_snapshot.py runs the comparison
+on every test run.
 """
 
 from __future__ import annotations

@@ -28,7 +28,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.validation.run_cohort import (  # noqa: E402
-    DEFAULT_COHORT, RESULTS, case_errors, default_out, estimate_record, load_cohort)
+    RESULTS,
+    case_errors,
+    default_out,
+    estimate_record,
+    load_cohort,
+)
 
 GIB = 1 << 30
 PRIMARY = {"fake": "allocated", "cuda": "reserved"}
@@ -58,7 +63,8 @@ def _rate(num: int, den: int):
 def error_stats(errors: list[float]) -> dict:
     if not errors:
         return {"n": 0, "mape": UNDEFINED, "median_abs_error_pct": UNDEFINED, "median_signed_error_pct": UNDEFINED,
-                "min_error_pct": UNDEFINED, "max_error_pct": UNDEFINED, "underestimates": 0, "overestimates": 0, "exact": 0}
+                "min_error_pct": UNDEFINED, "max_error_pct": UNDEFINED, "underestimates": 0, "overestimates": 0,
+                "exact": 0}
     return {
         "n": len(errors),
         "mape": round(statistics.fmean(abs(e) for e in errors), 3),
@@ -118,8 +124,9 @@ def verdicts(mode: str, rows: list[dict], sizes_gib: list[float]) -> dict:
                 counts["false_infeasible"] += 1
             if verdict == "tight" and not fits:
                 counts["tight_but_does_not_fit"] += 1
-            pairs.append({"case": row["case"], "gpu_gib": size, "verdict": verdict, "budget_bytes": row["estimate"]["budget_bytes"],
-                          "measured_total_bytes": actual, "actually_fits": fits})
+            pairs.append({"case": row["case"], "gpu_gib": size, "verdict": verdict,
+                          "budget_bytes": row["estimate"]["budget_bytes"], "measured_total_bytes": actual,
+                          "actually_fits": fits})
         per_size[str(size)] = counts
     total = {k: sum(c[k] for c in per_size.values()) for k in next(iter(per_size.values()))} if per_size else {}
     rates = {}
@@ -128,7 +135,8 @@ def verdicts(mode: str, rows: list[dict], sizes_gib: list[float]) -> dict:
             "false_feasible_rate": _rate(total["false_feasible"], total["actually_does_not_fit"]),
             "false_feasible_share_of_fits_verdicts": _rate(total["false_feasible"], total["predicted_fits"]),
             "false_infeasible_rate": _rate(total["false_infeasible"], total["actually_fits"]),
-            "false_infeasible_share_of_does_not_fit_verdicts": _rate(total["false_infeasible"], total["predicted_does_not_fit"]),
+            "false_infeasible_share_of_does_not_fit_verdicts": _rate(total["false_infeasible"],
+                                                                     total["predicted_does_not_fit"]),
         }
     for counts in per_size.values():
         counts["false_feasible_rate"] = _rate(counts["false_feasible"], counts["actually_does_not_fit"])
@@ -136,7 +144,8 @@ def verdicts(mode: str, rows: list[dict], sizes_gib: list[float]) -> dict:
     return {"gpu_sizes_gib": sizes_gib, "totals": total, "rates": rates, "per_size": per_size, "pairs": pairs}
 
 
-def analyse_mode(mode: str, cohort: dict, header: dict | None, rows: list[dict], selected: list[str] | None = None) -> dict:
+def analyse_mode(mode: str, cohort: dict, header: dict | None, rows: list[dict],
+                 selected: list[str] | None = None) -> dict:
     key = PRIMARY[mode]
     by_id = {r["case"]: r for r in rows}
     wanted = selected if selected is not None else (header or {}).get("cases") or [r["case"] for r in rows]
@@ -232,7 +241,8 @@ def _brief(res: dict) -> dict:
 
 
 def not_run(mode: str, path: Path) -> dict:
-    return {"mode": mode, "run": False, "reason": f"no results file ({path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}): "
+    return {"mode": mode, "run": False,
+            "reason": f"no results file ({path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}): "
             f"{mode} mode was not run; its figures are undefined and not shown"}
 
 
@@ -295,7 +305,8 @@ def summarise(cohort_path: Path, fake: Path, cuda: Path) -> dict:
             for a in rows for b in current
             if a["case"] == b["case"] and "estimate" in a and "estimate" in b
             and a["estimate"]["peak_allocated_bytes"] != b["estimate"]["peak_allocated_bytes"]]
-        res["results_file"] = str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path)
+        res["results_file"] = (str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT)
+                               else str(path))
         res["results_sha256"] = _sha256(Path(path))
         out["modes"][mode] = res
     return out
@@ -333,7 +344,8 @@ def render(summary: dict, cohort: dict) -> str:
         "",
         f"Cohort `{summary['cohort']}` (version {summary['cohort_version']}, frozen {summary['cohort_frozen']}, "
         f"{summary['cases_in_cohort']} cases, sha256 `{(summary['cohort_sha256'] or '')[:16]}…`): "
-        f"`benchmarks/validation/{summary['cohort']}.json`. It was committed before any case was measured (see the git history) and "
+        f"`benchmarks/validation/{summary['cohort']}.json`. It was committed before any case was measured "
+        "(see the git history) and "
         "is not edited now that results exist; a new cohort gets a new version. Estimator calibration "
         f"`{summary['calibration_version']}` (`estimator/data/calibration.json`), unchanged by these results: no "
         "coefficient was fitted on the cohort.",
@@ -341,17 +353,19 @@ def render(summary: dict, cohort: dict) -> str:
         "Reproduce (the whole cohort in fake mode, on CPU; then the report):",
         "",
         "```sh",
-        f"python benchmarks/validation/run_cohort.py --mode fake --cohort benchmarks/validation/{summary['cohort']}.json"
+        "python benchmarks/validation/run_cohort.py --mode fake "
+        f"--cohort benchmarks/validation/{summary['cohort']}.json"
         f"   # -> results/fake-{summary['cohort']}.jsonl",
-        f"bash benchmarks/validation/gpu_cohort.sh   # on one CUDA GPU, ~10 min -> results/cuda-cohort-v1.jsonl",
+        "bash benchmarks/validation/gpu_cohort.sh   # on one CUDA GPU, ~10 min -> results/cuda-cohort-v1.jsonl",
         "python benchmarks/validation/analyze.py   # every cohort -> results/summary*.json and this page",
         "```",
         "",
-        "Each case runs in its own process. Error = (estimate − measured) / measured: positive is an overestimate. "
-        "How a step is measured without a GPU: [measuring.md](measuring.md). Separately, `tests/test_accuracy.py` "
+        "Each case runs in its own process. Error = (estimate − measured) / measured: positive is an "  # noqa: RUF001
+        "overestimate. How a step is measured without a GPU: [measuring.md](measuring.md). Separately, "
+        "`tests/test_accuracy.py` "
         f"({_accuracy_cases()} cases in `tests/accuracy_cases.json`), `tests/test_validation_bounds.py` (every stored "
         "measurement of every cohort against today's estimate) and the CI subsets keep every estimate "
-        "within −2% / +10% of its fake-mode measurement on each test run.",
+        "within −2% / +10% of its fake-mode measurement on each test run.",  # noqa: RUF001
         "",
         "## Headline",
         "",
@@ -361,14 +375,18 @@ def render(summary: dict, cohort: dict) -> str:
         b = fake["bounds"]
         v = fake["verdicts"]
         lines += [
-            f"- **fake mode** (CPU, fake tensors, peak allocated, {fake['cases_ok']} of {fake['cases_selected']} cases measured): "
+            f"- **fake mode** (CPU, fake tensors, peak allocated, {fake['cases_ok']} of {fake['cases_selected']} "
+            "cases measured): "
             f"median |error| {_pctabs(e['median_abs_error_pct'])}, MAPE {_pctabs(e['mape'])}, median signed "
-            f"{_fmt(e['median_signed_error_pct'], '%')}, range {_fmt(e['min_error_pct'], '%')} to {_fmt(e['max_error_pct'], '%')}; "
+            f"{_fmt(e['median_signed_error_pct'], '%')}, range {_fmt(e['min_error_pct'], '%')} to "
+            f"{_fmt(e['max_error_pct'], '%')}; "
             f"{e['underestimates']} under- and {e['overestimates']} overestimates; "
             f"{v['totals'].get('false_feasible', 0)} false \"fits\" and {v['totals'].get('false_infeasible', 0)} false "
-            f"\"does not fit\" over {v['totals'].get('pairs', 0)} case × GPU-size pairs.",
-            f"  Targets: median |error| ≤ {b.get('median_abs_error_pct_max')}% — **{'met' if b.get('median_abs_met') else 'MISSED'}**; "
-            f"no case below {b.get('min_error_pct')}% — **{'met' if b.get('min_met') else 'MISSED (' + ', '.join(b.get('cases_below_min', [])) + ')'}**; "
+            f"\"does not fit\" over {v['totals'].get('pairs', 0)} case × GPU-size pairs.",  # noqa: RUF001
+            f"  Targets: median |error| ≤ {b.get('median_abs_error_pct_max')}% — "
+            f"**{'met' if b.get('median_abs_met') else 'MISSED'}**; "
+            f"no case below {b.get('min_error_pct')}% — "
+            f"**{'met' if b.get('min_met') else 'MISSED (' + ', '.join(b.get('cases_below_min', [])) + ')'}**; "
             f"zero false fits — **{'met' if v['totals'].get('false_feasible', 0) == 0 else 'MISSED'}**.",
         ]
         rec = fake.get("as_recorded")
@@ -377,9 +395,12 @@ def render(summary: dict, cohort: dict) -> str:
             lines += [
                 f"- **fake mode, prospective** (the estimator exactly as it was when the cases ran, before the "
                 f"correction described below): median |error| {_pctabs(re_['median_abs_error_pct'])}, MAPE "
-                f"{_pctabs(re_['mape'])}, range {_fmt(re_['min_error_pct'], '%')} to {_fmt(re_['max_error_pct'], '%')}; "
-                f"{re_['underestimates']} under- and {re_['overestimates']} overestimates; {rv.get('false_feasible', 0)} "
-                f"false \"fits\"; below −2%: {', '.join(rec['bounds'].get('cases_below_min', [])) or 'none'}.",
+                f"{_pctabs(re_['mape'])}, range {_fmt(re_['min_error_pct'], '%')} to "
+                f"{_fmt(re_['max_error_pct'], '%')}; "
+                f"{re_['underestimates']} under- and {re_['overestimates']} overestimates; "
+                f"{rv.get('false_feasible', 0)} "
+                "false \"fits\"; below −2%: "  # noqa: RUF001
+                f"{', '.join(rec['bounds'].get('cases_below_min', [])) or 'none'}.",
             ]
     else:
         lines.append(f"- **fake mode**: not run ({fake['reason']}).")
@@ -388,11 +409,13 @@ def render(summary: dict, cohort: dict) -> str:
         b = cuda["bounds"]
         v = cuda["verdicts"]
         lines += [
-            f"- **cuda mode** (real GPU, peak reserved, {cuda['cases_ok']} of {cuda['cases_selected']} cases): MAPE {_pctabs(e['mape'])}, "
+            f"- **cuda mode** (real GPU, peak reserved, {cuda['cases_ok']} of {cuda['cases_selected']} cases): "
+            f"MAPE {_pctabs(e['mape'])}, "
             f"median signed {_fmt(e['median_signed_error_pct'], '%')}, range {_fmt(e['min_error_pct'], '%')} to "
             f"{_fmt(e['max_error_pct'], '%')}; {e['underestimates']} under- and {e['overestimates']} overestimates; "
             f"{v['totals'].get('false_feasible', 0)} false \"fits\". Targets: MAPE ≤ 10% — "
-            f"**{'met' if b.get('mape_met') else 'MISSED'}**; zero underestimates — **{'met' if b.get('underestimates_met') else 'MISSED'}**.",
+            f"**{'met' if b.get('mape_met') else 'MISSED'}**; zero underestimates — "
+            f"**{'met' if b.get('underestimates_met') else 'MISSED'}**.",
         ]
     else:
         lines.append("- **cuda mode**: **not run** — no GPU was available when this report was made. Every cuda figure "
@@ -404,9 +427,9 @@ def render(summary: dict, cohort: dict) -> str:
         if not mode_res.get("run") or not mode_res.get("reruns"):
             continue
         lines += [f"## {mode_res['mode']} mode: cases re-run", "",
-                  "These cases failed in the main run, or ran under a harness fault found later, and were run again at the "
-                  "commit shown after the cause was fixed; the figures on this page use the re-run, the prospective line "
-                  "the original run.", "",
+                  "These cases failed in the main run, or ran under a harness fault found later, and were run again at "
+                  "the commit shown after the cause was fixed; the figures on this page use the re-run, the "
+                  "prospective line the original run.", "",
                   "| case | re-run file | commit | originally | now | error now (as recorded at the re-run) |",
                   "|---|---|---|---|---|---|"]
         for rr in mode_res["reruns"]:
@@ -426,8 +449,8 @@ def render(summary: dict, cohort: dict) -> str:
                       "The measurements were made once, with the estimator at the run's commit; the cases below have a "
                       "different estimate now because the memory model was corrected afterwards, from the cause a case "
                       "exposed (explained in the commit and in docs/memory_model.md), not by fitting a constant. The "
-                      "headline's \"prospective\" line uses the estimates recorded at run time; every other figure on this "
-                      "page uses the current estimator (same measurements).", "",
+                      "headline's \"prospective\" line uses the estimates recorded at run time; every other figure on "
+                      "this page uses the current estimator (same measurements).", "",
                       "| case | estimate at run GiB | error at run | current estimate GiB | current error |",
                       "|---|---|---|---|---|"]
             key = PRIMARY[mode]
@@ -438,55 +461,62 @@ def render(summary: dict, cohort: dict) -> str:
                              f"{_fmt(b.get(key), '%') if b else '—'} |")
             lines.append("")
         lines += [f"## {mode} mode: errors ({mode_res['metric']})", "",
-                  "| | n | MAPE | median abs error | median signed | min | max | under | over |", "|---|---|---|---|---|---|---|---|---|"]
-        rows = [("all", mode_res["errors"])] + list(mode_res["per_method"].items())
+                  "| | n | MAPE | median abs error | median signed | min | max | under | over "
+                  "|", "|---|---|---|---|---|---|---|---|---|"]
+        rows = [("all", mode_res["errors"]), *mode_res["per_method"].items()]
         for name, s in rows:
             lines.append(f"| {name} | {s['n']} | {_pctabs(s['mape'])} | {_pctabs(s['median_abs_error_pct'])} | "
                          f"{_fmt(s['median_signed_error_pct'], '%')} | {_fmt(s['min_error_pct'], '%')} | "
                          f"{_fmt(s['max_error_pct'], '%')} | {s['underestimates']} | {s['overestimates']} |")
         if mode == "fake":
-            lines += ["", "The estimate's allocated peak includes the cuBLAS workspace (`CUBLAS_WORKSPACE_BYTES`, 32 MiB), "
-                      "which a real `max_memory_allocated` counts and fake mode cannot see: on a 1 GiB case that alone is "
-                      "about +3%."]
+            lines += ["", "The estimate's allocated peak includes the cuBLAS workspace (`CUBLAS_WORKSPACE_BYTES`, 32 "
+                          "MiB), "
+                      "which a real `max_memory_allocated` counts and fake mode cannot see: on a 1 GiB case that alone "
+                      "is about +3%."]
         lines += ["", f"## {mode} mode: verdicts", ""]
         v = mode_res["verdicts"]
         if mode == "fake":
             lines += [
-                "Definition. For each measured case and each stated GPU size (GiB of device memory, as `gpu_vram_gb`), the "
-                "estimator's verdict (`fits`: budget ≤ usable; `tight`: total ≤ usable < budget; `does_not_fit`) is set "
-                "against whether the case **actually fits**, which in fake mode is *derived*: measured allocated peak + the "
-                "same non-allocated allowances the estimate adds (allocator overhead on that peak, CUDA context) ≤ the GPU's "
-                "memory. A **false feasible** is a `fits` verdict where that measured total exceeds the GPU; a **false "
-                "infeasible** is a `does_not_fit` verdict where it fits. False-feasible rate = false feasibles / pairs that "
-                "actually do not fit; false-infeasible rate = false infeasibles / pairs that actually fit; \"undefined\" "
-                "where that denominator is zero. `tight` verdicts are neither and are counted apart.",
+                "Definition. For each measured case and each stated GPU size (GiB of device memory, as `gpu_vram_gb`), "
+                "the estimator's verdict (`fits`: budget ≤ usable; `tight`: total ≤ usable < budget; `does_not_fit`) "
+                "is set against whether the case **actually fits**, which in fake mode is *derived*: measured "
+                "allocated peak + the same non-allocated allowances the estimate adds (allocator overhead on that "
+                "peak, CUDA context) ≤ the GPU's memory. A **false feasible** is a `fits` verdict where that measured "
+                "total exceeds the GPU; a **false infeasible** is a `does_not_fit` verdict where it fits. "
+                "False-feasible rate = false feasibles / pairs that actually do not fit; false-infeasible rate = false "
+                "infeasibles / pairs that actually fit; \"undefined\" where that denominator is zero. `tight` verdicts "
+                "are neither and are counted apart.",
                 "",
             ]
         else:
-            lines += ["Definition: as in fake mode, but \"actually fits\" is the NVML process total measured on the GPU ≤ the "
-                      "GPU size.", ""]
-        lines += ["| GPU GiB | pairs | actually fit | fits | tight | does not fit | false feasible | false infeasible | "
-                  "FF rate | FI rate |", "|---|---|---|---|---|---|---|---|---|---|"]
+            lines += ["Definition: as in fake mode, but \"actually fits\" is the NVML process total measured on the "
+                      "GPU ≤ the GPU size.", ""]
+        lines += ["| GPU GiB | pairs | actually fit | fits | tight | does not fit | false feasible | false infeasible "
+                  "| FF rate | FI rate |", "|---|---|---|---|---|---|---|---|---|---|"]
         for size, c in v["per_size"].items():
-            lines.append(f"| {size} | {c['pairs']} | {c['actually_fits']} | {c['predicted_fits']} | {c['predicted_tight']} | "
+            lines.append(f"| {size} | {c['pairs']} | {c['actually_fits']} | {c['predicted_fits']} | "
+                         f"{c['predicted_tight']} | "
                          f"{c['predicted_does_not_fit']} | {c['false_feasible']} | {c['false_infeasible']} | "
                          f"{_fmt(c['false_feasible_rate'])} | {_fmt(c['false_infeasible_rate'])} |")
         t, r = v["totals"], v["rates"]
         if t:
-            lines.append(f"| all | {t['pairs']} | {t['actually_fits']} | {t['predicted_fits']} | {t['predicted_tight']} | "
+            lines.append(f"| all | {t['pairs']} | {t['actually_fits']} | {t['predicted_fits']} | "
+                         f"{t['predicted_tight']} | "
                          f"{t['predicted_does_not_fit']} | {t['false_feasible']} | {t['false_infeasible']} | "
                          f"{_fmt(r['false_feasible_rate'])} | {_fmt(r['false_infeasible_rate'])} |")
-            lines += ["", f"Of the `fits` verdicts, {_fmt(r['false_feasible_share_of_fits_verdicts'])} were wrong; of the "
-                      f"`does_not_fit` verdicts, {_fmt(r['false_infeasible_share_of_does_not_fit_verdicts'])}. "
-                      f"`tight` verdicts where the measured total did not fit: {t['tight_but_does_not_fit']} of "
+            lines += ["", f"Of the `fits` verdicts, {_fmt(r['false_feasible_share_of_fits_verdicts'])} were wrong; of "
+                          "the "
+                      f"`does_not_fit` verdicts, {_fmt(r['false_infeasible_share_of_does_not_fit_verdicts'])}. `tight` "
+                      f"verdicts where the measured total did not fit: {t['tight_but_does_not_fit']} of "
                       f"{t['predicted_tight']}.", ""]
         lines += [f"## {mode} mode: every case", "",
-                  "| case | model | method | seq × batch | ckpt | optim | estimate GiB | measured GiB | error | phases (est / measured) |",
+                  "| case | model | method | seq × batch | ckpt | optim | estimate GiB | measured GiB | error | phases "  # noqa: RUF001
+                  "(est / measured) |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         plans = {c["id"]: c["plan"] for c in cohort["cases"]}
         for c in mode_res["cases"]:
             p = plans.get(c["case"], {})
-            shape = f"{p.get('seq_len')} × {p.get('batch_size')}"
+            shape = f"{p.get('seq_len')} × {p.get('batch_size')}"  # noqa: RUF001
             ck = "on" if p.get("gradient_checkpointing", True) else "off"
             extra = []
             if p.get("target_modules"):
@@ -510,58 +540,68 @@ def render(summary: dict, cohort: dict) -> str:
         if mode_res["negative_results"]:
             for n in mode_res["negative_results"]:
                 reason = (n.get("reason") or "").strip().splitlines()
-                lines.append(f"- `{n['case']}` ({n.get('plan', {}).get('model', '')}, {n.get('plan', {}).get('method', '')}): "
+                lines.append(f"- `{n['case']}` ({n.get('plan', {}).get('model', '')}, "
+                             f"{n.get('plan', {}).get('method', '')}): "
                              f"**{n['status']}** — {reason[-1][:400] if reason else ''}")
         else:
             lines.append("- none: every selected case ran.")
         ev = mode_res["evidence"]
         lines += ["", f"## {mode} mode: evidence of execution", "",
-                  f"- results file `{mode_res.get('results_file')}` (sha256 `{(mode_res.get('results_sha256') or '')[:16]}…`), "
+                  f"- results file `{mode_res.get('results_file')}` (sha256 "
+                  f"`{(mode_res.get('results_sha256') or '')[:16]}…`), "
                   f"one JSON line per case plus a run header;",
                   (f"- the run header lists files with uncommitted changes at its start: {ev.get('git_uncommitted')};"
                    if ev.get("git_uncommitted") else
                    "- (the run header does not record uncommitted changes: this run predates that field);"
-                   if ev.get("git_uncommitted") is None else "- no uncommitted changes to the harness or estimator at its start;"),
-                  f"- run at git commit `{ev.get('git_commit')}`, {ev.get('started_utc')} → {ev.get('finished_utc')} UTC, host "
+                   if ev.get("git_uncommitted") is None else "- no uncommitted changes to the harness or estimator at "
+                                                             "its start;"),
+                  f"- run at git commit `{ev.get('git_commit')}`, {ev.get('started_utc')} → {ev.get('finished_utc')} "
+                  "UTC, host "
                   f"{(ev.get('host') or {}).get('platform')} ({(ev.get('host') or {}).get('cpus')} CPUs), Python "
                   f"{(ev.get('host') or {}).get('python')};",
                   f"- library versions {ev.get('versions')};",
-                  f"- {ev.get('case_wall_seconds_total')} s of case wall time in all; each line records its own wall time, "
-                  + ("the attention kernels each call took (the math kernel never appears where flash/efficient applies) and "
-                     "the measured peak's phase and categories." if mode == "fake" else "the GPU name and the probe's notes."),
+                  f"- {ev.get('case_wall_seconds_total')} s of case wall time in all; each line records its own wall "
+                  "time, "
+                  + ("the attention kernels each call took (the math kernel never appears where flash/efficient "
+                     "applies) and "
+                     "the measured peak's phase and "
+                     "categories." if mode == "fake" else "the GPU name and the probe's notes."),
                   ""]
     if not cuda.get("run"):
         lines += ["## cuda mode", "", cuda["reason"] + ".", "",
                   "The prepared run (`benchmarks/validation/gpu_cohort.sh`) measures the cases the cohort marks "
                   "`cuda_subset` (" + str(sum(1 for c in cohort["cases"] if c.get("cuda_subset"))) + " cases), three "
-                  f"steps each through `recipes/probe.py`'s `probe()`, and writes `cuda-{summary['cohort']}.jsonl`; rerunning this "
-                  "analysis then fills in the cuda sections.", ""]
+                  f"steps each through `recipes/probe.py`'s `probe()`, and writes `cuda-{summary['cohort']}.jsonl`; "
+                  "rerunning this analysis then fills in the cuda sections.", ""]
     lines += [
         "## What these numbers do not show",
         "",
         "- **fake mode is not a GPU.** It measures the live tensors a real step allocates (checked against the same "
-        "accounting on real tensors within 1% on a tiny model: `tests/test_fake_mode.py::test_fake_equals_real_accounting`), "
+        "accounting on real tensors within 1% on a tiny model: "
+        "`tests/test_fake_mode.py::test_fake_equals_real_accounting`), "
         "but not what kernels allocate outside torch's view (flash-attention backward's fp32 accumulators, cuBLAS "
         "workspaces, other scratch), nor the caching allocator's rounding of large blocks and fragmentation, nor the "
         "CUDA context. Those are allowances in the estimate (`cuda_workspaces`, `ALLOCATOR_OVERHEAD_*`, "
         "`CUDA_CONTEXT_BYTES`), and only cuda mode can check them. Until it runs, the reserved-peak and process-total "
         "figures — the ones the verdict rests on — are unvalidated.",
-        "- **The fake-mode verdict rates are partly circular:** \"actually fits\" adds the estimator's own allowances to "
-        "the measured allocated peak, so they test the allocated-peak part of the verdict only; a false \"fits\" caused by "
-        "an underestimated allocator overhead or context would not show here.",
+        "- **The fake-mode verdict rates are partly circular:** \"actually fits\" adds the estimator's own allowances "
+        "to the measured allocated peak, so they test the allocated-peak part of the verdict only; a false \"fits\" "
+        "caused by an underestimated allocator overhead or context would not show here.",
         "- fake mode runs the harness's training loop (the setup code the runtime uses, two steps, TRL's chunked loss "
         "with its Triton kernels' in-place behaviour modelled), not `SFTTrainer.train()` itself; the data collator, "
         "logging and evaluation are not in it. Samples are unpadded and exactly seq_len tokens long.",
-        "- One software stack (the versions above), bf16/fp16 on a simulated Ampere-or-newer GPU (flash attention where "
-        "it applies). Other GPUs (no bf16, no flash), other library versions, padded batches, packing, multi-GPU "
+        "- One software stack (the versions above), bf16/fp16 on a simulated Ampere-or-newer GPU (flash attention "
+        "where it applies). Other GPUs (no bf16, no flash), other library versions, padded batches, packing, multi-GPU "
         + ("sharding and 8-bit bases are outside this cohort." if not any(c["plan"].get("load_in_8bit")
                                                                         for c in cohort["cases"]) else
            "sharding are outside this cohort. Its 8-bit bases are measured with no outlier column (random weights have "
            "no activation above llm_int8_threshold): a pretrained model's few outlier columns, kept in fp16 per "
            "8-bit linear, are not in the figures."),
-        "- Models, GPUs and settings outside the cohort: see [how-it-works.md](how-it-works.md#where-an-estimate-does-not-apply) "
+        "- Models, GPUs and settings outside the cohort: see "
+        "[how-it-works.md](how-it-works.md#where-an-estimate-does-not-apply) "
         "for what is out of scope.",
-        f"- The cohort is {summary['cases_in_cohort']} hand-chosen plans, not a random sample of what users run: the rates describe these cases.",
+        f"- The cohort is {summary['cases_in_cohort']} hand-chosen plans, not a random sample of what users run: the "
+        "rates describe these cases.",
         "- Cases that did not run (negative results above) carry no error figure; they are not counted as successes.",
         "",
     ]
@@ -662,10 +702,10 @@ def render_all(sections: list[tuple[dict, dict]]) -> str:
         "",
         "Each cohort is a list of plans frozen (committed) before any of it was measured; a later cohort adds cases, "
         "it never edits an earlier one. Figures are fake-mode peak allocated errors "
-        "((estimate − measured) / measured; positive is an overestimate), with the estimator as it is now (current) "
+        "((estimate − measured) / measured; positive is an overestimate), with the estimator as it is now (current) "  # noqa: RUF001
         "and as it was when each case ran (prospective).",
         "",
-        "| cohort | cases | measured | current: median abs. / range | prospective: range | below −2% now | "
+        "| cohort | cases | measured | current: median abs. / range | prospective: range | below −2% now | "  # noqa: RUF001
         "above +10% now |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -719,7 +759,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             e = res["errors"]
             print(f"{cohort['cohort']} {mode}: {res['cases_ok']}/{res['cases_selected']} ok; median |err| "
-                  f"{e['median_abs_error_pct']}%, MAPE {e['mape']}%, range {e['min_error_pct']}..{e['max_error_pct']}%, "
+                  f"{e['median_abs_error_pct']}%, MAPE {e['mape']}%, range "
+                  f"{e['min_error_pct']}..{e['max_error_pct']}%, "
                   f"under {e['underestimates']}, over {e['overestimates']}; verdicts {res['verdicts']['totals']} "
                   f"{res['verdicts']['rates']}")
     if args.doc != "-":

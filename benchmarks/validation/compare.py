@@ -60,7 +60,8 @@ def compare(plan: dict) -> dict:
         return row
     peak = measured["peak_allocated_bytes"]
     row.update(measured_bytes=peak, measured_phase=measured.get("peak_phase"),
-               measured_categories=measured.get("peak_categories"), error_pct=round(100 * (est.peak_allocated_bytes - peak) / peak, 2),
+               measured_categories=measured.get("peak_categories"),
+               error_pct=round(100 * (est.peak_allocated_bytes - peak) / peak, 2),
                wall_seconds=measured.get("wall_seconds"), attention_kernels=measured.get("attention_kernels"))
     return row
 
@@ -80,14 +81,17 @@ def main(argv=None) -> int:
     rows = run_all(plans, args.jobs)
     for row in rows:
         p = row["plan"]
-        label = f"{p['model']} {p.get('method', 'lora')} s{p.get('seq_len', 1024)} b{p.get('batch_size', 8)} ckpt={p.get('gradient_checkpointing', True)}"
-        knobs = [f"{k}={p[k]}" for k in ("framework", "modules_to_save", "use_dora") if p.get(k) not in (None, False, "trl")]
+        label = (f"{p['model']} {p.get('method', 'lora')} s{p.get('seq_len', 1024)} b{p.get('batch_size', 8)} "
+                 f"ckpt={p.get('gradient_checkpointing', True)}")
+        knobs = [f"{k}={p[k]}" for k in ("framework", "modules_to_save", "use_dora")
+                 if p.get(k) not in (None, False, "trl")]
         label += "".join(" " + k for k in knobs)
         if "error" in row:
             print(f"{label}: ERROR {row['error'][:200]}")
         else:
             print(f"{label}: est {row['estimate_bytes'] / 2**30:.3f} GiB ({row['estimate_phase']}) "
-                  f"measured {row['measured_bytes'] / 2**30:.3f} GiB ({row['measured_phase']}) err {row['error_pct']:+.2f}%")
+                  f"measured {row['measured_bytes'] / 2**30:.3f} GiB ({row['measured_phase']}) "
+                  f"err {row['error_pct']:+.2f}%")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0

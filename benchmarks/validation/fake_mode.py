@@ -197,7 +197,8 @@ def routed_sdpa(original):
             )[0]
         sdpa.kernels["math"] = sdpa.kernels.get("math", 0) + 1
         with sdpa_kernel(SDPBackend.MATH):
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale)
 
     sdpa.kernels = {}
     return sdpa
@@ -228,7 +229,8 @@ def gpu_routing(route_sdpa: bool = True):
         def addmm_fp32(acc, a, b):  # CUDA: torch.addmm(acc, a, b, out_dtype=float32, out=acc), no temporaries
             return None
 
-        patches += [(clp, "_forward_tile", forward_tile), (clp, "_backward_tile", backward_tile), (clp, "_addmm_fp32", addmm_fp32)]
+        patches += [(clp, "_forward_tile", forward_tile), (clp, "_backward_tile", backward_tile),
+                    (clp, "_addmm_fp32", addmm_fp32)]
     except Exception:  # pragma: no cover - trl missing
         pass
     try:
@@ -275,7 +277,7 @@ def classic_module_apply():
         if recurse:
             for module in self.children():
                 module._apply(fn)
-        for key, param in self._parameters.items():
+        for _key, param in self._parameters.items():
             if param is None:
                 continue
             with torch.no_grad():
@@ -307,10 +309,8 @@ def _storage_keys(tensors) -> set[int]:
     for t in tensors:
         if t is None:
             continue
-        try:
+        with contextlib.suppress(Exception):
             keys.add(t.untyped_storage()._cdata)
-        except Exception:
-            pass
     return keys
 
 
@@ -365,7 +365,8 @@ def _beside(name: str):
     import os
 
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -386,7 +387,8 @@ def _peft_fake():
     return sys.modules["peft_fake"]
 
 
-def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: str = "trl_fused", route_sdpa: bool = True, clip_grad: bool = True) -> dict:
+def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: str = "trl_fused",
+              route_sdpa: bool = True, clip_grad: bool = True) -> dict:
     """Build the model and optimizer for ``plan`` and run ``steps`` training steps, counting live memory.
 
     fake: under FakeTensorMode(allow_fallback_kernels=False) (else with real CPU tensors: tiny models only).
@@ -457,7 +459,8 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
     return {**measurement_report(counter, state, timeline, routed, resolved), "loss": loss, "fake": fake}
 
 
-def optimizer_phase(counter, optimizer, trainable, step: int, steps: int, state: dict, *, clip_grad: bool = True) -> None:
+def optimizer_phase(counter, optimizer, trainable, step: int, steps: int, state: dict, *,
+                    clip_grad: bool = True) -> None:
     """Trainer's optimizer phase of one step: gradient clipping (max_grad_norm 1.0), the step, zero_grad(set_to_none);
     the end-of-step categories are taken on the last step, before zero_grad frees the gradients."""
     import torch
@@ -473,7 +476,8 @@ def optimizer_phase(counter, optimizer, trainable, step: int, steps: int, state:
 
 
 def measurement_report(counter, state: dict, timeline: list, routed, resolved) -> dict:
-    """What every harness reports of a run: the peak, its phase and categories, per-phase peaks, the build, the steps."""
+    """What every harness reports of a run: the peak, its phase and categories, per-phase peaks, the build, the
+    steps."""
     return {
         "peak_allocated_bytes": counter.peak,
         "peak_phase": counter.peak_phase,
@@ -504,10 +508,8 @@ def measure_fake(plan, config: dict, *, loss: str = "trl_fused") -> dict:
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
     for name in ("trl", "bitsandbytes"):
-        try:
+        with contextlib.suppress(Exception):
             versions[name] = __import__(name).__version__
-        except Exception:
-            pass
     result["versions"] = versions
     result["plan"] = plan.model_dump(mode="json")
     return result
@@ -519,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the model's config.json")
     parser.add_argument("--out", help="write the result JSON here (also printed)")
     parser.add_argument("--loss", choices=("trl_fused", "model"), default="trl_fused",
-                        help="trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); model: transformers' own loss with full logits")
+                        help="trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); "
+                             "model: transformers' own loss with full logits")
     args = parser.parse_args(argv)
     return run_and_report(lambda plan, config: measure_fake(plan, config, loss=args.loss), args.plan, args.config,
                           args.out)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 import traceback
@@ -35,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fake_mode import classic_module_apply, gpu_routing  # noqa: E402
+from fake_mode import classic_module_apply, gpu_routing
 
 
 def _decoder_layer_classes(model) -> set[str]:
@@ -173,7 +172,8 @@ def measure(plan, config: dict, steps: int = 2) -> dict:
     stats = {str(getattr(k, "value", k)): int(v) for k, v in devices[dev].items()}
     total = stats.pop("Total")
     return {"peak_allocated_bytes": total, "peak_categories": stats, "fsdp_units": wrapped, "tied": tied,
-            "trainable_params_local": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in trainable)}
+            "trainable_params_local": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                          for p in trainable)}
 
 
 def main(argv=None) -> int:

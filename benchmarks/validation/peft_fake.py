@@ -66,7 +66,6 @@ def fake_peft_support(fake: bool = True):
 def fake_4bit_dequantize():
     """PEFT's dequantize_module_weight, also for the fake path's 4-bit weights (a fake tensor with quant_state)."""
     import bitsandbytes as bnb
-
     from peft.tuners.lora import dora
     from peft.utils import integrations
 

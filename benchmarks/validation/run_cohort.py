@@ -157,7 +157,8 @@ def _stand_in_tokenizer(folder: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2}, unk_token="<unk>"))
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
 
 
 def measure_cuda(plan_dict: dict, steps: int = CUDA_STEPS) -> dict:
@@ -166,8 +167,8 @@ def measure_cuda(plan_dict: dict, steps: int = CUDA_STEPS) -> dict:
 
     from canifinetune.estimator.model_sources import resolve_model
     from canifinetune.estimator.plan import TrainingPlan
-    from canifinetune.recipes import probe as probe_module
     from canifinetune.recipes import model_setup, runtime
+    from canifinetune.recipes import probe as probe_module
 
     plan = TrainingPlan(**plan_dict)
     config = resolve_model(plan.model).config
@@ -199,7 +200,8 @@ def run_cuda(plan: dict, timeout: float) -> dict:
             return {"status": "error", "error": f"exit {proc.returncode}", "traceback_tail": proc.stderr[-3000:]}
         data = json.loads(out.read_text(encoding="utf-8"))
     if "error" in data:
-        return {"status": data.get("status", "error"), "error": data["error"], "traceback_tail": data.get("traceback", "")[-3000:]}
+        return {"status": data.get("status", "error"), "error": data["error"],
+                "traceback_tail": data.get("traceback", "")[-3000:]}
     return {"status": "ok", "measured": data}
 
 
@@ -262,7 +264,8 @@ def run_case(case: dict, mode: str, cohort: dict, timeout: float) -> dict:
         try:
             outcome = run_fake(plan_json, timeout) if mode == "fake" else run_cuda(plan_json, timeout)
         except Exception as exc:  # the runner itself: still a row
-            outcome = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback_tail": traceback.format_exc()[-3000:]}
+            outcome = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                       "traceback_tail": traceback.format_exc()[-3000:]}
         row.update(outcome)
     if row.get("status") == "ok" and "estimate" in row:
         row["error_pct"] = case_errors(mode, row["estimate"], row["measured"])
@@ -280,7 +283,8 @@ def run(mode: str, cases: list[dict], cohort: dict, out: Path, jobs: int, timeou
     t_start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     header = {"cohort": cohort["cohort"], "cohort_version": cohort["version"], "mode": mode, "record": "run",
-              "git_commit": _git_commit(), "git_uncommitted": _git_dirty(), "host": host_record(), "cases": [c["id"] for c in cases],
+              "git_commit": _git_commit(), "git_uncommitted": _git_dirty(), "host": host_record(),
+              "cases": [c["id"] for c in cases],
               "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     lock = threading.Lock()
     rows: dict[str, dict] = {}

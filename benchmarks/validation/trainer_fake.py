@@ -1,4 +1,5 @@
-"""Measure two training steps of TRL 1.16's preference/RL trainers (DPO, ORPO, KTO, reward, GRPO's loss step) under fake tensors.
+"""Measure two training steps of TRL 1.16's preference/RL trainers (DPO, ORPO, KTO, reward, GRPO's loss step) under
+fake tensors.
 
 The counting, the GPU routing of attention and of TRL's chunked log-prob kernel, PEFT under fake tensors and the
 model build are benchmarks/validation/fake_mode.py's and recipes/model_setup.py's. What is new is what one training step
@@ -68,7 +69,8 @@ def _reference_plan(plan):
 
 def build_reward_model(plan, config: dict):
     """RewardTrainer's model (trl/trainer/reward_trainer.py, 1.16): AutoModelForSequenceClassification with
-    num_labels=1 (a score head H -> 1 instead of lm_head), random weights from ``config``, quantized as recipes/model_setup.py
+    num_labels=1 (a score head H -> 1 instead of lm_head), random weights from ``config``, quantized as
+    recipes/model_setup.py
     quantizes; PEFT LoRA with task_type SEQ_CLS (PEFT then trains a modules_to_save copy of ``score``); gradient
     checkpointing as transformers 5 enables it, ``enable_input_require_grads`` with PEFT; on a quantized base the
     trainable parameters are cast to bf16 (reward_trainer.py __init__)."""
@@ -83,7 +85,8 @@ def build_reward_model(plan, config: dict):
     cfg.num_labels = 1
     if getattr(cfg, "pad_token_id", None) is None:
         cfg.pad_token_id = 0
-    model = AutoModelForSequenceClassification.from_config(cfg, dtype=dtype, attn_implementation=plan.attn_implementation)
+    model = AutoModelForSequenceClassification.from_config(cfg, dtype=dtype,
+                                                           attn_implementation=plan.attn_implementation)
     if qconfig is not None:
         model_setup._quantize_model(model, plan, qconfig)
     model.config.use_cache = False
@@ -206,7 +209,8 @@ def _orpo_loss(model, input_ids, beta):
     losses = beta * ratio
     loss = chosen_nll_loss - losses.mean()
     with torch.no_grad():  # metrics (their .item() calls are left out)
-        _ = rejected_logits.detach().mean(), chosen_logits.detach().mean(), (beta * pc.detach() > beta * pr.detach()).float().mean()
+        _ = (rejected_logits.detach().mean(), chosen_logits.detach().mean(),
+             (beta * pc.detach() > beta * pr.detach()).float().mean())
     return loss
 
 
@@ -214,13 +218,10 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
     import torch
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
-
     from trl.models.utils import disable_gradient_checkpointing
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, use_adapter
 
-    from canifinetune.estimator.trainer_memory import DISABLE_DROPOUT
-
-    from canifinetune.estimator.trainer_memory import policy_rows
+    from canifinetune.estimator.trainer_memory import DISABLE_DROPOUT, policy_rows
     from canifinetune.estimator.trainers import resolved_trainer_fields
     from canifinetune.recipes import model_setup
 
@@ -257,8 +258,8 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
         raise ValueError(f"trainer {trainer}: not measured by this harness")
     gc_kwargs = {"use_reentrant": False}
     orpo_ctx = orpo_gpu_routing() if trainer == "orpo" else contextlib.nullcontext()
-    with fm.gpu_routing(True) as routed, fm.classic_module_apply(), fm._peft_fake().fake_peft_support(True) as build_ctx, \
-            orpo_ctx, fake_mode, counter:
+    with fm.gpu_routing(True) as routed, fm.classic_module_apply(), \
+            fm._peft_fake().fake_peft_support(True) as build_ctx, orpo_ctx, fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
             if trainer == "reward":
@@ -342,7 +343,8 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
                         _ = (outputs.entropy.detach() * 1).sum(), outputs.mean_logits.sum(), outputs.is_top1.sum()
                 elif trainer == "kto":
                     with torch.no_grad():
-                        kl_logps = model(input_ids=kl_ids, labels=kl_labels, use_cache=False, fused_lm_head=True).log_probs.sum(-1)
+                        kl_logps = model(input_ids=kl_ids, labels=kl_labels, use_cache=False,
+                                         fused_lm_head=True).log_probs.sum(-1)
                     outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
                     logps = outputs.log_probs.sum(-1)
                     if ref_mode == "none":
@@ -356,7 +358,8 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
                     half = rows // 2
                     chosen_lr = logps[:half] - ref_logps_seq[:half]
                     rejected_lr = logps[half:] - ref_logps_seq[half:]
-                    losses = torch.cat((1 - F.sigmoid(beta * (chosen_lr - kl)), 1 - F.sigmoid(beta * (kl - rejected_lr))), 0)
+                    losses = torch.cat((1 - F.sigmoid(beta * (chosen_lr - kl)),
+                                        1 - F.sigmoid(beta * (kl - rejected_lr))), 0)
                     step_loss = losses.nanmean()
                 else:  # grpo loss step
                     outputs = model(input_ids=input_ids, labels=labels, use_cache=False, fused_lm_head=True)
@@ -406,10 +409,8 @@ def measure_trainer_fake(plan, config: dict) -> dict:
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
     for name in ("trl", "bitsandbytes"):
-        try:
+        with contextlib.suppress(Exception):
             versions[name] = __import__(name).__version__
-        except Exception:
-            pass
     result["versions"] = versions
     result["plan"] = plan.model_dump(mode="json")
     return result
@@ -464,7 +465,8 @@ def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> 
     with fm.gpu_routing(True), fm.classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
         counter = Counter()
         with counter:
-            model = model_setup.build_model(plan.model_copy(update={"method": "full", "gradient_checkpointing": False}), config)
+            model = model_setup.build_model(
+                plan.model_copy(update={"method": "full", "gradient_checkpointing": False}), config)
             model.eval()
             model.requires_grad_(False)
             vocab = int(model.config.get_text_config().vocab_size)
@@ -490,8 +492,8 @@ def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> 
                         entry.keys, entry.values = entry.keys.clone(), entry.values.clone()
                 counter.reset_peak()
                 step = torch.randint(0, vocab, (rows, 1))
-                res = model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                            position_ids=torch.full((rows, 1), total - 1))
+                _res = model(input_ids=step, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                             position_ids=torch.full((rows, 1), total - 1))
                 out["decode_peak"] = counter.peak
     return out
 
