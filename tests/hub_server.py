@@ -32,7 +32,7 @@ class VirtualFile:
     lfs: bool = False
 
     @classmethod
-    def of(cls, data: bytes | str) -> "VirtualFile":
+    def of(cls, data: bytes | str) -> VirtualFile:
         raw = data.encode() if isinstance(data, str) else data
         return cls(raw, len(raw))
 
@@ -121,7 +121,7 @@ class HubServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         hub = self
 
         class Handler(_Handler):
@@ -167,7 +167,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, code: str, message: str, head: bool, extra: dict | None = None) -> None:
         body = json.dumps({"error": message}).encode()
-        headers = {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message, **(extra or {})}
+        headers = {
+            "Content-Type": "application/json",
+            "X-Error-Code": code,
+            "X-Error-Message": message,
+            **(extra or {}),
+        }
         self._send(status, headers, body, head)
 
     def _answer(self, head: bool) -> None:
@@ -183,9 +188,13 @@ class _Handler(BaseHTTPRequestHandler):
         if repo.delay:
             time.sleep(repo.delay)
         if repo.gated_token is not None and self.headers.get("Authorization") != f"Bearer {repo.gated_token}":
-            return self._error(401, "GatedRepo",
-                               f"Access to model {m['repo']} is restricted. You must have access to it and be authenticated to access it. Please log in.",
-                               head)
+            return self._error(
+                401,
+                "GatedRepo",
+                f"Access to model {m['repo']} is restricted. "
+                "You must have access to it and be authenticated to access it. Please log in.",
+                head,
+            )
         commit = {"X-Repo-Commit": repo.commit}
         if path.startswith("/api/"):
             info = {"id": m["repo"], "modelId": m["repo"], "sha": repo.commit, "private": False,
@@ -196,7 +205,12 @@ class _Handler(BaseHTTPRequestHandler):
         f = repo.files.get(name)
         if f is None:
             return self._error(404, "EntryNotFound", f"{name} does not exist on \"{m['rev']}\"", head, commit)
-        headers = {**commit, "ETag": f'"{f.etag}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {
+            **commit,
+            "ETag": f'"{f.etag}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         if f.lfs:
             headers["X-Linked-Etag"] = f'"{f.etag}"'
             headers["X-Linked-Size"] = str(f.size)
@@ -208,7 +222,9 @@ class _Handler(BaseHTTPRequestHandler):
             start = int(rm[1])
             end = int(rm[2]) if rm[2] else f.size - 1
             if start >= f.size:
-                return self._error(416, "RangeNotSatisfiable", "bad range", head, {"Content-Range": f"bytes */{f.size}"})
+                return self._error(
+                    416, "RangeNotSatisfiable", "bad range", head, {"Content-Range": f"bytes */{f.size}"}
+                )
             end = min(end, f.size - 1)
             body = b"" if head else f.read(start, end)
             headers.update({"Content-Range": f"bytes {start}-{end}/{f.size}", "Content-Length": str(end - start + 1)})

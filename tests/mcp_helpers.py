@@ -32,8 +32,8 @@ def http_server(port: int | None = None, extra: list[str] | None = None, timeout
     """`canifinetune serve --http` on a free 127.0.0.1 port; yields (url, process). Output goes to files."""
     port = port or free_port()
     out_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-    stdout = open(out_dir / f"canifinetune-mcp-{port}.out", "w+")
-    stderr = open(out_dir / f"canifinetune-mcp-{port}.err", "w+")
+    stdout = open(out_dir / f"canifinetune-mcp-{port}.out", "w+")  # noqa: SIM115 - closed in finally, after the server
+    stderr = open(out_dir / f"canifinetune-mcp-{port}.err", "w+")  # noqa: SIM115 - closed in finally, after the server
     proc = subprocess.Popen(SERVE + ["--http", "--port", str(port)] + (extra or []), stdout=stdout, stderr=stderr,
                             cwd=ROOT)
     try:

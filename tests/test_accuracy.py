@@ -21,7 +21,7 @@ pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 pytest.importorskip("trl")
 
-from benchmarks.validation.compare import compare  # noqa: E402
+from benchmarks.validation.compare import compare
 
 CASES = json.loads((Path(__file__).parent / "accuracy_cases.json").read_text(encoding="utf-8"))
 LOWER, UPPER = -2.0, 10.0

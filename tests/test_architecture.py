@@ -115,8 +115,19 @@ def test_no_import_cycle_within_a_package(package):
 
 def _cycles(package: str, *, module_level_only: bool) -> list[str]:
     members = [m for m in MODULES if m.split(".")[1] == package]
-    graph = {m: sorted({t for name in _imports(m, module_level_only=module_level_only) if (t := _internal(name)) and t != m and t.split(".")[1] == package
-                        and not (_is_package(t) and m.startswith(t + "."))}) for m in members}
+    graph = {
+        m: sorted(
+            {
+                t
+                for name in _imports(m, module_level_only=module_level_only)
+                if (t := _internal(name))
+                and t != m
+                and t.split(".")[1] == package
+                and not (_is_package(t) and m.startswith(t + "."))
+            }
+        )
+        for m in members
+    }
     cycles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
@@ -154,7 +165,9 @@ def test_every_error_class_is_declared_in_the_one_error_module():
                        if path != errors for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                        if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Exception")))
     assert not elsewhere, "declare error classes in estimator/errors.py:\n" + "\n".join(elsewhere)
-    declared = [node.name for node in ast.parse(errors.read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)]
+    declared = [
+        node.name for node in ast.parse(errors.read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)
+    ]
     doc = ast.get_docstring(ast.parse(errors.read_text(encoding="utf-8"))) or ""
     assert all(f"── {name}" in doc for name in declared), "the module docstring's tree names every class"
 

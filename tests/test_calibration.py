@@ -52,7 +52,7 @@ def test_constants_read_at_run_time_are_calibrated_and_sourced():
 
 def test_memory_constants_are_documented():
     doc = (ROOT / "docs" / "memory_model.md").read_text(encoding="utf-8")
-    memory_names = {n for n in names_in_code()}
+    memory_names = set(names_in_code())
     throughput_doc = ROOT / "docs" / "search.md"
     other = throughput_doc.read_text(encoding="utf-8") if throughput_doc.exists() else ""
     undocumented = {n for n in memory_names if n not in doc and n not in other}

@@ -83,7 +83,7 @@ def _colours(screen: str) -> set[tuple[str, str]]:
         while i < len(p):
             if p[i] in (38, 48):
                 assert p[i + 1] == 2, f"not a truecolor colour: {params}"
-                out.add(("fg" if p[i] == 38 else "bg", "#%02X%02X%02X" % tuple(p[i + 2:i + 5])))
+                out.add(("fg" if p[i] == 38 else "bg", "#{:02X}{:02X}{:02X}".format(*p[i + 2:i + 5])))
                 i += 5
                 continue
             assert not (30 <= p[i] <= 37 or 40 <= p[i] <= 47 or 90 <= p[i] <= 97 or 100 <= p[i] <= 107), \

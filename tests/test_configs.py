@@ -14,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from canifinetune.estimator.configs import (MAX_CONFIG_BYTES, ConfigError, apply_edits, config_edits, load_configs,
-                                            suggestion_edits)
+from canifinetune.estimator.configs import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    apply_edits,
+    config_edits,
+    load_configs,
+    suggestion_edits,
+)
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.search import suggest
 from canifinetune.server import cli
@@ -43,7 +49,13 @@ def test_axolotl_qlora_example():
     cfg = load("axolotl_qlora.yml")
     p = cfg.plan
     assert cfg.report.framework == p.framework == "axolotl"
-    assert (p.model, p.method, p.lora_r, p.lora_alpha, p.lora_dropout) == ("meta-llama/Llama-3.1-8B", "qlora", 32, 16, 0.05)
+    assert (p.model, p.method, p.lora_r, p.lora_alpha, p.lora_dropout) == (
+        "meta-llama/Llama-3.1-8B",
+        "qlora",
+        32,
+        16,
+        0.05,
+    )
     assert p.target_modules == sorted(["gate_proj", "down_proj", "up_proj", "q_proj", "v_proj", "k_proj", "o_proj"])
     assert (p.seq_len, p.batch_size, p.gradient_accumulation_steps) == (4096, 2, 4)
     assert (p.optim, p.gradient_checkpointing, p.attn_implementation, p.packing) == (
@@ -64,8 +76,15 @@ def test_axolotl_defaults_are_axolotls():
     assert cfg.report.defaults["seq_len"] == 512 and cfg.report.defaults["gradient_checkpointing"] is False
     full = load_configs([("f.yml", "base_model: Qwen/Qwen2.5-0.5B\nmicro_batch_size: 2\nlora_target_linear: true\n")])
     assert full.plan.method == "full"
-    linear = load_configs([("l.yml", "base_model: Qwen/Qwen2.5-0.5B\nadapter: lora\nlora_r: 4\nlora_target_linear: true\n"
-                                     "lora_modules_to_save: [embed_tokens, lm_head]\npeft_use_dora: true\n")])
+    linear = load_configs(
+        [
+            (
+                "l.yml",
+                "base_model: Qwen/Qwen2.5-0.5B\nadapter: lora\nlora_r: 4\nlora_target_linear: true\n"
+                "lora_modules_to_save: [embed_tokens, lm_head]\npeft_use_dora: true\n",
+            )
+        ]
+    )
     assert linear.plan.target_modules == "all-linear" and linear.plan.modules_to_save == ["embed_tokens", "lm_head"]
     assert linear.plan.use_dora
 
@@ -165,14 +184,25 @@ def test_training_arguments_json_needs_a_model():
     cfg = load("training_args.json", overrides={"model": "Qwen/Qwen2.5-0.5B"})
     p = cfg.plan
     assert p.framework == "transformers" and p.method == "full"
-    assert (p.batch_size, p.gradient_accumulation_steps, p.optim, p.gradient_checkpointing) == (4, 4, "paged_adamw_8bit", True)
+    assert (p.batch_size, p.gradient_accumulation_steps, p.optim, p.gradient_checkpointing) == (
+        4,
+        4,
+        "paged_adamw_8bit",
+        True,
+    )
     assert "no sequence length" in warnings(cfg)
 
 
 def test_peft_adapter_config_and_with_training_arguments():
     cfg = load("adapter_config.json")
     p = cfg.plan
-    assert (p.model, p.method, p.lora_r, p.lora_alpha, p.lora_dropout) == ("mistralai/Mistral-7B-v0.1", "lora", 16, 32, 0.1)
+    assert (p.model, p.method, p.lora_r, p.lora_alpha, p.lora_dropout) == (
+        "mistralai/Mistral-7B-v0.1",
+        "lora",
+        16,
+        32,
+        0.1,
+    )
     assert p.target_modules == ["k_proj", "o_proj", "q_proj", "v_proj"] and p.framework == "transformers"
     assert "--method qlora" in warnings(cfg)
     assert load("adapter_config.json", overrides={"method": "qlora"}).plan.method == "qlora"
@@ -233,7 +263,7 @@ def test_a_bad_value_names_the_key_and_line():
     with pytest.raises(ConfigError) as err:
         load_configs([("a.yml", "base_model: m\nadapter: lora\nlora_r: 8\nlora_dropout: 3\n")])
     assert "lora_dropout" in str(err.value) and "a.yml line 4" in str(err.value)
-    with pytest.raises(ConfigError, match="a.yml line 2: micro_batch_size"):
+    with pytest.raises(ConfigError, match=r"a.yml line 2: micro_batch_size"):
         load_configs([("a.yml", "base_model: m\nmicro_batch_size: many\n")])
 
 
@@ -273,7 +303,7 @@ def _reread(cfg, edits):
 
 def _kept(cfg):  # what the files cannot say (the GPU) stays a flag
     return {k: getattr(cfg.plan, k) for k in ("gpu", "gpu_vram_gb", "model") if k in cfg.report.plan_fields or
-            getattr(cfg.plan, k) is not None and k != "model"}
+            (getattr(cfg.plan, k) is not None and k != "model")}
 
 
 ROUND_TRIPS = [
@@ -294,7 +324,7 @@ def test_edits_round_trip_to_the_suggested_plan(names, flags):
     cfg = load(*names, overrides=flags)
     result = suggest(cfg.plan, max_suggestions=4)
     assert result.suggestions or result.fits_already
-    for group, s in zip(suggestion_edits(cfg, result), result.suggestions):
+    for group, s in zip(suggestion_edits(cfg, result), result.suggestions, strict=False):
         unexpressed = {f for e in group.edits if e.key is None for f in e.fields}
         again = _reread(cfg, group.edits).plan
         for name in TrainingPlan.model_fields:
@@ -314,7 +344,7 @@ def test_edits_keep_comments_and_other_keys():
     original = (DATA / "axolotl_qlora.yml").read_text()
     assert "# optionally might have model_type or tokenizer_type" in text
     assert "datasets:\n  - path: aaditya/alpaca_subset_1" in text
-    changed = [a for a, b in zip(original.splitlines(), text.splitlines()) if a != b]
+    changed = [a for a, b in zip(original.splitlines(), text.splitlines(), strict=False) if a != b]
     assert len(changed) <= 4
 
 
@@ -359,13 +389,21 @@ def _bounded(text_or_bytes, needle: str, name: str = "evil.yaml", seconds: float
 
 HOSTILE = [
     ("huge", b"a: " + b"x" * (MAX_CONFIG_BYTES + 10) + b"\n", "at most 256 KB"),
-    ("deep_yaml", ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 200)) + "  " * 200 + "v: 1\n"), "nested deeper"),
+    (
+        "deep_yaml",
+        ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 200)) + "  " * 200 + "v: 1\n"),
+        "nested deeper",
+    ),
     ("deep_flow", "a: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper"),
-    ("deep_json", "{\"a\": " + "[" * 100000 + "]" * 100000 + "}", "nested deeper"),
+    ("deep_json", '{"a": ' + "[" * 100000 + "]" * 100000 + "}", "nested deeper"),
     ("python_tag", "base_model: !!python/object/apply:os.system ['echo pwned']\n", "YAML tag"),
     ("custom_tag", "base_model: !Ref something\n", "YAML tag"),
-    ("billion_laughs", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-                       "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n", "alias"),
+    (
+        "billion_laughs",
+        "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+        "alias",
+    ),
     ("merge_key", "base: &base {lora_r: 8}\nother:\n  <<: *base\n", "alias"),
     ("latin1", "base_model: caf\xe9\n".encode("latin-1"), "not UTF-8"),
     ("utf16", "base_model: m\n".encode("utf-16"), "not UTF-8"),
@@ -373,8 +411,8 @@ HOSTILE = [
     ("not_a_mapping", "- a\n- b\n", "mapping"),
     ("empty", "", "empty"),
     ("bad_yaml", "base_model: m\nadapter: [lora\n", "not valid YAML"),
-    ("bad_json", "{\"a\": 1,\n \"b\": }", "not valid JSON"),
-    ("json_nan", "{\"per_device_train_batch_size\": NaN}", "not a JSON number"),
+    ("bad_json", '{"a": 1,\n "b": }', "not valid JSON"),
+    ("json_nan", '{"per_device_train_batch_size": NaN}', "not a JSON number"),
     ("huge_int", "base_model: m\nsequence_len: " + "9" * 5000 + "\n", "evil.yaml"),
     ("many_keys", "".join(f"k{i}: {i}\n" for i in range(12000)), "more than"),
 ]
@@ -418,7 +456,7 @@ def test_cli_estimate_with_config(capsys):
 
 
 def test_cli_flags_win_and_json_carries_the_report(capsys):
-    code, out, err = run_cli(capsys, "estimate", "--config", str(DATA / "trl_sft.yaml"), "--config",
+    _code, out, _err = run_cli(capsys, "estimate", "--config", str(DATA / "trl_sft.yaml"), "--config",
                              str(DATA / "fsdp_accelerate.yaml"), "--seq-len", "1024", "--gpu", "RTX 4090", "--json",
                              "--offline")
     data = json.loads(out)
@@ -428,15 +466,15 @@ def test_cli_flags_win_and_json_carries_the_report(capsys):
 
 
 def test_cli_model_replaces_the_base_model(capsys):
-    code, out, err = run_cli(capsys, "estimate", "--config", str(DATA / "training_args.json"), "--model",
+    code, _out, err = run_cli(capsys, "estimate", "--config", str(DATA / "training_args.json"), "--model",
                              "Qwen/Qwen2.5-0.5B", "--offline")
     assert code == 0, err
-    code, out, err = run_cli(capsys, "estimate", "--config", str(DATA / "training_args.json"), "--offline")
+    code, _out, err = run_cli(capsys, "estimate", "--config", str(DATA / "training_args.json"), "--offline")
     assert code == 2 and "names no model" in err and "training_args.json line 1" in err
 
 
 def test_cli_without_model_or_config(capsys):
-    code, out, err = run_cli(capsys, "estimate", "--gpu", "RTX 4090")
+    code, _out, err = run_cli(capsys, "estimate", "--gpu", "RTX 4090")
     assert code == 2 and "--model" in err
 
 
@@ -469,7 +507,7 @@ def test_cli_suggest_shows_edits_and_writes_a_copy(capsys, tmp_path):
 
 
 def test_cli_suggest_json_has_config_edits(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "suggest", "--config", str(DATA / "axolotl_full_ds.yml"), "--config",
+    _code, out, err = run_cli(capsys, "suggest", "--config", str(DATA / "axolotl_full_ds.yml"), "--config",
                              str(DATA / "zero3_bf16.json"), "--gpu", "RTX 4090", "--num-gpus", "2", "--json",
                              "--offline", "--write-config", str(tmp_path / "out"))
     data = json.loads(out)
@@ -494,7 +532,7 @@ def test_cli_recipe_with_config(capsys, tmp_path):
 def test_cli_bad_config_is_one_line_exit_2(capsys, tmp_path, content, needle):
     bad = tmp_path / "bad.yml"
     bad.write_bytes(content)
-    code, out, err = run_cli(capsys, "estimate", "--config", str(bad))
+    code, _out, err = run_cli(capsys, "estimate", "--config", str(bad))
     assert code == 2 and needle in err and str(bad) in err and err.count("\n") == 1
 
 
@@ -503,11 +541,11 @@ def test_cli_refuses_a_huge_or_special_file_before_reading(capsys, tmp_path):
     with open(huge, "wb") as handle:
         handle.truncate(1 << 30)  # a sparse 1 GiB file: refused from its size, never read
     start = time.perf_counter()
-    code, out, err = run_cli(capsys, "estimate", "--config", str(huge))
+    code, _out, err = run_cli(capsys, "estimate", "--config", str(huge))
     assert code == 2 and "at most 256 KB" in err and time.perf_counter() - start < 2
-    code, out, err = run_cli(capsys, "estimate", "--config", str(tmp_path))
+    code, _out, err = run_cli(capsys, "estimate", "--config", str(tmp_path))
     assert code == 2 and "not a regular file" in err
-    code, out, err = run_cli(capsys, "estimate", "--config", str(tmp_path / "missing.yml"))
+    code, _out, err = run_cli(capsys, "estimate", "--config", str(tmp_path / "missing.yml"))
     assert code == 2 and "cannot open" in err
 
 
@@ -539,7 +577,9 @@ async def test_mcp_tools_take_the_config_text():
         fmt = await client.call_tool("estimate_memory", {"config": "model_name_or_path: Qwen/Qwen2.5-0.5B\n",
                                                          "config_format": "llama_factory"})
         assert fmt.structured_content["plan"]["lora_r"] == 8
-        recipe = await client.call_tool("make_recipe", {"config": (DATA / "trl_qlora.yaml").read_text(), "gpu": "RTX 4090"})
+        recipe = await client.call_tool(
+            "make_recipe", {"config": (DATA / "trl_qlora.yaml").read_text(), "gpu": "RTX 4090"}
+        )
         assert not recipe.is_error and recipe.structured_content["config"]["framework"] == "trl"
         plain = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B"})
         assert plain.structured_content.get("config") is None
@@ -566,7 +606,6 @@ async def test_mcp_bad_config_is_a_tool_error(arguments, needle):
 @pytest.mark.anyio
 async def test_mcp_config_over_http_with_a_real_client():
     from mcp import Client
-
     from mcp_helpers import http_server
 
     text = (DATA / "axolotl_qlora.yml").read_text()

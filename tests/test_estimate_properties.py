@@ -36,7 +36,11 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def est(**kw):
-    if kw.get("model") == "Qwen/Qwen3-30B-A3B" and kw.get("target_modules") == "all-linear" and kw.get("method") != "full":
+    if (
+        kw.get("model") == "Qwen/Qwen3-30B-A3B"
+        and kw.get("target_modules") == "all-linear"
+        and kw.get("method") != "full"
+    ):
         # all-linear puts PEFT 0.21's expert adapters on Qwen3-MoE, which refuse dropout (a PlanError, as PEFT raises)
         kw = {**kw, "lora_dropout": 0.0}
     return estimate(TrainingPlan(**kw))
@@ -117,19 +121,27 @@ def test_checkpointing_never_raises_the_peak(kw):
 
 
 invalid = st.one_of(
-    st.fixed_dictionaries({"seq_len": st.one_of(
-        st.integers(max_value=0),
-        # an integral float such as 2048.0 is a valid seq_len (JSON clients send them); others are not
-        st.floats(allow_nan=True).filter(lambda x: not (math.isfinite(x) and x >= 1 and x.is_integer())),
-        st.text(max_size=5).filter(lambda t: not t.strip().isdigit() or int(t) < 1),
-    )}),
+    st.fixed_dictionaries(
+        {
+            "seq_len": st.one_of(
+                st.integers(max_value=0),
+                # an integral float such as 2048.0 is a valid seq_len (JSON clients send them); others are not
+                st.floats(allow_nan=True).filter(lambda x: not (math.isfinite(x) and x >= 1 and x.is_integer())),
+                st.text(max_size=5).filter(lambda t: not t.strip().isdigit() or int(t) < 1),
+            )
+        }
+    ),
     st.fixed_dictionaries({"batch_size": st.integers(max_value=0)}),
     st.fixed_dictionaries({"lora_r": st.integers(min_value=5000)}),
     st.fixed_dictionaries({"gpu_vram_gb": st.sampled_from([0, -1, math.nan, math.inf, 1e9])}),
     st.fixed_dictionaries({"method": st.text(max_size=8).filter(lambda s: s not in ("full", "lora", "qlora"))}),
     st.fixed_dictionaries({"lora_dropout": st.floats(min_value=1.0, allow_infinity=True)}),
-    st.dictionaries(st.text(min_size=1, max_size=10).filter(lambda s: s not in TrainingPlan.model_fields and s != "model"),
-                    st.integers(), min_size=1, max_size=1),
+    st.dictionaries(
+        st.text(min_size=1, max_size=10).filter(lambda s: s not in TrainingPlan.model_fields and s != "model"),
+        st.integers(),
+        min_size=1,
+        max_size=1,
+    ),
 )
 
 

@@ -16,7 +16,9 @@ pytest.importorskip("peft")
 from canifinetune.estimator.plan import TrainingPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("fake_mode", os.path.join(ROOT, "benchmarks", "validation", "fake_mode.py"))
+_spec = importlib.util.spec_from_file_location(
+    "fake_mode", os.path.join(ROOT, "benchmarks", "validation", "fake_mode.py")
+)
 fake_mode = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("fake_mode", fake_mode)
 _spec.loader.exec_module(fake_mode)

@@ -18,10 +18,9 @@ import time
 import anyio
 import pytest
 from mcp import Client
+from mcp_helpers import free_port, http_server
 
 from canifinetune.server.mcp_server import MAX_REQUEST_BODY_BYTES
-
-from mcp_helpers import free_port, http_server
 
 pytestmark = pytest.mark.anyio
 
@@ -137,8 +136,13 @@ def malformed_messages(port: int) -> None:
             error = json.loads(reply)["error"]
             assert error["code"] in (-32700, -32600, -32602), error
     # valid JSON-RPC that makes no sense to the server: answered as errors on the same session
-    for i, (method, params) in enumerate([("no/such/method", {}), ("tools/call", {"name": "estimate_memory", "arguments": "x"}),
-                                          ("tools/call", {"name": "rm -rf", "arguments": {}})]):
+    for i, (method, params) in enumerate(
+        [
+            ("no/such/method", {}),
+            ("tools/call", {"name": "estimate_memory", "arguments": "x"}),
+            ("tools/call", {"name": "rm -rf", "arguments": {}}),
+        ]
+    ):
         status, _, reply = _request(port, _rpc(10 + i, method, params), session=session,
                                     headers={"mcp-protocol-version": PROTOCOL})
         assert status == 200

@@ -120,6 +120,9 @@ def test_recipe_for_another_framework_carries_its_settings():
     assert recipe.plan.framework == "trl"
     assert recipe.plan.loss_implementation == "standard"
     assert recipe.plan.prepare_model_for_kbit_training is True and recipe.plan.adapter_dtype == "fp32"
-    assert "transformers Trainer + PEFT" in recipe.framework_note and "loss_implementation=standard" in recipe.framework_note
+    assert (
+        "transformers Trainer + PEFT" in recipe.framework_note
+        and "loss_implementation=standard" in recipe.framework_note
+    )
     assert recipe.estimate.peak_allocated_bytes == estimate(plan).peak_allocated_bytes
     assert make_recipe(plan.replace(framework="trl")).framework_note is None

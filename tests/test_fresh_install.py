@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_packaging import _bin
 from test_readme import TESTS
 
@@ -110,8 +109,9 @@ def test_a_missing_huggingface_hub_is_a_clear_refusal(monkeypatch):
     assert "pip install huggingface_hub" in str(info.value) and "acme/not-in-the-catalog" in str(info.value)
     assert main(["estimate", "--model", "acme/not-in-the-catalog", "--gpu-vram-gb", "16", "--offline"]) == EXIT_USAGE
 
-    from canifinetune.server.mcp_server import estimate_memory_impl
     from mcp.server.mcpserver.exceptions import ToolError
+
+    from canifinetune.server.mcp_server import estimate_memory_impl
 
     with pytest.raises(ToolError) as err:
         estimate_memory_impl({"model": "acme/not-in-the-catalog", "gpu_vram_gb": 16})
@@ -126,9 +126,26 @@ def test_the_test_extra_brings_what_the_tests_import():
     names = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower().replace("-", "_")
              for d in project["dependencies"] + project["optional-dependencies"]["test"]}
     assert {"huggingface_hub", "rich", "pytest", "hypothesis", "anyio", "uv"} <= names
-    provided = names | {"pytest", "hypothesis", "anyio", "mcp", "pydantic", "yaml", "annotated_types", "mcp_types",
-                        "httpx2", "uvicorn", "starlette", "h11", "canifinetune", "benchmarks", "mcp_helpers", "hub_server",
-                        "recipes", "_pytest"}
+    provided = names | {
+        "pytest",
+        "hypothesis",
+        "anyio",
+        "mcp",
+        "pydantic",
+        "yaml",
+        "annotated_types",
+        "mcp_types",
+        "httpx2",
+        "uvicorn",
+        "starlette",
+        "h11",
+        "canifinetune",
+        "benchmarks",
+        "mcp_helpers",
+        "hub_server",
+        "recipes",
+        "_pytest",
+    }
     stdlib = set(sys.stdlib_module_names) | {p.stem for p in (ROOT / "tests").glob("*.py")}  # and the tests' own
     for path in sorted((ROOT / "tests").glob("*.py")):
         text = path.read_text(encoding="utf-8")

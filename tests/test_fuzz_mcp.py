@@ -46,8 +46,12 @@ SCALE = float(os.environ.get("CANIFINETUNE_FUZZ_SCALE", "1"))
 EXAMPLES = {"estimate_memory": 2500, "suggest_cheaper_config": 1000, "make_recipe": 1500}
 TOOLS = tuple(EXAMPLES)
 # every plan field is taken flat (those the schema leaves to the plan object too: issue 15.4) or inside plan
-PARAMETERS = {tool: set(PLAN_FIELDS) | {"plan", "config", "config_format"} | ({"keep"} if tool == "suggest_cheaper_config" else set())
-              for tool in TOOLS}  # config: the user's own training config (issue 16, tests/test_configs.py)
+PARAMETERS = {
+    tool: set(PLAN_FIELDS)
+    | {"plan", "config", "config_format"}
+    | ({"keep"} if tool == "suggest_cheaper_config" else set())
+    for tool in TOOLS
+}  # config: the user's own training config (issue 16, tests/test_configs.py)
 SENT: dict[str, int] = {}  # tool -> calls made in this run (checked against EXAMPLES)
 
 TINY_CONFIG = {
@@ -108,12 +112,12 @@ def _bounds(field) -> dict[str, float]:
 
 def _base(annotation) -> tuple[Any, bool]:
     """(the annotation without Optional, whether None is allowed)."""
-    if get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if get_origin(annotation) in (typing.Union, __import__("types").UnionType):
         args = [a for a in get_args(annotation) if a is not type(None)]
         optional = len(args) < len(get_args(annotation))
         if len(args) == 1:
             return args[0], optional
-        return typing.Union[tuple(args)], optional
+        return typing.Union[tuple(args)], optional  # noqa: UP007 - a Union built at run time
     return annotation, False
 
 
@@ -140,7 +144,9 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
         )
         return valid, invalid
     if name in ("gpu", "dataset"):
-        valid = st.one_of(st.none(), st.sampled_from(GPU_NAMES)) if name == "gpu" else st.one_of(st.none(), _plain_text())
+        valid = (
+            st.one_of(st.none(), st.sampled_from(GPU_NAMES)) if name == "gpu" else st.one_of(st.none(), _plain_text())
+        )
         invalid = st.one_of(st.just(""), st.just("   "), st.text("y", min_size=513, max_size=1000), _with_control(),
                             st.integers(), st.floats(allow_nan=False, allow_infinity=False), WRONG_SHAPES)
         return valid, invalid
@@ -169,10 +175,17 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
     if get_origin(base) is typing.Literal:
         choices = get_args(base)
         # choices are case-insensitive ('QLoRA', ' BF16'; issue 15): those spellings are valid, other text is not
-        valid = st.one_of(st.sampled_from(choices), st.sampled_from([c.upper() for c in choices] + [f" {c}" for c in choices]))
+        valid = st.one_of(
+            st.sampled_from(choices), st.sampled_from([c.upper() for c in choices] + [f" {c}" for c in choices])
+        )
         wrong_text = st.text(max_size=20)
-        invalid = st.one_of(wrong_text.filter(lambda s: s.strip().lower() not in choices and not _json_literal(s, choices)),
-                            st.integers(), st.floats(allow_nan=False, allow_infinity=False), WRONG_SHAPES, *none_invalid)
+        invalid = st.one_of(
+            wrong_text.filter(lambda s: s.strip().lower() not in choices and not _json_literal(s, choices)),
+            st.integers(),
+            st.floats(allow_nan=False, allow_infinity=False),
+            WRONG_SHAPES,
+            *none_invalid,
+        )
         return (st.one_of(st.none(), valid) if optional else valid), invalid
     if base is bool:
         valid = st.booleans()
@@ -194,9 +207,15 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
     if base is float:
         lo = b.get("ge", b.get("gt"))
         hi = b.get("le", b.get("lt"))
-        valid_floats = st.floats(lo, hi, allow_nan=False, allow_infinity=False, exclude_min="gt" in b, exclude_max="lt" in b)
+        valid_floats = st.floats(
+            lo, hi, allow_nan=False, allow_infinity=False, exclude_min="gt" in b, exclude_max="lt" in b
+        )
         edges = [x for x in (hi, lo, 5e-324, 1e-9, field.default) if x is not None and _within(x, b)]
-        valid = st.one_of(valid_floats, st.sampled_from(edges), st.integers(math.ceil(lo) or 1, int(hi)).filter(lambda x: _within(x, b)))
+        valid = st.one_of(
+            valid_floats,
+            st.sampled_from(edges),
+            st.integers(math.ceil(lo) or 1, int(hi)).filter(lambda x: _within(x, b)),
+        )
         too_small = [lo - 1, -1e308] + ([lo] if "gt" in b else [])
         too_big = [hi * 2 + 1, 1e308] + ([hi] if "lt" in b else [])
         invalid = st.one_of(
@@ -216,15 +235,25 @@ def _within(x: float, b: dict) -> bool:
 
 
 KEEP_VALID = st.one_of(st.none(), st.just([]), st.lists(st.sampled_from(PLAN_FIELDS), unique=True, max_size=6))
-KEEP_INVALID = st.one_of(st.just(["bogus"]), st.just("model"), st.lists(st.text(max_size=8).filter(lambda s: s not in PLAN_FIELDS), min_size=1, max_size=3),
-                         st.integers(), st.just({"model": True}), st.lists(st.integers(), min_size=1, max_size=2))
+KEEP_INVALID = st.one_of(
+    st.just(["bogus"]),
+    st.just("model"),
+    st.lists(st.text(max_size=8).filter(lambda s: s not in PLAN_FIELDS), min_size=1, max_size=3),
+    st.integers(),
+    st.just({"model": True}),
+    st.lists(st.integers(), min_size=1, max_size=2),
+)
 UNKNOWN_KEYS = st.one_of(
-    st.sampled_from(["foo", "seqlen", "lora_rank", "model_id", "gpu_memory", "trust_remote_code", "__proto__", "", "🤗"]),
+    st.sampled_from(
+        ["foo", "seqlen", "lora_rank", "model_id", "gpu_memory", "trust_remote_code", "__proto__", "", "🤗"]
+    ),
     st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30),
 )
-ANY_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                        max_leaves=6)
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def cases(tool: str, tiny_model: str) -> st.SearchStrategy[tuple[dict, str | None]]:
@@ -299,19 +328,19 @@ def check(tool: str, args: dict, bad: str | None, result, outcome: dict) -> None
 def run_fuzz(tool: str, tiny_model: str) -> dict:
     n = max(1, int(EXAMPLES[tool] * SCALE))
     outcome: dict[str, int] = {}
-    with start_blocking_portal(backend="asyncio") as portal:
-        with portal.wrap_async_context_manager(Client(build_server())) as client:
+    with start_blocking_portal(backend="asyncio") as portal, \
+            portal.wrap_async_context_manager(Client(build_server())) as client:
 
-            @settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=True,
-                      suppress_health_check=list(HealthCheck))
-            @given(cases(tool, tiny_model))
-            def one(case):
-                args, bad = case
-                result = portal.call(client.call_tool, tool, args)
-                SENT[tool] = SENT.get(tool, 0) + 1
-                check(tool, args, bad, result, outcome)
+        @settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(cases(tool, tiny_model))
+        def one(case):
+            args, bad = case
+            result = portal.call(client.call_tool, tool, args)
+            SENT[tool] = SENT.get(tool, 0) + 1
+            check(tool, args, bad, result, outcome)
 
-            one()
+        one()
     return {"examples": n, **outcome}
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 from pathlib import Path
@@ -72,11 +71,11 @@ def test_recipe_never_replaces_the_users_files_without_force(tmp_path, monkeypat
     mine = {"requirements.txt": "numpy\n", "launch.sh": "echo mine\n", "recipe.yaml": "mine: 1\n"}
     for name, text in mine.items():
         (tmp_path / name).write_text(text)
-    assert cli_main(RECIPE + ["--out", "."]) == 2
+    assert cli_main([*RECIPE, "--out", "."]) == 2
     assert "already exists" in _stderr_line(capsys) and "--force" in capsys.readouterr().err + "--force"
     assert {n: (tmp_path / n).read_text() for n in mine} == mine  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(mine)  # and nothing else written
-    assert cli_main(RECIPE + ["--out", ".", "--force"]) == 0
+    assert cli_main([*RECIPE, "--out", ".", "--force"]) == 0
     capsys.readouterr()
     assert (tmp_path / "recipe.yaml").read_text().startswith("# canifinetune recipe")
     written = sorted(p.name for p in tmp_path.iterdir())
@@ -86,7 +85,7 @@ def test_recipe_never_replaces_the_users_files_without_force(tmp_path, monkeypat
 def test_out_must_name_a_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for out in ("", "  "):
-        assert cli_main(RECIPE + ["--out", out]) == 2
+        assert cli_main([*RECIPE, "--out", out]) == 2
         assert "--out" in _stderr_line(capsys)
     assert list(tmp_path.iterdir()) == []
 
@@ -98,7 +97,7 @@ def test_a_hard_link_is_refused_even_with_force(tmp_path, capsys):
     out.mkdir()
     os.link(elsewhere, out / "requirements.txt")
     for extra in ([], ["--force"]):
-        assert cli_main(RECIPE + ["--out", str(out)] + extra) == 2
+        assert cli_main([*RECIPE, "--out", str(out), *extra]) == 2
         assert "hard link" in _stderr_line(capsys)
     assert elsewhere.read_text() == "precious\n"
     assert sorted(p.name for p in out.iterdir()) == ["requirements.txt"]  # nothing written before the refusal
@@ -108,7 +107,7 @@ def test_a_symlink_is_refused_before_anything_is_written(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "launch.sh").symlink_to(tmp_path / "target.sh")  # late in the write order: nothing may precede it
-    assert cli_main(RECIPE + ["--out", str(out), "--force"]) == 2
+    assert cli_main([*RECIPE, "--out", str(out), "--force"]) == 2
     assert "symbolic link" in _stderr_line(capsys)
     assert sorted(p.name for p in out.iterdir()) == ["launch.sh"]
     assert not (tmp_path / "target.sh").exists()
@@ -170,7 +169,7 @@ def test_output_dir_through_a_symlink_is_refused(tmp_path):
     (other / "README.md").write_text("mine\n")
     (folder / "outputs").symlink_to(other)
     plan = load_recipe(folder / "recipe.yaml").plan
-    with pytest.raises(RecipeError, match="output_dir: 'outputs' leads to .* outside"):
+    with pytest.raises(RecipeError, match=r"output_dir: 'outputs' leads to .* outside"):
         checked_output_dir(plan, folder)
     (folder / "outputs").unlink()
     (folder / "deep").symlink_to(other)  # a link on the way counts too
@@ -267,7 +266,7 @@ def test_a_huge_keep_list_is_refused_before_any_work():
     plan = TrainingPlan(model=MODEL, gpu="RTX 4090")
     for keep in (["seq_len"] * 100_000, [f"bogus{i}" for i in range(100_000)], ["x" * 10_000_000]):
         with pytest.raises(PlanError) as err:
-            _, cpu = _cpu_seconds(lambda: suggest(plan, keep=keep))
+            _, _cpu = _cpu_seconds(lambda keep=keep: suggest(plan, keep=keep))
         assert str(err.value).startswith("keep:") and len(str(err.value)) < 1000
     assert MAX_KEEP == 64
 
@@ -291,7 +290,11 @@ def test_a_config_with_millions_of_mlp_only_layers_is_refused_fast(tmp_path):
     mixtral = {**TINY, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
                "num_hidden_layers": 4096, "mlp_only_layers": list(range(4096)) * 150}
     folder = _folder(tmp_path, "m", mixtral)
-    (_, cpu) = _cpu_seconds(lambda: pytest.raises(ModelConfigError, resolve_model, str(folder)))
+    def refuse():
+        with pytest.raises(ModelConfigError):
+            resolve_model(str(folder))
+
+    (_, cpu) = _cpu_seconds(refuse)
     assert cpu < 1.5
     for bad in ([5000], [-1], [True], "0,1"):
         with pytest.raises(ModelConfigError, match="mlp_only_layers"):
@@ -316,14 +319,16 @@ def test_a_config_json_that_is_no_regular_file_is_refused_at_once(tmp_path):
             read_config_file(path)
 
 
-# ------------------------------------------------------------------------------------ 5. no internal errors, no raw text
+# ----------------------------------------------------------------------------------- 5. no internal errors, no raw text
 
 
 @pytest.mark.parametrize("softcap", ["9" * 400, "1e400", "-5", "true", '"x"'])
 def test_an_impossible_softcap_is_a_config_error(softcap, tmp_path, capsys):
     folder = tmp_path / "g"
     folder.mkdir()
-    config = json.dumps({**TINY, "model_type": "gemma2", "head_dim": 16})[:-1] + f', "final_logit_softcapping": {softcap}}}'
+    config = (
+        json.dumps({**TINY, "model_type": "gemma2", "head_dim": 16})[:-1] + f', "final_logit_softcapping": {softcap}}}'
+    )
     (folder / "config.json").write_text(config)
     assert cli_main(["estimate", "--model", str(folder)]) == 2
     assert len(_stderr_line(capsys)) < 400
@@ -365,8 +370,8 @@ def test_true_is_not_a_number_anywhere_in_the_plan():
 
     for field in ("seq_len", "batch_size", "lora_r", "lora_alpha", "gpu_vram_gb", "max_steps", "num_gpus",
                   "learning_rate", "num_train_epochs", "gradient_accumulation_steps", "lora_dropout"):
-        with pytest.raises(ValidationError, match="must be a number, not true|must be a number, not false"):
-            TrainingPlan(model=MODEL, **{field: True if field != "lora_dropout" else False})
+        with pytest.raises(ValidationError, match=r"must be a number, not true|must be a number, not false"):
+            TrainingPlan(model=MODEL, **{field: field != "lora_dropout"})
     assert TrainingPlan(model=MODEL, gradient_checkpointing=False, load_in_8bit=False).load_in_8bit is False
 
 
@@ -439,7 +444,7 @@ def test_numbers_on_the_command_line_are_plain_decimals(value, capsys):
 @pytest.mark.parametrize("args", [["--gpu-vram-gb", "16"], ["--gpu-vram-gb", "16.5"], ["--learning-rate", "2e-4"],
                                   ["--max-steps", "-1"], ["--learning-rate", ".001"]])
 def test_plain_numbers_still_work(args, capsys):
-    assert cli_main(["estimate", "--model", MODEL] + args) in (0, 3, 4)
+    assert cli_main(["estimate", "--model", MODEL, *args]) in (0, 3, 4)
     capsys.readouterr()
 
 
@@ -500,7 +505,7 @@ def test_half_sent_headers_are_cut_off_and_connections_are_capped():
         extra = socket.create_connection(("127.0.0.1", port))
         extra.settimeout(5)
         assert extra.recv(100) == b""  # beyond the cap: closed at once
-        for s in held + [slow, extra]:
+        for s in [*held, slow, extra]:
             s.close()
         ok = socket.create_connection(("127.0.0.1", port))
         ok.settimeout(5)

@@ -15,6 +15,7 @@ import socket
 import time
 
 import pytest
+from hub_server import HubServer, Repo, VirtualFile, llama_tensors, safetensors_file
 
 from canifinetune.estimator.errors import CanIFinetuneError, ModelConfigError, UnknownModelError
 from canifinetune.estimator.estimate import estimate
@@ -22,7 +23,6 @@ from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.server import hub as hubmod
 from canifinetune.server.cli import main as cli_main
 from canifinetune.server.hub import GatedModelError, HubError, HubUnreachableError, OfflineNotCachedError, resolve_any
-from hub_server import HubServer, Repo, VirtualFile, llama_tensors, safetensors_file
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1408,
@@ -40,7 +40,7 @@ def _tensor_names(f: VirtualFile) -> list[str]:
 def _repos() -> dict[str, Repo]:
     s1 = safetensors_file(llama_tensors(LLAMA, range(0, 2), embed=True, final=False))
     s2 = safetensors_file(llama_tensors(LLAMA, range(2, 4), embed=False, final=True))
-    weight_map = {k: SHARD1 for k in _tensor_names(s1)} | {k: SHARD2 for k in _tensor_names(s2)}
+    weight_map = dict.fromkeys(_tensor_names(s1), SHARD1) | dict.fromkeys(_tensor_names(s2), SHARD2)
     index = {"metadata": {"total_size": s1.size + s2.size}, "weight_map": weight_map}
     config = VirtualFile.of(json.dumps(LLAMA))
 
@@ -55,8 +55,14 @@ def _repos() -> dict[str, Repo]:
             "d_hidden": 512, "blocks": 4}
     evil_code = VirtualFile.of("raise SystemExit('remote code was executed')\n")
     return {
-        "acme/tiny-llama": Repo({"config.json": config, "model.safetensors.index.json": VirtualFile.of(json.dumps(index)),
-                                 SHARD1: s1, SHARD2: s2}),
+        "acme/tiny-llama": Repo(
+            {
+                "config.json": config,
+                "model.safetensors.index.json": VirtualFile.of(json.dumps(index)),
+                SHARD1: s1,
+                SHARD2: s2,
+            }
+        ),
         "acme/vlm-one-file": Repo({"config.json": config, "model.safetensors": safetensors_file(vlm)}),
         "acme/prequantized": Repo({"config.json": config, "model.safetensors": safetensors_file(prequant)}),
         "acme/config-only": Repo({"config.json": config}),

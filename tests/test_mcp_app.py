@@ -186,7 +186,7 @@ def test_suggestions_side_by_side_render(tmp_path):
         for d in s["cost"]["details"]:
             assert html.escape(d, quote=False) in dom or d in dom
     assert "recommended: " in dom and "smallest catalog GPU for the plan unchanged: " + sug["smallest_gpu"] in dom
-    assert "fewest GPUs for the plan unchanged: %d x RTX 4090" % sug["min_gpus"] in dom
+    assert f"fewest GPUs for the plan unchanged: {sug['min_gpus']:d} x RTX 4090" in dom
     assert "quality penalty" not in _text(dom) and "THAT FIT" not in _text(dom)
     assert colors > 8, f"the screenshot looks blank ({colors} colours)"
 
@@ -200,7 +200,11 @@ def test_nothing_fits_names_the_hardware(tmp_path):
     page = tmp_path / "nothing.html"
     page.write_text(preview_html(sug), encoding="utf-8")
     dom, _ = _render(tmp_path, page)
-    assert 'data-rendered="suggestions"' in dom and "DOES NOT FIT" in dom and "pinned: method, sharding, gpu, num_gpus" in dom
+    assert (
+        'data-rendered="suggestions"' in dom
+        and "DOES NOT FIT" in dom
+        and "pinned: method, sharding, gpu, num_gpus" in dom
+    )
     assert "nothing fits on the RTX 4090 with the allowed changes" in dom
     assert f"smallest catalog GPU for the plan unchanged: {sug['smallest_gpu']}" in dom
 
@@ -254,7 +258,7 @@ window.addEventListener("message", function (e) {
   }
 });
 app.srcdoc = %s;
-</script></body></html>"""
+</script></body></html>"""  # noqa: E501 - a page of HTML and JavaScript, not Python
 
 
 @needs_chromium
@@ -286,7 +290,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _screenshot_module():
-    spec = importlib.util.spec_from_file_location("make_screenshots", ROOT / "docs" / "screenshots" / "make_screenshots.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_screenshots", ROOT / "docs" / "screenshots" / "make_screenshots.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks itself up there
     spec.loader.exec_module(module)
@@ -311,7 +317,7 @@ def _text(dom: str) -> str:
 
 def _rgb(hex_color: str) -> str:
     h = hex_color.lstrip("#")
-    return "rgb(%d, %d, %d)" % tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return "rgb({:d}, {:d}, {:d})".format(*(int(h[i:i + 2], 16) for i in (0, 2, 4)))
 
 
 STATES = ("fits", "tight", "does-not-fit", "suggestions")
@@ -324,13 +330,17 @@ def test_sixteen_screenshots_are_taken(shots):
         assert len(pixels) > 12, f"{name} looks blank"
         background = max(pixels, key=pixels.get)  # the most common colour is the page
         theme = name.rsplit("-", 1)[1]
-        assert _rgb(THEMES[theme]["bg"]) == "rgb(%d, %d, %d)" % tuple(background), name
+        assert _rgb(THEMES[theme]["bg"]) == "rgb({:d}, {:d}, {:d})".format(*background), name
         assert s.bg == _rgb(THEMES[theme]["bg"]), name
 
 
 def test_the_verdict_and_its_number_come_first(shots):
-    expected = {"fits": ("FITS", r"[\d.]+ GiB free"), "tight": ("TIGHT", r"[\d.]+ GiB into the margin"),
-                "does-not-fit": ("DOES NOT FIT", r"[\d.]+ GiB over"), "suggestions": ("DOES NOT FIT", r"[\d.]+ GiB over")}
+    expected = {
+        "fits": ("FITS", r"[\d.]+ GiB free"),
+        "tight": ("TIGHT", r"[\d.]+ GiB into the margin"),
+        "does-not-fit": ("DOES NOT FIT", r"[\d.]+ GiB over"),
+        "suggestions": ("DOES NOT FIT", r"[\d.]+ GiB over"),
+    }
     for state, (word, number) in expected.items():
         text = " ".join(_text(shots[f"{state}-900-light"].dom).split())
         assert re.match(rf"{word} {number} ", text), text[:120]
@@ -342,7 +352,9 @@ def test_the_verdict_and_its_number_come_first(shots):
 def test_the_axis_ticks_and_the_gpu_line_sit_at_their_values(shots):
     for state in ("fits", "tight", "does-not-fit"):
         dom = shots[f"{state}-900-light"].dom
-        ticks = [(float(v), float(left)) for v, left in re.findall(r'data-tick="([\d.]+)" style="left:([\d.e-]+)%', dom)]
+        ticks = [
+            (float(v), float(left)) for v, left in re.findall(r'data-tick="([\d.]+)" style="left:([\d.e-]+)%', dom)
+        ]
         assert ticks[0] == (0.0, 0.0) and len(ticks) >= 3
         scale = ticks[-1][0]
         assert ticks[-1][1] == pytest.approx(100)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from mcp_helpers import CONFORMANCE, MISSING_NODE_TOOLS, NODE24, ROOT, http_server
 
 pytestmark = pytest.mark.skipif(not (CONFORMANCE.is_file() and NODE24.is_file()), reason=MISSING_NODE_TOOLS)

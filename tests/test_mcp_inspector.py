@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from mcp_helpers import INSPECTOR, MISSING_NODE_TOOLS, NODE24, ROOT, http_server
 
 pytestmark = pytest.mark.skipif(not (INSPECTOR.is_file() and NODE24.is_file()), reason=MISSING_NODE_TOOLS)

@@ -13,12 +13,19 @@ from mcp import Client
 from mcp.types import PromptReference, ResourceTemplateReference
 
 from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.search import suggest
 from canifinetune.server import mcp_server, mcp_views
 from canifinetune.server.hub import env_offline
-from canifinetune.estimator.search import suggest
 from canifinetune.server.mcp_server import build_server, suggest_impl
-from canifinetune.server.mcp_views import (MEMORY_FIELDS, PLAN_SCHEMA_URI, RECIPE_FIELDS, EstimateView, RecipeView,
-                                           SuggestView, suggest_view)
+from canifinetune.server.mcp_views import (
+    MEMORY_FIELDS,
+    PLAN_SCHEMA_URI,
+    RECIPE_FIELDS,
+    EstimateView,
+    RecipeView,
+    SuggestView,
+    suggest_view,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -80,8 +87,11 @@ async def test_tool_inputs_are_the_plan_fields():
     assert set(doc["properties"]) == set(TrainingPlan.model_fields)
     assert all(p.get("description") for p in doc["properties"].values())
     extra = {"plan", "config", "config_format"}  # every other plan field; the user's own config (issue 16)
-    expected = {"estimate_memory": set(MEMORY_FIELDS) | extra, "suggest_cheaper_config": set(MEMORY_FIELDS) | extra | {"keep"},
-                "make_recipe": set(MEMORY_FIELDS) | set(RECIPE_FIELDS) | extra}
+    expected = {
+        "estimate_memory": set(MEMORY_FIELDS) | extra,
+        "suggest_cheaper_config": set(MEMORY_FIELDS) | extra | {"keep"},
+        "make_recipe": set(MEMORY_FIELDS) | set(RECIPE_FIELDS) | extra,
+    }
     assert {"dataset", "learning_rate", "output_dir"}.isdisjoint(MEMORY_FIELDS)
     for name, schema in ((n, t.input_schema) for n, t in tools.items()):
         assert set(schema["properties"]) == expected[name], name
@@ -112,8 +122,14 @@ async def test_every_plan_field_is_reachable_through_the_plan_object_or_flat():
         both = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "seq_len": 512,
                                                           "plan": {"seq_len": 4096, "lora_r": 8}})
         default = {k: f.default for k, f in TrainingPlan.model_fields.items() if not f.is_required()}
-        everything = await client.call_tool("make_recipe", {"model": "Qwen/Qwen2.5-0.5B", "gpu": "RTX 4090",
-                                                            "plan": {k: v for k, v in default.items() if k not in schema["properties"]}})
+        everything = await client.call_tool(
+            "make_recipe",
+            {
+                "model": "Qwen/Qwen2.5-0.5B",
+                "gpu": "RTX 4090",
+                "plan": {k: v for k, v in default.items() if k not in schema["properties"]},
+            },
+        )
     for result in (inside, flat):
         assert not result.is_error, text_of(result)
         assert result.structured_content["plan"] == {"model": "Qwen/Qwen2.5-0.5B", **values}  # only what differs
@@ -224,10 +240,19 @@ ERROR_CASES = [
     ({"model": "microsoft/Phi-3-mini-4k-instruct"}, ["target_modules", "qkv_proj", "all-linear"]),
     ({"model": "/nonexistent/folder"}, ["model", "/nonexistent/folder"]),
     # issue 15.6: the field, the bad value and the valid choices, from pydantic's structured errors
-    ({"model": "Qwen/Qwen2.5-7B", "target_modules": 5}, ["target_modules", "5", "'all-linear'", "a list", "q_proj,v_proj"]),
-    ({"model": "Qwen/Qwen2.5-7B", "dtype": "bf17"}, ["dtype", "'bf17'", "'bf16', 'fp16', 'fp32'", "did you mean 'bf16'"]),
+    (
+        {"model": "Qwen/Qwen2.5-7B", "target_modules": 5},
+        ["target_modules", "5", "'all-linear'", "a list", "q_proj,v_proj"],
+    ),
+    (
+        {"model": "Qwen/Qwen2.5-7B", "dtype": "bf17"},
+        ["dtype", "'bf17'", "'bf16', 'fp16', 'fp32'", "did you mean 'bf16'"],
+    ),
     ({"model": "Qwen/Qwen2.5-7B", "seq_len": "long"}, ["seq_len", "'long'", "whole number"]),
-    ({"model": "Qwen/Qwen2.5-7B", "plan": {"lora_rnk": 8}}, ["plan", "'lora_rnk'", "lora_r", "canifinetune://schema/plan"]),
+    (
+        {"model": "Qwen/Qwen2.5-7B", "plan": {"lora_rnk": 8}},
+        ["plan", "'lora_rnk'", "lora_r", "canifinetune://schema/plan"],
+    ),
     ({"model": "Qwen/Qwen2.5-7B", "plan": {"sharding": "zero9"}}, ["sharding", "'zero9'", "'zero3'"]),
     ({"model": "Qwen/Qwen2.5-7B", "plan": 5}, ["plan", "5", "an object"]),
 ]
@@ -269,12 +294,21 @@ async def test_an_invalid_structured_result_is_reported(monkeypatch):
     assert text_of(result) != "Error executing tool estimate_memory"
 
 
-@pytest.mark.parametrize("arguments,expected", [
-    ({"model": "Qwen/Qwen2.5-7B", "method": "QLoRA"}, {"method": "qlora"}),
-    ({"model": "Qwen/Qwen2.5-7B", "target_modules": "q_proj,v_proj,o_proj"}, {"target_modules": ["o_proj", "q_proj", "v_proj"]}),
-    ({"model": "Qwen/Qwen2.5-7B", "optim": " PAGED_ADAMW_8BIT"}, {"optim": "paged_adamw_8bit"}),
-    ({"model": "Qwen/Qwen2.5-7B", "plan": {"sharding": "ZeRO3", "num_gpus": 2}}, {"sharding": "zero3", "num_gpus": 2}),
-])
+@pytest.mark.parametrize(
+    "arguments,expected",
+    [
+        ({"model": "Qwen/Qwen2.5-7B", "method": "QLoRA"}, {"method": "qlora"}),
+        (
+            {"model": "Qwen/Qwen2.5-7B", "target_modules": "q_proj,v_proj,o_proj"},
+            {"target_modules": ["o_proj", "q_proj", "v_proj"]},
+        ),
+        ({"model": "Qwen/Qwen2.5-7B", "optim": " PAGED_ADAMW_8BIT"}, {"optim": "paged_adamw_8bit"}),
+        (
+            {"model": "Qwen/Qwen2.5-7B", "plan": {"sharding": "ZeRO3", "num_gpus": 2}},
+            {"sharding": "zero3", "num_gpus": 2},
+        ),
+    ],
+)
 async def test_arguments_are_read_as_people_write_them(arguments, expected):
     result = await call("estimate_memory", **arguments)
     assert not result.is_error, text_of(result)
@@ -295,7 +329,9 @@ async def test_suggest_returns_the_search_result_unchanged():
     result = await call("suggest_cheaper_config", **args)
     assert not result.is_error, text_of(result)
     assert _same(result.structured_content, suggest(TrainingPlan(**args)))
-    assert "plan" not in result.structured_content and all("plan" not in s for s in result.structured_content["suggestions"])
+    assert "plan" not in result.structured_content and all(
+        "plan" not in s for s in result.structured_content["suggestions"]
+    )
     assert len(text_of(result)) <= 2400
     out = SuggestView.model_validate(result.structured_content)
     assert out.original.verdict == "does_not_fit" and out.suggestions and out.keep == []
@@ -365,7 +401,9 @@ async def test_suggest_nothing_fits_names_a_gpu_and_a_gpu_count():
     assert "nothing fits on the RTX 4090" in text.splitlines()[1]
     assert out.smallest_gpu and out.min_gpus and out.min_gpus_sharding
     assert f"smallest catalog GPU for the plan unchanged: {out.smallest_gpu}" in text
-    assert f"fewest GPUs for the plan unchanged: {out.min_gpus} x RTX 4090 with sharding '{out.min_gpus_sharding}'" in text
+    assert (
+        f"fewest GPUs for the plan unchanged: {out.min_gpus} x RTX 4090 with sharding '{out.min_gpus_sharding}'" in text
+    )
     r = await call("estimate_memory", **{**args, "gpu": out.smallest_gpu})
     assert r.structured_content["verdict"] == "fits"
     r = await call("estimate_memory", **args, num_gpus=out.min_gpus, sharding=out.min_gpus_sharding)
@@ -460,7 +498,9 @@ async def test_trainer_is_flat_and_its_fields_go_in_the_plan_object():
             prop = tools[name].input_schema["properties"]["trainer"]
             assert prop["enum"] == ["sft", "dpo", "orpo", "kto", "reward", "grpo"] and prop["default"] == "sft"
             assert "ask" in prop["description"]
-        assert "reference model" in tools["estimate_memory"].description and "vLLM" in tools["estimate_memory"].description
+        assert (
+            "reference model" in tools["estimate_memory"].description and "vLLM" in tools["estimate_memory"].description
+        )
         for field in ("precompute_ref_log_probs", "reference_model", "num_generations", "max_completion_length",
                       "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"):
             assert field in doc["properties"] and field not in tools["estimate_memory"].input_schema["properties"]
@@ -489,7 +529,9 @@ async def test_make_recipe_for_a_trainer_ships_its_example_data():
         links = {c.name: c for c in result.content if c.type == "resource_link"}
         data = (await client.read_resource(out.files["example_data.jsonl"])).contents[0].text
         reward = (await client.read_resource(out.files["reward.py"])).contents[0].text
-    assert links["example_data.jsonl"].mime_type == "application/jsonl" and links["reward.py"].mime_type == "text/x-python"
+    assert (
+        links["example_data.jsonl"].mime_type == "application/jsonl" and links["reward.py"].mime_type == "text/x-python"
+    )
     assert all(set(json.loads(line)) == {"prompt"} for line in data.splitlines())
     assert "def reward(prompts, completions" in reward
     assert "--trainer grpo" in out.cli_command and "--num-generations 4" in out.cli_command
@@ -540,9 +582,18 @@ async def test_prompt():
         assert {a.name for a in prompts[0].arguments} == {"model", "gpu", "goal"}
         assert all(a.description for a in prompts[0].arguments)  # issue 15.6: the arguments described
         assert [a.name for a in prompts[0].arguments if a.required] == ["model", "gpu"]
-        got = await client.get_prompt("fit_finetune", {"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "goal": "a chat model"})
+        got = await client.get_prompt(
+            "fit_finetune", {"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "goal": "a chat model"}
+        )
     text = got.messages[0].content.text
-    for word in ("estimate_memory", "suggest_cheaper_config", "make_recipe", "Qwen/Qwen2.5-7B", "RTX 4090", "a chat model"):
+    for word in (
+        "estimate_memory",
+        "suggest_cheaper_config",
+        "make_recipe",
+        "Qwen/Qwen2.5-7B",
+        "RTX 4090",
+        "a chat model",
+    ):
         assert word in text
 
 
@@ -639,7 +690,14 @@ LOOP_PLANS = [
     dict(model="meta-llama/Llama-3.1-70B", method="full", gpu="A100 80GB SXM"),
     dict(model="Qwen/Qwen3-30B-A3B", target_modules=["q_proj", "v_proj"], gpu="RTX 5090"),
     dict(model="google/gemma-3-1b-it", method="full", seq_len=8192, batch_size=8, gpu_vram_gb=8),
-    dict(model="Qwen/Qwen2.5-0.5B", method="full", seq_len=16384, batch_size=4, loss_implementation="standard", gpu_vram_gb=8),
+    dict(
+        model="Qwen/Qwen2.5-0.5B",
+        method="full",
+        seq_len=16384,
+        batch_size=4,
+        loss_implementation="standard",
+        gpu_vram_gb=8,
+    ),
 ]
 
 
@@ -663,14 +721,20 @@ def test_loop_plans_span_models_methods_and_gpus():
     from canifinetune.estimator.estimate import estimate
 
     assert len(LOOP_PLANS) >= 20
-    assert len({p["model"] for p in LOOP_PLANS}) >= 18 and {p.get("method", "lora") for p in LOOP_PLANS} == {"full", "lora", "qlora"}
+    assert len({p["model"] for p in LOOP_PLANS}) >= 18 and {p.get("method", "lora") for p in LOOP_PLANS} == {
+        "full",
+        "lora",
+        "qlora",
+    }
     sizes = [estimate(TrainingPlan(**p)).gpu_usable_bytes / 2**30 for p in LOOP_PLANS]
     assert min(sizes) <= 8.1 and max(sizes) >= 79
     for p in LOOP_PLANS:
         assert estimate(TrainingPlan(**p)).verdict == "does_not_fit", p
 
 
-@pytest.mark.parametrize("args", LOOP_PLANS, ids=[f"{p['model'].split('/')[-1]}-{p.get('gpu', p.get('gpu_vram_gb'))}" for p in LOOP_PLANS])
+@pytest.mark.parametrize(
+    "args", LOOP_PLANS, ids=[f"{p['model'].split('/')[-1]}-{p.get('gpu', p.get('gpu_vram_gb'))}" for p in LOOP_PLANS]
+)
 async def test_assistant_loop(args):
     """Plays an assistant: estimate, one suggest_cheaper_config call, apply the first suggestion, confirm."""
     async with Client(build_server()) as client:

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp_helpers import ROOT, SERVE, free_port, http_server
 
 from canifinetune.server.cli import build_parser
-
-from mcp_helpers import ROOT, SERVE, free_port, http_server
 
 pytestmark = pytest.mark.anyio
 

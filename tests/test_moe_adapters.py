@@ -90,11 +90,15 @@ def test_merged_expert_copies_are_in_the_estimate():
     copy of all expert weights over attention-only LoRA."""
     from canifinetune.estimator.estimate import estimate
 
-    base = dict(model=QWEN3_MOE, method="lora", seq_len=512, batch_size=1, gradient_checkpointing=False, lora_dropout=0.0)
+    base = dict(
+        model=QWEN3_MOE, method="lora", seq_len=512, batch_size=1, gradient_checkpointing=False, lora_dropout=0.0
+    )
     spec = resolve_model(QWEN3_MOE).spec
     attn = estimate(TrainingPlan(**base, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])).peak_allocated_bytes
     experts = estimate(TrainingPlan(**base, target_modules="all-linear")).peak_allocated_bytes
-    expert_weight_bytes = 2 * spec.num_layers * spec.moe.num_experts * 3 * spec.hidden_size * spec.moe.expert_intermediate
+    expert_weight_bytes = (
+        2 * spec.num_layers * spec.moe.num_experts * 3 * spec.hidden_size * spec.moe.expert_intermediate
+    )
     assert experts - attn > expert_weight_bytes
 
 
@@ -153,7 +157,9 @@ def test_estimate_matches_a_fake_step(model, fields):
     from canifinetune.estimator.phases import step_peaks
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("fake_mode", os.path.join(root, "benchmarks", "validation", "fake_mode.py"))
+    spec = importlib.util.spec_from_file_location(
+        "fake_mode", os.path.join(root, "benchmarks", "validation", "fake_mode.py")
+    )
     fake_mode = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("fake_mode", fake_mode)
     spec.loader.exec_module(fake_mode)

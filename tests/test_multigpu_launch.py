@@ -33,10 +33,10 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 pytest.importorskip("accelerate")
 
-from test_runtime import NON_ASCII_ROWS, _write_jsonl, make_tiny_model  # noqa: E402
+from test_runtime import NON_ASCII_ROWS, _write_jsonl, make_tiny_model
 
-from canifinetune.estimator.plan import TrainingPlan  # noqa: E402
-from canifinetune.recipes.render import make_recipe, write_recipe  # noqa: E402
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.recipes.render import make_recipe, write_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -162,9 +162,21 @@ def test_fsdp2_itself_runs_on_cpu_with_gloo(tiny_model, tmp_path):
     script = tmp_path / "fsdp2_two_steps.py"
     script.write_text(FSDP2_SCRIPT, encoding="utf-8")
     run = _run_on_free_port(
-        lambda port: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-                      str(script), str(folder / "recipe.yaml"), str(ROOT / "benchmarks" / "validation"), str(tmp_path)],
-        folder)
+        lambda port: [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            str(script),
+            str(folder / "recipe.yaml"),
+            str(ROOT / "benchmarks" / "validation"),
+            str(tmp_path),
+        ],
+        folder,
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]

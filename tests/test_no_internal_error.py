@@ -78,7 +78,7 @@ def cli_argv(draw):
     for _ in range(draw(st.integers(0, 4))):
         flag = draw(st.sampled_from(PLAN_FLAGS + OTHER_FLAGS))
         argv += [flag] if flag in ("--json", "--force") else [flag, draw(nasty_text)]
-    return argv + ["--offline"]  # never the network
+    return [*argv, "--offline"]  # never the network
 
 
 @settings(max_examples=200, **SETTINGS)
@@ -103,7 +103,9 @@ plan_values = st.fixed_dictionaries(
     {"model": st.one_of(st.sampled_from(MODELS), nasty_text)},
     optional={
         "gpu": st.one_of(st.sampled_from(GPUS), nasty_text, st.none()),
-        "gpu_vram_gb": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**20), st.booleans()),
+        "gpu_vram_gb": st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**20), st.booleans()
+        ),
         "seq_len": st.one_of(st.integers(-10, 10**400), st.booleans(), nasty_text, st.floats()),
         "batch_size": st.one_of(st.integers(-10, 10**6), st.booleans(), st.none()),
         "method": st.one_of(st.sampled_from(["full", "lora", "qlora", "QLoRA", ""]), nasty_text),
@@ -113,8 +115,11 @@ plan_values = st.fixed_dictionaries(
         "dataset": st.one_of(nasty_text, st.none()),
         "num_gpus": st.one_of(st.integers(-1, 2048), st.booleans()),
         "sharding": st.one_of(st.sampled_from(["none", "ddp", "zero3", "fsdp_full_shard"]), nasty_text),
-        "keep": st.one_of(st.none(), st.lists(st.one_of(st.sampled_from(["seq_len", "method", "x"]), nasty_text),
-                                              max_size=80), nasty_text),
+        "keep": st.one_of(
+            st.none(),
+            st.lists(st.one_of(st.sampled_from(["seq_len", "method", "x"]), nasty_text), max_size=80),
+            nasty_text,
+        ),
         "bogus_argument": json_scalar,
     },
 )
@@ -157,10 +162,10 @@ def test_no_tool_call_reaches_an_internal_error(offline_server, arguments, tool)
 BASE_CONFIG = {"model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                "max_position_embeddings": 256, "tie_word_embeddings": False}
-CONFIG_KEYS = list(BASE_CONFIG) + ["head_dim", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-                                   "mlp_only_layers", "decoder_sparse_step", "layer_types", "final_logit_softcapping",
-                                   "attn_logit_softcapping", "text_config", "auto_map", "attention_bias", "mlp_bias",
-                                   "shared_expert_intermediate_size", "num_experts", "qkv_bias"]
+CONFIG_KEYS = [*BASE_CONFIG, "head_dim", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "mlp_only_layers", "decoder_sparse_step", "layer_types", "final_logit_softcapping",
+               "attn_logit_softcapping", "text_config", "auto_map", "attention_bias", "mlp_bias",
+               "shared_expert_intermediate_size", "num_experts", "qkv_bias"]
 
 
 @st.composite
@@ -225,9 +230,28 @@ def recipe_texts(draw):
         except (ValueError, yaml.YAMLError):
             return "canifinetune_recipe: 1\n"
     if kind == 1:  # YAML syntax that has broken loaders
-        piece = draw(st.sampled_from(["[" * 3000, "{a: " * 500, "9" * 5000, "!!python/object:os.system x", "&a [*a, *a]",
-                                      "true", "0x1F", "1_000", ".inf", "!!binary aGk=", "2001-01-01", "? [a]\n: b",
-                                      "*undefined", "%YAML 9.9\n---", "\t", "\x00"]))
+        piece = draw(
+            st.sampled_from(
+                [
+                    "[" * 3000,
+                    "{a: " * 500,
+                    "9" * 5000,
+                    "!!python/object:os.system x",
+                    "&a [*a, *a]",
+                    "true",
+                    "0x1F",
+                    "1_000",
+                    ".inf",
+                    "!!binary aGk=",
+                    "2001-01-01",
+                    "? [a]\n: b",
+                    "*undefined",
+                    "%YAML 9.9\n---",
+                    "\t",
+                    "\x00",
+                ]
+            )
+        )
         return f"canifinetune_recipe: 1\nplan:\n  model: m\n  seq_len: {piece}\n"
     return draw(st.text(max_size=200))
 
@@ -243,7 +267,5 @@ def test_no_recipe_yaml_reaches_an_internal_error(text):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "recipe.yaml"
         path.write_text(text, encoding="utf-8", errors="surrogatepass")
-        try:
+        with contextlib.suppress(RecipeError):
             load_recipe(path)
-        except RecipeError:
-            pass

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp_helpers import ROOT
 
 from canifinetune.estimator.catalog import load_models
-
-from mcp_helpers import ROOT
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +32,12 @@ LLAMA = {
     "max_position_embeddings": 2048, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
 CATALOG = [m.id for m in load_models()]
-SUGGEST_MODELS = ["Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-70B", "google/gemma-2-2b-it", "mistralai/Mixtral-8x7B-v0.1"]
+SUGGEST_MODELS = [
+    "Qwen/Qwen2.5-7B-Instruct",
+    "meta-llama/Llama-3.1-70B",
+    "google/gemma-2-2b-it",
+    "mistralai/Mixtral-8x7B-v0.1",
+]
 
 BLOCKER = """
 import socket, sys
@@ -100,7 +104,7 @@ def text_of(result) -> str:
 
 async def exercise_every_tool(client: Client, models: list[str], local_model: str) -> None:
     """estimate_memory and make_recipe on every model given, suggest_cheaper_config on a few; all must answer."""
-    for model in models + [local_model]:
+    for model in [*models, local_model]:
         # lora_dropout 0: PEFT refuses dropout on the fused MoE expert adapters all-linear reaches (issue 13)
         est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": "qlora",
                                                           "target_modules": "all-linear", "plan": {"lora_dropout": 0}})
@@ -111,7 +115,9 @@ async def exercise_every_tool(client: Client, models: list[str], local_model: st
         assert not recipe.is_error, (model, text_of(recipe))
         assert "recipe.yaml" in recipe.structured_content["files"]
     for model in [m for m in SUGGEST_MODELS if m in models] + [local_model] + ([CACHED] if CACHED in models else []):
-        sug = await client.call_tool("suggest_cheaper_config", {"model": model, "gpu": "RTX 3060 12GB", "method": "full"})
+        sug = await client.call_tool(
+            "suggest_cheaper_config", {"model": model, "gpu": "RTX 3060 12GB", "method": "full"}
+        )
         assert not sug.is_error, (model, text_of(sug))
     if HAVE_HUB:  # a Hub id that is not cached: refused offline, without trying the network
         missing = await client.call_tool("estimate_memory", {"model": "acme/not-cached", "gpu": "H100"})

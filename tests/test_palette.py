@@ -14,8 +14,17 @@ from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.server import rich_view
 from canifinetune.server.app import budget_app_html
-from canifinetune.server.palette import (COMPONENT_COLORS, MARGIN_COLOR, OTHER_COLOR, THEMES, VERDICT_COLORS,
-                                         component_color, contrast_ratio, palette_json, text_pairs)
+from canifinetune.server.palette import (
+    COMPONENT_COLORS,
+    MARGIN_COLOR,
+    OTHER_COLOR,
+    THEMES,
+    VERDICT_COLORS,
+    component_color,
+    contrast_ratio,
+    palette_json,
+    text_pairs,
+)
 
 
 def test_contrast_formula_matches_wcag_reference_values():
@@ -58,7 +67,7 @@ def test_app_and_terminal_read_the_same_table():
     page = budget_app_html()
     inlined = json.loads(re.search(r"var PALETTE = (\{.*?\});\n", page).group(1))
     assert inlined == palette_json()
-    for theme, colors in THEMES.items():
+    for _theme, colors in THEMES.items():
         for key, value in colors.items():
             assert f"--cf-{key}: {value};" in page
     assert rich_view.component_color is component_color
@@ -66,7 +75,8 @@ def test_app_and_terminal_read_the_same_table():
 
 
 def test_no_named_ansi_colours_in_the_terminal_view():
-    source = open(rich_view.__file__, encoding="utf-8").read()
+    with open(rich_view.__file__, encoding="utf-8") as handle:
+        source = handle.read()
     named = r"\b(black|red|green|yellow|blue|magenta|cyan|white|grey\d*|gray\d*|purple|orange\d*)\b"
     styles = re.findall(r'style="([^"]*)"', source)
     assert styles and not [s for s in styles if re.search(named, s)], styles
@@ -100,7 +110,7 @@ def _lab(rgb: list[float]) -> tuple[float, float, float]:
 def _seen(hex_color: str, vision: str) -> tuple[float, float, float]:
     rgb = _linear_rgb(hex_color)
     if vision != "normal":
-        rgb = [min(1.0, max(0.0, sum(m * c for m, c in zip(row, rgb)))) for row in CVD[vision]]
+        rgb = [min(1.0, max(0.0, sum(m * c for m, c in zip(row, rgb, strict=True)))) for row in CVD[vision]]
     return _lab(rgb)
 
 

@@ -17,12 +17,36 @@ from canifinetune.estimator.spec import ModelSpec
 
 # two families, tied and untied heads, GQA, a bias on q/k/v (qwen2)
 CONFIGS = {
-    "llama_untied": dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
-    "llama_tied": dict(model_type="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                       num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True),
-    "qwen2_tied": dict(model_type="qwen2", vocab_size=1200, hidden_size=192, intermediate_size=448, num_hidden_layers=3,
-                       num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama_untied": dict(
+        model_type="llama",
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+    "llama_tied": dict(
+        model_type="llama",
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    ),
+    "qwen2_tied": dict(
+        model_type="qwen2",
+        vocab_size=1200,
+        hidden_size=192,
+        intermediate_size=448,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
 }
 KNOBS = [
     dict(modules_to_save=["lm_head"]),
@@ -69,7 +93,9 @@ def test_tied_head_copy_is_its_own_tensor():
     from canifinetune.recipes import model_setup
 
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**CONFIGS["llama_tied"]))
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**CONFIGS["llama_tied"])
+        )
         model = get_peft_model(model, model_setup.lora_config(_plan(modules_to_save=["embed_tokens", "lm_head"])))
     base = model.get_base_model()
     head, embed = base.lm_head, base.model.embed_tokens
@@ -118,7 +144,9 @@ MEDIUM = dict(model_type="llama", vocab_size=32000, hidden_size=1024, intermedia
 
 
 def _fake_mode():
-    spec = importlib.util.spec_from_file_location("fake_mode", os.path.join(ROOT, "benchmarks", "validation", "fake_mode.py"))
+    spec = importlib.util.spec_from_file_location(
+        "fake_mode", os.path.join(ROOT, "benchmarks", "validation", "fake_mode.py")
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("fake_mode", module)
     spec.loader.exec_module(module)

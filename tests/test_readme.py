@@ -85,7 +85,9 @@ def _env(path: str) -> dict:
 
 def _block_commands() -> list[list[str]]:
     """Each bash block's commands, in order (a block's lines share one folder: later ones use earlier output)."""
-    return [[c for c in _commands() if c in block.splitlines() and c not in (INSTALL, TESTS)] for block in _blocks("bash")]
+    return [
+        [c for c in _commands() if c in block.splitlines() and c not in (INSTALL, TESTS)] for block in _blocks("bash")
+    ]
 
 
 @pytest.mark.parametrize("block", [b for b in _block_commands() if b], ids=lambda b: b[0][:60])
@@ -166,7 +168,8 @@ def test_client_snippet_server_answers_tools_list(command, path_with_cli, tmp_pa
         "import anyio, os, sys\n"
         "from mcp import Client, StdioServerParameters\n"
         "async def main():\n"
-        "    async with Client(StdioServerParameters(command=sys.argv[1], args=sys.argv[2:], env=dict(os.environ))) as c:\n"
+        "    async with Client(StdioServerParameters(command=sys.argv[1], args=sys.argv[2:],"
+        " env=dict(os.environ))) as c:\n"
         "        print(' '.join(t.name for t in (await c.list_tools()).tools))\n"
         "anyio.run(main)\n"
     )
@@ -184,7 +187,14 @@ def test_install_command_in_a_fresh_venv(tmp_path):
     """`pip install -e .` on a copy of the checkout in a new venv, then the README's estimate from there."""
     src = tmp_path / "canifinetune"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "estimator", "recipes", "server", "docs"):  # docs: memory_model.md ships
+    for name in (
+        "pyproject.toml",
+        "README.md",
+        "estimator",
+        "recipes",
+        "server",
+        "docs",
+    ):  # docs: memory_model.md ships
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         else:

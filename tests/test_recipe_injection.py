@@ -151,10 +151,12 @@ def test_hostile_local_model_folder_is_data(value, tmp_path):
     assert not list(tmp_path.rglob("pwned"))
 
 
-@pytest.mark.parametrize("names", [["q_proj", "v_proj"], ["model.layers.0.self_attn.q_proj"], ["up_proj", "down-proj_2"]])
+@pytest.mark.parametrize(
+    "names", [["q_proj", "v_proj"], ["model.layers.0.self_attn.q_proj"], ["up_proj", "down-proj_2"]]
+)
 def test_plain_target_module_names_only_reach_yaml(names, tmp_path):
-    recipe = make_recipe(TrainingPlan(model=str(_tiny(tmp_path)), target_modules=names + ["q_proj"]))
-    assert yaml.safe_load(recipe.recipe_yaml)["plan"]["target_modules"] == sorted(set(names + ["q_proj"]))
+    recipe = make_recipe(TrainingPlan(model=str(_tiny(tmp_path)), target_modules=[*names, "q_proj"]))
+    assert yaml.safe_load(recipe.recipe_yaml)["plan"]["target_modules"] == sorted({*names, "q_proj"})
     for name in names:
         assert name not in recipe.launch_command and name not in recipe.files[LAUNCH_FILE]
 
@@ -180,7 +182,9 @@ def test_control_characters_are_refused_naming_the_field(field, value):
     assert "control characters" in str(info.value)
 
 
-@pytest.mark.parametrize("value", ["$(touch pwned)", "q;proj", "q proj", "../q_proj", "q`x`", "q\nproj", "q'x", "", "a\x00"])
+@pytest.mark.parametrize(
+    "value", ["$(touch pwned)", "q;proj", "q proj", "../q_proj", "q`x`", "q\nproj", "q'x", "", "a\x00"]
+)
 def test_hostile_target_module_names_are_refused(value):
     with pytest.raises(ValidationError) as info:
         TrainingPlan(model=MODEL, target_modules=["q_proj", value])

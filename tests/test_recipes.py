@@ -218,18 +218,29 @@ def test_recipe_file_is_utf8_whatever_the_locale(tmp_path):
 GPU = Machine(cuda=True, device_count=1, bf16=True, gpu_name="NVIDIA A100", world_size=1, flash_attn=False)
 
 
-@pytest.mark.parametrize("kw, machine, words", [
-    ({"dtype": "bf16"}, Machine(cuda=True, device_count=1, bf16=False, gpu_name="Tesla T4"), ["dtype", "Tesla T4", "fp16"]),
-    ({"num_gpus": 4, "sharding": "ddp"}, Machine(cuda=True, device_count=2, bf16=True), ["num_gpus", "has 2"]),
-    ({"num_gpus": 2, "sharding": "ddp"}, Machine(cuda=True, device_count=2, bf16=True, world_size=1), ["accelerate launch"]),
-    ({"num_gpus": 2, "sharding": "ddp"}, Machine(cuda=False), ["no CUDA GPU"]),
-    ({"dtype": "fp16", "method": "full"}, GPU, ["precision", "mixed"]),
-    ({"dtype": "fp16"}, Machine(cuda=False), ["fp16", "CPU"]),
-    ({"attn_implementation": "flash_attention_2"}, GPU, ["flash-attn", "sdpa"]),
-    ({"optim": "paged_adamw_8bit"}, Machine(cuda=False), ["paged_adamw_8bit"]),
-    ({"output_dir": "../../elsewhere"}, GPU, ["output_dir", "inside"]),
-    ({"output_dir": "/tmp/abs"}, GPU, ["output_dir"]),
-])
+@pytest.mark.parametrize(
+    "kw, machine, words",
+    [
+        (
+            {"dtype": "bf16"},
+            Machine(cuda=True, device_count=1, bf16=False, gpu_name="Tesla T4"),
+            ["dtype", "Tesla T4", "fp16"],
+        ),
+        ({"num_gpus": 4, "sharding": "ddp"}, Machine(cuda=True, device_count=2, bf16=True), ["num_gpus", "has 2"]),
+        (
+            {"num_gpus": 2, "sharding": "ddp"},
+            Machine(cuda=True, device_count=2, bf16=True, world_size=1),
+            ["accelerate launch"],
+        ),
+        ({"num_gpus": 2, "sharding": "ddp"}, Machine(cuda=False), ["no CUDA GPU"]),
+        ({"dtype": "fp16", "method": "full"}, GPU, ["precision", "mixed"]),
+        ({"dtype": "fp16"}, Machine(cuda=False), ["fp16", "CPU"]),
+        ({"attn_implementation": "flash_attention_2"}, GPU, ["flash-attn", "sdpa"]),
+        ({"optim": "paged_adamw_8bit"}, Machine(cuda=False), ["paged_adamw_8bit"]),
+        ({"output_dir": "../../elsewhere"}, GPU, ["output_dir", "inside"]),
+        ({"output_dir": "/tmp/abs"}, GPU, ["output_dir"]),
+    ],
+)
 def test_impossible_combinations_are_refused(kw, machine, words):
     with pytest.raises(RecipeError) as info:
         check_plan_for_machine(_plan(**kw), machine)
@@ -252,7 +263,9 @@ def test_fsdp_optimizer_only_offload_is_refused_by_the_plan(sharding):
 def test_possible_plans_pass_the_machine_checks():
     check_plan_for_machine(_plan(), GPU)
     check_plan_for_machine(_plan(dtype="fp32"), Machine(cuda=False))
-    check_plan_for_machine(_plan(num_gpus=2, sharding="zero3"), Machine(cuda=True, device_count=8, bf16=True, world_size=2))
+    check_plan_for_machine(
+        _plan(num_gpus=2, sharding="zero3"), Machine(cuda=True, device_count=8, bf16=True, world_size=2)
+    )
 
 
 # ----------------------------------------------------------------------------------------- injection
@@ -295,7 +308,11 @@ def test_hostile_values_cannot_inject(bad, hostile_model, tmp_path):
             stub = stub_dir / tool
             stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n', encoding="utf-8")
             stub.chmod(0o755)
-        env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "ARGS_FILE": str(tmp_path / "args.txt")}
+        env = {
+            **os.environ,
+            "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}",
+            "ARGS_FILE": str(tmp_path / "args.txt"),
+        }
         run = subprocess.run(["sh", str(out / LAUNCH_FILE)], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=30)
         assert run.returncode == 0, run.stderr

@@ -21,13 +21,13 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from canifinetune.estimator.model_sources import resolve_model  # noqa: E402
-from canifinetune.estimator.plan import TrainingPlan  # noqa: E402
-from canifinetune.estimator.resolved import resolve  # noqa: E402
-from canifinetune.recipes.render import make_recipe, write_recipe  # noqa: E402
-from canifinetune.recipes.runtime import SampleTooLongError, prepare, runtime_settings  # noqa: E402
-from canifinetune.recipes.schema import RecipeError  # noqa: E402
-from canifinetune.server.cli import main as cli_main  # noqa: E402
+from canifinetune.estimator.model_sources import resolve_model
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.resolved import resolve
+from canifinetune.recipes.render import make_recipe, write_recipe
+from canifinetune.recipes.runtime import SampleTooLongError, prepare, runtime_settings
+from canifinetune.recipes.schema import RecipeError
+from canifinetune.server.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -102,7 +102,8 @@ def test_generated_recipe_trains_two_steps_under_an_ascii_locale(tiny_model, tmp
                 "TRANSFORMERS_VERBOSITY": "error"})
     code = (
         "import json, locale, sys\n"
-        "assert locale.getpreferredencoding(False).lower() in ('ansi_x3.4-1968', 'ascii', 'us-ascii'), locale.getpreferredencoding(False)\n"
+        "assert locale.getpreferredencoding(False).lower() in ('ansi_x3.4-1968', 'ascii', 'us-ascii'),"
+        " locale.getpreferredencoding(False)\n"
         "from canifinetune.server.cli import main\n"
         "model, data, out = sys.argv[1:4]\n"
         "rc = main(['recipe', '--model', model, '--dataset', data, '--dtype', 'fp32', '--seq-len', '64',\n"
@@ -130,7 +131,7 @@ def _plan(model: Path, **kw) -> TrainingPlan:
 
 def test_samples_longer_than_seq_len_are_refused(tiny_model, tmp_path):
     rows = [{"text": "short"}, {"text": "also short"}, {"text": "x" * 100}, {"text": "y" * 80}]
-    data = _write_jsonl(tmp_path / "data.jsonl", rows[:2] + [{"text": "ok"}])
+    data = _write_jsonl(tmp_path / "data.jsonl", [*rows[:2], {"text": "ok"}])
     with open(data, "a", encoding="utf-8") as handle:
         handle.write("\n")  # a blank line still counts in the line numbers
         for row in rows[2:]:
@@ -165,7 +166,7 @@ def test_dataset_folder_and_standard_loss(tiny_model, tmp_path):
 def test_dataset_errors_name_the_row(tiny_model, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"prompt": 1}\n', encoding="utf-8")
-    with pytest.raises(RecipeError, match="line 2.*'text' string or a 'messages' list"):
+    with pytest.raises(RecipeError, match=r"line 2.*'text' string or a 'messages' list"):
         prepare(_plan(tiny_model, dataset=str(bad)), output_dir=tmp_path / "o")
     with pytest.raises(RecipeError, match="does not exist"):
         prepare(_plan(tiny_model, dataset=str(tmp_path / "nope.jsonl")), output_dir=tmp_path / "o")
@@ -257,7 +258,7 @@ def test_probe_refuses_to_measure_without_cuda(tiny_model, tmp_path, capsys):
         pytest.skip("this machine has CUDA: the probe would measure")
     from canifinetune.recipes.probe import ProbeError, probe
 
-    with pytest.raises(ProbeError, match="only be measured on a CUDA GPU.*nothing was measured"):
+    with pytest.raises(ProbeError, match=r"only be measured on a CUDA GPU.*nothing was measured"):
         probe(_plan(tiny_model), 3)
     recipe_dir = tmp_path / "r"
     write_recipe(make_recipe(_plan(tiny_model, dataset="x.jsonl")), recipe_dir)

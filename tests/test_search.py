@@ -8,11 +8,11 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from canifinetune.estimator.costs import KINDS, TIER_NAMES, cost_of, sort_key
 from canifinetune.estimator.errors import CanIFinetuneError, PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.estimator.costs import KINDS, TIER_NAMES, cost_of, sort_key
 from canifinetune.estimator.search import suggest
 from canifinetune.estimator.throughput import flops_per_token, throughput
 
@@ -245,7 +245,7 @@ def test_suggest_is_deterministic():
 # ------------------------------------------------------------------ throughput
 
 def test_throughput_is_positive_and_labelled(results):
-    for plan, res in results:
+    for _plan, res in results:
         tp = res.original_throughput
         assert tp.approximate and "approximate" in tp.label
         assert tp.tokens_per_second > 0 and math.isfinite(tp.tokens_per_second)
@@ -268,7 +268,9 @@ def test_throughput_moves_the_right_way():
     assert throughput(base.replace(seq_len=8192)).tokens_per_second < t
     # CPU offload is slower; more GPUs give more tokens per second in all
     sharded = base.replace(sharding="zero2")
-    assert throughput(sharded.replace(offload_optimizer=True)).tokens_per_second <= throughput(sharded).tokens_per_second
+    assert (
+        throughput(sharded.replace(offload_optimizer=True)).tokens_per_second <= throughput(sharded).tokens_per_second
+    )
     assert throughput(base.replace(num_gpus=4, sharding="ddp")).tokens_per_second > t
 
 

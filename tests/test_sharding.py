@@ -124,7 +124,7 @@ def test_zero_model_states_match_deepspeed(model, n, stage, offload_opt, offload
         ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(total, n, 1, cpu_offload=offload_opt,
                                                                additional_buffer_factor=1.0)
     else:
-        ds_cpu, ds_gpu, ds_largest = estimate_zero3_model_states_mem_needs(
+        ds_cpu, ds_gpu, _ds_largest = estimate_zero3_model_states_mem_needs(
             total, 0, n, 1, cpu_offload=offload_opt, cpu_offload_params=offload_params, zero_init=True,
             additional_buffer_factor=1.0)
     assert abs(ours_gpu - ds_gpu) <= 0.01 * max(ds_gpu, 1) + 2**20, (ours_gpu, ds_gpu)

@@ -76,7 +76,9 @@ def test_the_trl_stack_is_the_default_and_unchanged_by_the_new_fields():
 
 def test_kbit_preparation_under_trl_costs_what_it_costs_under_transformers():
     kw = dict(model=LLAMA, method="qlora", seq_len=1024, batch_size=2)
-    trl_prepared = _resolved(**kw, prepare_model_for_kbit_training=True, adapter_dtype="fp32", loss_implementation="standard")
+    trl_prepared = _resolved(
+        **kw, prepare_model_for_kbit_training=True, adapter_dtype="fp32", loss_implementation="standard"
+    )
     transformers = _resolved(**kw, framework="transformers")
     for component in (m.weight_bytes, m.checkpoint_boundary_bytes, m.shared_activation_bytes, m.lm_head_cast_bytes,
                       m.loss_forward_bytes, m.adapter_bytes, m.optimizer_state_bytes):
@@ -89,7 +91,12 @@ def test_loss_default_per_framework(framework, loss):
     assert plan.effective_loss_implementation == loss
     assert _resolved(model=LLAMA, method="lora", framework=framework).loss_implementation == loss
     other = "standard" if loss == "chunked" else "chunked"
-    assert TrainingPlan(model=LLAMA, method="lora", framework=framework, loss_implementation=other).effective_loss_implementation == other
+    assert (
+        TrainingPlan(
+            model=LLAMA, method="lora", framework=framework, loss_implementation=other
+        ).effective_loss_implementation
+        == other
+    )
 
 
 def test_standard_loss_keeps_the_full_logits():

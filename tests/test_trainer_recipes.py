@@ -19,13 +19,14 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from canifinetune.estimator.errors import PlanError  # noqa: E402
-from canifinetune.estimator.plan import TrainingPlan  # noqa: E402
-from canifinetune.recipes.examples import EXAMPLE_DATA_FILE, REWARD_FILE, REWARD_PY, example_jsonl  # noqa: E402
-from canifinetune.recipes.runtime import SampleTooLongError, prepare  # noqa: E402
-from canifinetune.recipes.schema import RecipeError  # noqa: E402
-from canifinetune.recipes.trainers import reference_of, trainer_problems  # noqa: E402
-from test_runtime import _write_jsonl, make_tiny_model  # noqa: E402
+from test_runtime import _write_jsonl, make_tiny_model
+
+from canifinetune.estimator.errors import PlanError
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.recipes.examples import EXAMPLE_DATA_FILE, REWARD_FILE, REWARD_PY, example_jsonl
+from canifinetune.recipes.runtime import SampleTooLongError, prepare
+from canifinetune.recipes.schema import RecipeError
+from canifinetune.recipes.trainers import reference_of, trainer_problems
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("trainer,kw,reference", CASES, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())) or "default")
+@pytest.mark.parametrize(
+    "trainer,kw,reference",
+    CASES,
+    ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())) or "default",
+)
 def test_two_steps_of_each_trainer(trainer, kw, reference, tiny_model, tmp_path):
     plan = _plan(tiny_model, trainer, **kw)
     assert reference_of(plan) == reference
@@ -138,7 +143,7 @@ def test_a_grpo_recipe_needs_its_reward_py(tiny_model, tmp_path):
     folder = tmp_path / "r"
     folder.mkdir()
     (folder / EXAMPLE_DATA_FILE).write_text(example_jsonl("grpo"), encoding="utf-8")
-    with pytest.raises(RecipeError, match="reward.py"):
+    with pytest.raises(RecipeError, match=r"reward.py"):
         prepare(_plan(tiny_model, "grpo"), recipe_dir=folder, device="cpu", output_dir=tmp_path / "o")
 
 
@@ -183,5 +188,6 @@ def test_make_recipe_ships_an_example_dataset_and_trains_it(trainer, method, tin
     assert recipe.files[EXAMPLE_DATA_FILE] == example_jsonl(trainer)
     assert (REWARD_FILE in recipe.files) is (trainer == "grpo")
     write_recipe(recipe, tmp_path / "r")
-    result = train(tmp_path / "r" / "recipe.yaml", device="cpu", out=open(tmp_path / "log.txt", "w"))
+    with open(tmp_path / "log.txt", "w") as log:
+        result = train(tmp_path / "r" / "recipe.yaml", device="cpu", out=log)
     assert result.steps == 2 and result.samples == len(example_jsonl(trainer).splitlines())

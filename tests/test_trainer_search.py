@@ -60,12 +60,20 @@ def test_grpo_knobs_group_size_completion_length_and_vllm():
     plan = _plan(trainer="grpo", use_vllm=True, seq_len=1024)
     knobs = _knobs(plan)
     assert knobs["vllm_gpu_memory_utilization"].tier == 0
-    assert [lv["vllm_gpu_memory_utilization"] for lv in knobs["vllm_gpu_memory_utilization"].levels] == [0.25, 0.2, 0.15, 0.1]
+    assert [lv["vllm_gpu_memory_utilization"] for lv in knobs["vllm_gpu_memory_utilization"].levels] == [
+        0.25,
+        0.2,
+        0.15,
+        0.1,
+    ]
     assert knobs["num_generations"].tier == 1
     assert knobs["num_generations"].levels == [{"num_generations": 4}, {"num_generations": 2}]
     # shorter completions keep the prompt's share of seq_len (prompt + completion)
     levels = knobs["max_completion_length"].levels
-    assert levels[0] == {"max_completion_length": 384, "seq_len": 896} and levels[-1] == {"max_completion_length": 128, "seq_len": 640}
+    assert levels[0] == {"max_completion_length": 384, "seq_len": 896} and levels[-1] == {
+        "max_completion_length": 128,
+        "seq_len": 640,
+    }
     assert knobs["vllm_mode"].tier == 2 and knobs["vllm_mode"].levels == [{"vllm_mode": "server"}]
     # with the generation batch set, it shrinks with the group (the same prompts per round), while TRL allows it
     set_gbs = _knobs(_plan(trainer="grpo", seq_len=1024, batch_size=4, generation_batch_size=32))["num_generations"]
@@ -83,7 +91,9 @@ def test_grpo_costs_learning_and_hardware():
     assert c.quality_penalty == pytest.approx(QUALITY_WEIGHTS["num_generations_per_halving"] * 2)
     assert any("noisier advantage" in d for d in c.details)
     c = _cost(plan.replace(batch_size=4, generation_batch_size=32), num_generations=4, generation_batch_size=16)
-    assert c.kind == "fewer_generations" and c.quality_penalty == pytest.approx(QUALITY_WEIGHTS["num_generations_per_halving"])
+    assert c.kind == "fewer_generations" and c.quality_penalty == pytest.approx(
+        QUALITY_WEIGHTS["num_generations_per_halving"]
+    )
     assert any("the same 4 prompts per generation round" in d for d in c.details)
     c = _cost(plan, max_completion_length=256, seq_len=768)
     assert (c.tier, c.kind) == ("changes_learning", "shorter_context")
