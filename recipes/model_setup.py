@@ -346,14 +346,21 @@ def _build_transformers_stack(plan, model, quantized: bool):
             for param in model.parameters():
                 if param.requires_grad:
                     param.data = param.data.to(dtype)
-    if plan.gradient_checkpointing:
-        base = model.get_base_model() if plan.uses_adapters else model
-        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
-        enable({"use_reentrant": False})
-        if plan.uses_adapters:
-            model.enable_input_require_grads()
+    enable_checkpointing(model, plan)
     model.train()
     return model
+
+
+def enable_checkpointing(model, plan) -> None:
+    """Non-reentrant gradient checkpointing as transformers 5 enables it, and, under PEFT, inputs that require grad
+    (``enable_input_require_grads``) so the checkpointed blocks of a frozen base still reach the adapters."""
+    if not plan.gradient_checkpointing:
+        return
+    base = model.get_base_model() if plan.uses_adapters else model
+    enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+    if plan.uses_adapters:
+        model.enable_input_require_grads()
 
 
 # ----------------------------------------------------------------------------------------------

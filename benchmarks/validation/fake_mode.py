@@ -373,20 +373,6 @@ def _beside(name: str):
     return sys.modules[name]
 
 
-def _peft_fake():
-    """benchmarks/validation/peft_fake.py, loaded beside this file (this file runs as a script or by path)."""
-    import importlib.util
-    import os
-
-    if "peft_fake" not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peft_fake.py")
-        spec = importlib.util.spec_from_file_location("peft_fake", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["peft_fake"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["peft_fake"]
-
-
 def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: str = "trl_fused",
               route_sdpa: bool = True, clip_grad: bool = True) -> dict:
     """Build the model and optimizer for ``plan`` and run ``steps`` training steps, counting live memory.
@@ -416,7 +402,7 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
 
     counter.category_tensors = category_tensors
     apply_ctx = classic_module_apply() if fake else contextlib.nullcontext()
-    peft_ctx = _peft_fake().fake_peft_support(fake)  # modules_to_save / DoRA under fake tensors
+    peft_ctx = _beside("peft_fake").fake_peft_support(fake)  # modules_to_save / DoRA under fake tensors
     with gpu_routing(route_sdpa) as routed, apply_ctx, peft_ctx as build_ctx, fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():

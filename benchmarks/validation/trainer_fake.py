@@ -99,12 +99,7 @@ def build_reward_model(plan, config: dict):
         lora = model_setup.lora_config(plan)
         lora.task_type = "SEQ_CLS"
         model = get_peft_model(model, lora)
-    if plan.gradient_checkpointing:
-        base = model.get_base_model() if plan.uses_adapters else model
-        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
-        enable({"use_reentrant": False})
-        if plan.uses_adapters:
-            model.enable_input_require_grads()
+    model_setup.enable_checkpointing(model, plan)
     if quantized and plan.uses_adapters:
         for name, param in model.named_parameters():
             if param.requires_grad and "lora_magnitude_vector" not in name:
@@ -259,7 +254,7 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
     gc_kwargs = {"use_reentrant": False}
     orpo_ctx = orpo_gpu_routing() if trainer == "orpo" else contextlib.nullcontext()
     with fm.gpu_routing(True) as routed, fm.classic_module_apply(), \
-            fm._peft_fake().fake_peft_support(True) as build_ctx, orpo_ctx, fake_mode, counter:
+            fm._beside("peft_fake").fake_peft_support(True) as build_ctx, orpo_ctx, fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
             if trainer == "reward":
