@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from .dataset_lengths import token_lengths, tokens_kept
 from .knobs import current_targets
 from .model_sources import ResolvedModel
 from .plan import PLAN_FIELDS, TrainingPlan
@@ -50,7 +51,15 @@ USER_COST_WEIGHTS = {
     "more_gpus_per_doubling": 4.0,
     "larger_gpu": 4.0,  # another GPU to rent or buy: as dear as twice the GPUs
     "cpu_offload": 1.0,  # a DeepSpeed launch, host RAM for the offloaded states, the CPU in the step
+    # offload when the plan does not say how much host RAM the machine has: per doubling of the need over 32 GiB (a
+    # common workstation), so a 131 GiB offload ranks after an option of similar cost that needs no host RAM
+    "host_ram_unknown_per_doubling": 1.0,
+    # a fitting plan near the GPU's limit: per 15 points of usable memory above 80%, so an option at 80% beats one at
+    # 94% of similar cost (the seeds' guide: never run at the boundary; budgets above 95% are "tight" and not offered)
+    "fullness_per_15_points": 1.5,
 }
+HOST_RAM_UNKNOWN_REFERENCE_GIB = 32.0  # the host RAM an unknown machine is assumed to have for pricing offload
+FULLNESS_FREE_BELOW = 0.80  # up to this share of usable memory a suggestion pays nothing for fullness
 
 # Quality penalty of changes that alter what is learned. Ordinal policy, not a measurement: it only
 # orders tier-1 suggestions among themselves (docs/search.md explains each weight).
@@ -58,8 +67,16 @@ QUALITY_WEIGHTS = {
     "seq_len_per_halving": 2.0,  # lost context: samples are truncated or split
     "lora_r_per_halving": 1.0,  # Hu et al. 2021 (LoRA, table 6): small ranks often suffice
     "fewer_targets": 1.0,  # fewer adapted modules: less capacity (QLoRA paper: all-linear matters)
+    # LoRA trains a low-rank update of a frozen base: Biderman et al. 2024 ("LoRA Learns Less and Forgets Less",
+    # TMLR) find it behind full fine-tuning on code and maths, close on instruction following
     "full_to_lora": 2.0,
-    "lora_to_qlora": 2.0,  # 4-bit NF4 base: QLoRA reports parity on its benchmarks; a risk, not a certainty
+    # a 4-bit NF4 base with double quantization matched 16-bit LoRA and full 16-bit fine-tuning on MMLU and the Vicuna
+    # benchmarks from 7B to 65B (Dettmers et al. 2023, QLoRA, sec. 4 and table 3): a risk on other tasks, small
+    "lora_to_qlora": 1.0,
+    "lora_to_qlora_fp4": 2.0,  # FP4 instead of NF4 lagged NF4 by about a point of MMLU in the same table
+    # LLM.int8 -> NF4: both frozen bases matched 16-bit in the QLoRA paper's comparison (table 3); smaller than any
+    # change of method
+    "int8_to_4bit": 0.5,
     "effective_batch": 1.0,  # a different number of sequences per optimizer step
     # GRPO's group size: the advantage of a completion is its reward against its group's mean (Shao et al. 2024,
     # DeepSeekMath, sec. 4.1: 64 per prompt; TRL's default 8); fewer samples make that baseline noisier
@@ -99,6 +116,9 @@ class Cost(BaseModel):
     kind: Kind = Field("same_math", description="the kind of choice: " + ", ".join(KINDS))
     user_cost: float = Field(0.0, description="what the choice costs the user in one number (quality penalty, "
                                               "slowdown, hardware, offload; USER_COST_WEIGHTS); suggestions rank by it")
+    room_cost: float = Field(0.0, description="part of user_cost for running near the GPU's limit (above 80%)")
+    host_ram_cost: float = Field(0.0, description="part of user_cost for offload needing host RAM the plan does not "
+                                                  "give (host_ram_gb unset)")
     quality_penalty: float = Field(description="ordinal penalty of changes that alter what is learned (0 for none)")
     extra_gpus: int = Field(description="GPUs added to the plan")
     slowdown_fraction: float = Field(
@@ -145,8 +165,10 @@ class _Tally:
 
 
 def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
-            base_tp: Throughput | None = None, tp: Throughput | None = None) -> Cost:
-    """The cost of going from ``original`` to ``plan`` under the documented cost model."""
+            base_tp: Throughput | None = None, tp: Throughput | None = None, *,
+            used_fraction: float | None = None, host_memory_bytes: int = 0) -> Cost:
+    """The cost of going from ``original`` to ``plan`` under the documented cost model; ``used_fraction`` and
+    ``host_memory_bytes`` are the suggested plan's estimate (room on the GPU, host RAM for offload)."""
     base_tp = base_tp or throughput(original, model=rm)
     tp = tp or throughput(plan, model=rm)
     t = _Tally(original, plan)
@@ -164,8 +186,13 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
             t.learning(QUALITY_WEIGHTS["other"], f"{f} {getattr(original, f)!r} -> {getattr(plan, f)!r}")
     slow = tp.seconds_per_million_tokens / base_tp.seconds_per_million_tokens - 1.0
     kind = kind_of(original, plan, rm)
+    room, host = room_cost(used_fraction), host_ram_cost(plan, host_memory_bytes)
+    if host:
+        t.details.append(f"needs {host_memory_bytes / 2**30:.1f} GiB of host RAM for the offloaded states (the "
+                         "machine's host RAM was not given: set host_ram_gb)")
+    total = user_cost(kind, t.quality, slow, original.num_gpus, plan.num_gpus + server_gpus) + room + host
     return Cost(tier=TIER_NAMES[t.tier], tier_rank=t.tier, kind=kind,
-                user_cost=round(user_cost(kind, t.quality, slow, original.num_gpus, plan.num_gpus + server_gpus), 4),
+                user_cost=round(total, 4), room_cost=round(room, 4), host_ram_cost=round(host, 4),
                 quality_penalty=round(t.quality, 4), extra_gpus=extra,
                 slowdown_fraction=round(slow, 4), context_tokens_lost=t.lost, effective_batch_before=eb0,
                 effective_batch_after=eb1, summary=_summary(t.tier, t.quality, extra, slow, t.lost),
@@ -186,7 +213,10 @@ def _context_cost(t: _Tally) -> None:
                        "prompts must be shortened")
         t.handled.add("seq_len")
         return
-    if p.seq_len < o.seq_len:
+    lengths = token_lengths(o.dataset) if p.seq_len < o.seq_len else None
+    if lengths:
+        _context_cost_from_data(t, lengths)
+    elif p.seq_len < o.seq_len:
         t.lost = o.seq_len - p.seq_len
         t.learning(w["seq_len_per_halving"] * math.log2(o.seq_len / p.seq_len),
                    f"{t.lost} fewer tokens of context ({o.seq_len} -> {p.seq_len}): longer samples "
@@ -196,16 +226,40 @@ def _context_cost(t: _Tally) -> None:
     t.handled.add("seq_len")
 
 
+def _context_cost_from_data(t: _Tally, lengths: tuple[int, ...]) -> None:
+    """A context cut priced by the user's data: the same weight per halving, applied to the tokens the data keeps
+    (a cut that truncates no sample costs nothing; estimator/dataset_lengths.py)."""
+    o, p = t.original, t.plan
+    before, after = tokens_kept(lengths, o.seq_len), tokens_kept(lengths, p.seq_len)
+    longer = sum(1 for n in lengths if n > p.seq_len)
+    t.lost = o.seq_len - p.seq_len
+    words = (f"seq_len {o.seq_len} -> {p.seq_len}: {longer} of {len(lengths)} samples of {o.dataset} are longer "
+             f"(about {before - after:,} of {before:,} tokens, {1 - after / max(before, 1):.1%}, lost to truncation; "
+             "tokens counted as characters / 4)")
+    if after >= before:
+        t.lost = 0  # no sample is cut: nothing of the data is lost
+        t.tier = max(t.tier, 1)
+        t.details.append(words.replace(f"{longer} of", "none of", 1) if not longer else words)
+        return
+    t.learning(QUALITY_WEIGHTS["seq_len_per_halving"] * math.log2(before / after), words)
+
+
 def _method_cost(t: _Tally, time_words: str) -> None:
     o, p, w = t.original, t.plan, QUALITY_WEIGHTS
     if o.method != p.method:
         if o.method == "full" and p.method == "lora":
             t.learning(w["full_to_lora"], f"LoRA (r={p.lora_r}) instead of full fine-tuning: only adapters train, the "
                                           "base stays frozen")
+        elif o.method == "lora" and p.method == "qlora" and o.load_in_8bit:
+            t.learning(w["int8_to_4bit"], "4-bit NF4 base instead of 8-bit (load_in_8bit -> load_in_4bit): both "
+                                          "matched 16-bit in the QLoRA paper's comparison (Dettmers et al. 2023, "
+                                          f"table 3); about {time_words} in time")
         elif o.method == "lora" and p.method == "qlora":
-            t.learning(w["lora_to_qlora"], "4-bit NF4 base (QLoRA): quality risk of quantizing the frozen weights "
-                                           "(QLoRA reports parity with 16-bit on its benchmarks, not on every task); "
-                                           f"about {time_words} in time")
+            nf4 = p.bnb_4bit_quant_type == "nf4"
+            t.learning(w["lora_to_qlora"] if nf4 else w["lora_to_qlora_fp4"],
+                       f"4-bit {p.bnb_4bit_quant_type.upper()} base (QLoRA) instead of 16-bit: NF4 with double "
+                       "quantization matched 16-bit LoRA on the QLoRA paper's benchmarks (Dettmers et al. 2023), "
+                       f"not proven on every task; about {time_words} in time")
         elif o.method == "full" and p.method == "qlora":
             t.learning(w["full_to_lora"] + w["lora_to_qlora"],
                        f"QLoRA (4-bit NF4 base + LoRA r={p.lora_r}) instead of full fine-tuning: only adapters train, "
@@ -418,8 +472,27 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
     return "same_math"
 
 
+def room_cost(used_fraction: float | None) -> float:
+    """What running near the GPU's limit costs a fitting plan: nothing up to FULLNESS_FREE_BELOW of usable memory,
+    then USER_COST_WEIGHTS["fullness_per_15_points"] per 15 points."""
+    if used_fraction is None:
+        return 0.0
+    return USER_COST_WEIGHTS["fullness_per_15_points"] * max(0.0, used_fraction - FULLNESS_FREE_BELOW) / 0.15
+
+
+def host_ram_cost(plan: TrainingPlan, host_memory_bytes: int) -> float:
+    """Offload on a machine whose host RAM the plan does not give: per doubling of the need over
+    HOST_RAM_UNKNOWN_REFERENCE_GIB (a plan with host_ram_gb is judged by the estimate instead)."""
+    if plan.host_ram_gb is not None or host_memory_bytes <= 0:
+        return 0.0
+    need_gib = host_memory_bytes / 2**30
+    return USER_COST_WEIGHTS["host_ram_unknown_per_doubling"] * max(0.0, math.log2(need_gib /
+                                                                                    HOST_RAM_UNKNOWN_REFERENCE_GIB))
+
+
 def user_cost(kind: str, quality: float, slowdown: float, gpus_before: int, gpus_after: int) -> float:
-    """The one-number cost of a choice: quality penalty + slowdown + hardware + offload (USER_COST_WEIGHTS)."""
+    """The one-number cost of a choice: quality penalty + slowdown + hardware + offload (USER_COST_WEIGHTS); the
+    search adds room_cost and host_ram_cost, which need the suggestion's estimate."""
     w = USER_COST_WEIGHTS
     cost = quality + w["time_per_doubling"] * max(0.0, math.log2(max(1.0 + slowdown, 1e-9)))
     if gpus_after > gpus_before:

@@ -40,6 +40,18 @@ class GPUTarget(BaseModel):
     source: str
 
 
+class TierFit(BaseModel):
+    """One method (full, LoRA, QLoRA) on the estimate's GPU: its verdict and budget, or why it is not estimated
+    (estimator/tiers.py fills the row)."""
+
+    method: str
+    label: str = Field(description="the method as the row names it: full, LoRA, LoRA (8-bit), QLoRA")
+    verdict: Verdict | None = Field(description="null when the plan cannot take this method (see refused)")
+    budget_bytes: int | None = None
+    used_fraction: float | None = None
+    refused: str | None = Field(None, description="why this method is not estimated for the plan")
+
+
 class Estimate(BaseModel):
     """The estimate for one GPU of the plan (per GPU when num_gpus > 1)."""
 
@@ -74,6 +86,12 @@ class Estimate(BaseModel):
     warnings: list[str]
     calibration_version: str
     plan: TrainingPlan
+    tiers: list[TierFit] | None = Field(
+        None, description="full / LoRA / QLoRA on this GPU, each with its verdict (estimator/tiers.py; the faces fill "
+        "it, estimate() alone leaves it null)")
+    chosen_defaults: list[str] = Field(
+        default_factory=list, description="what the estimate chose because the plan left it to the hardware (the "
+        "dtype on a GPU without bf16, the sharding for several GPUs), each with why; the plan above is the chosen one")
 
 
 def _gib(n: int) -> float:
@@ -99,8 +117,58 @@ def resolve_gpu(plan: TrainingPlan) -> GPUTarget | None:
 
 
 def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate:
-    """Estimate the per-GPU peak memory of ``plan`` and judge it against the plan's GPU."""
+    """Estimate the per-GPU peak memory of ``plan`` and judge it against the plan's GPU.
+
+    What the plan leaves to the hardware is chosen first and said in ``chosen_defaults``: the dtype (fp16 on a GPU
+    without bf16) and, for several GPUs without a sharding, the cheapest sharding that fits."""
     resolved_model = model or resolve_model(plan.model)
+    chosen: list[str] = []
+    plan = _dtype_for_the_gpu(plan, chosen)
+    if plan.sharding_unset:
+        return _cheapest_sharding(plan, resolved_model, chosen)
+    return _estimate(plan, resolved_model, chosen)
+
+
+# The shardings tried, cheapest first, for several GPUs given without one: DDP keeps the step as on one GPU (the
+# fastest, no DeepSpeed), ZeRO-2 shards gradients and optimizer states, ZeRO-3 the parameters too.
+SHARDING_CHOICE_ORDER = ("ddp", "zero2", "zero3")
+
+
+def _dtype_for_the_gpu(plan: TrainingPlan, chosen: list[str]) -> TrainingPlan:
+    """fp16 where the plan gives no dtype and its GPU has no bf16 (with fp32 master weights for full fine-tuning,
+    which pure fp16 cannot train)."""
+    gpu = resolve_gpu(plan) if plan.dtype_unset and plan.dtype == "bf16" else None
+    if gpu is None or gpu.bf16 is not False:
+        return plan
+    changes: dict = {"dtype": "fp16"}
+    words = f"dtype fp16: the {gpu.name} has no bf16 (dtype was not given; set it to choose)"
+    if plan.method == "full" and "precision" not in plan.model_fields_set:
+        changes["precision"] = "mixed"
+        words += "; precision mixed: fp32 master weights, since pure fp16 weights cannot be trained"
+    chosen.append(words)
+    return plan.replace(**changes)
+
+
+def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> Estimate:
+    """The first of SHARDING_CHOICE_ORDER that fits (or the one needing least when none does), said in the notes."""
+    tried: list[Estimate] = []
+    for sharding in SHARDING_CHOICE_ORDER:
+        est = _estimate(plan.replace(sharding=sharding), resolved_model, [])
+        tried.append(est)
+        if est.verdict in ("fits", "unknown"):
+            break
+    fitting = [e for e in tried if e.verdict in ("fits", "unknown")]
+    best = fitting[0] if fitting else min(tried, key=lambda e: e.budget_bytes)
+    sharding = best.plan.sharding
+    if fitting:
+        why = ("the cheapest that fits" if best.verdict == "fits" else "the simplest (no GPU given to judge)")
+    else:
+        why = "none of " + ", ".join(SHARDING_CHOICE_ORDER) + " fits; this one needs the least"
+    note = f"sharding {sharding} over {plan.num_gpus} GPUs: {why} (sharding was not given; set it to choose)"
+    return best.model_copy(update={"chosen_defaults": [*chosen, note]})
+
+
+def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> Estimate:
     gpu = resolve_gpu(plan)
     if gpu is not None and gpu.bf16 is False and plan.dtype == "bf16":
         raise PlanError(
@@ -112,7 +180,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     unmodelled, params_warning = _unmodelled_params(resolved_model)
     unmodelled_bytes = unmodelled * r.weight_bytes_per_param  # loaded as frozen weights in the plan's dtype
     b = _budget(plan, gpu, peak.bytes + unmodelled_bytes)
-    verdict, reason, fraction = _verdict(plan, gpu, b)
+    verdict, reason, fraction = _verdict(plan, gpu, b, sizes["host_memory"])
     return Estimate(
         model=resolved_model.id,
         model_source=resolved_model.source,
@@ -141,6 +209,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
         warnings=_warnings(resolved_model, r, params_warning),
         calibration_version=CALIBRATION_VERSION,
         plan=plan,
+        chosen_defaults=list(chosen),
     )
 
 
@@ -221,7 +290,7 @@ def _breakdown(r, gpu, peak, unmodelled: int, unmodelled_bytes: int, b: _Budget)
     return breakdown
 
 
-def _verdict(plan: TrainingPlan, gpu, b: _Budget) -> tuple[Verdict, str, float | None]:
+def _verdict(plan: TrainingPlan, gpu, b: _Budget, host_memory: int) -> tuple[Verdict, str, float | None]:
     """(verdict, its reason, the budget's fraction of the usable memory)."""
     verdict: Verdict
     usable = gpu.usable_bytes if gpu else None
@@ -230,9 +299,15 @@ def _verdict(plan: TrainingPlan, gpu, b: _Budget) -> tuple[Verdict, str, float |
         fraction = None
     else:
         fraction = round(b.budget / usable, 4)
-        if b.budget <= usable:
+        line = 1 - plan.headroom_percent / 100
+        if b.budget <= usable * line:
             verdict = "fits"
             reason = f"needs {_gib(b.budget):.2f} GiB with margin of {_gib(usable):.2f} GiB usable ({fraction:.0%})"
+        elif b.budget <= usable:
+            verdict = "tight"
+            reason = (f"needs {_gib(b.budget):.2f} GiB with margin of {_gib(usable):.2f} GiB usable ({fraction:.0%}): "
+                      f"above the {line:.0%} line (headroom_percent {plan.headroom_percent:g}), no room for a longer "
+                      "batch, evaluation or fragmentation")
         elif b.total <= usable:
             verdict = "tight"
             reason = (f"fits without the safety margin ({_gib(b.total):.2f} of {_gib(usable):.2f} GiB) but not with "
@@ -240,9 +315,29 @@ def _verdict(plan: TrainingPlan, gpu, b: _Budget) -> tuple[Verdict, str, float |
         else:
             verdict = "does_not_fit"
             reason = f"needs {_gib(b.total):.2f} GiB before margin; the GPU has {_gib(usable):.2f} GiB usable"
+    host_need = _host_ram_shortfall(plan, host_memory)
+    if host_need is not None and verdict != "unknown":
+        verdict, reason = "does_not_fit", host_need
     if plan.num_gpus > 1:
         reason = f"per GPU ({plan.num_gpus} x {gpu.name if gpu else 'GPU'}): " + reason
     return verdict, reason, fraction
+
+
+# The host RAM the operating system, the training process (Python, torch, CUDA's pinned staging) and the data loader
+# take before any offloaded state: an allowance, not a measurement (docs/memory_model.md, "Host RAM").
+HOST_RAM_RESERVED_BYTES = 8 * GIB
+
+
+def _host_ram_shortfall(plan: TrainingPlan, host_memory_bytes: int) -> str | None:
+    """Why the offloaded states do not fit the host RAM the plan gives (host_ram_gb), or None."""
+    if plan.host_ram_gb is None or host_memory_bytes <= 0:
+        return None
+    have = int(plan.host_ram_gb * GIB)
+    if host_memory_bytes + HOST_RAM_RESERVED_BYTES <= have:
+        return None
+    return (f"the offloaded states need {_gib(host_memory_bytes):.2f} GiB of host RAM, plus "
+            f"{_gib(HOST_RAM_RESERVED_BYTES):.0f} GiB for the system and the training process; the machine has "
+            f"{plan.host_ram_gb:g} GiB (host_ram_gb)")
 
 
 def _warnings(resolved_model: ResolvedModel, r, params_warning: str | None) -> list[str]:
@@ -280,11 +375,16 @@ def _unmodelled_params(model: ResolvedModel) -> tuple[int, str | None]:
 def stack_summary(r) -> str:
     """One sentence: which trainer the estimate assumes, and the settings it takes from it."""
     stack = r.plan.stack
+    title = stack.title
+    if r.plan.trainer != "sft" and stack.name == "trl":  # the TRL class that runs it (DPOTrainer, GRPOTrainer, ...)
+        from .trainers import TRAINER_CLASSES
+
+        title = f"TRL {TRAINER_CLASSES[r.plan.trainer]}"
     parts = [f"{r.loss_implementation} loss"]
     if r.quantization != "none":
         parts.append(f"prepare_model_for_kbit_training {'on' if r.kbit_prepared else 'off'}")
     parts.append(f"LoRA adapters in {r.adapter_dtype}" if r.adapter_dtype else "all weights train")
-    text = f"stack: {stack.title} ({stack.version}): " + ", ".join(parts)
+    text = f"stack: {title} ({stack.version}): " + ", ".join(parts)
     if not stack.measured:
         text += "; not measured by the validation harness, estimated conservatively"
     return text

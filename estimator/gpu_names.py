@@ -23,22 +23,33 @@ down into this module, never the reverse), by these rules (docs/catalogs.md, "Ma
 
 A deliberate alias settles a few names that would otherwise be ambiguous ("H100" is the H100 SXM,
 "A100 80GB" the SXM card: PCIe has the same memory). Apple silicon and laptop GPUs are not in the
-catalog; their names get a sentence that says so. Pure Python: no torch, no network.
+catalog; their names get a sentence that says so.
+
+A name may state how many cards ("2x RTX 4090", "8xH100", "Kaggle T4 x2"; x, * or the multiplication sign):
+``split_gpu_count`` reads the count and the card apart, and ``lookup_gpu`` resolves the card (the count is in
+``GPULookup.count``). Hosted notebooks are named by their service ("Colab T4", "Google Colab A100", "colab free",
+"Kaggle P100"): the catalog's aliases say which cards each offers (``PLATFORM_WORDS``), a bare "colab" or "kaggle"
+is ambiguous among them, and "Colab Pro A100" is read as the Colab card named "A100". Pure Python: no torch, no network.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+from .errors import UnknownGPUError
 
 if TYPE_CHECKING:  # the catalog imports this module and hands it its GPUs; their type is only needed for annotations
     from .catalog import CatalogGPU
 
 # Words that name the maker or the product line, not the GPU: nvidia-smi prints "NVIDIA GeForce RTX 4090",
 # "Tesla T4", "NVIDIA RTX 6000 Ada Generation"; rocm-smi "AMD Instinct MI300X".
-BRAND_WORDS = frozenset({"nvidia", "geforce", "tesla", "amd", "instinct", "gpu", "graphics", "generation"})
+# "Google" names the maker of Colab, never a GPU in the catalog ("Google Colab T4" is "colab t4").
+BRAND_WORDS = frozenset({"nvidia", "geforce", "tesla", "amd", "instinct", "gpu", "gpus", "graphics", "generation",
+                         "google"})
 # A stated memory size: a number not glued to a letter before it, then g/gb/gib ("A10G" is not 10 GB).
 _MEMORY = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)\s*-?\s*(?:gib|gb|g)(?![a-z])")
 # Form factors (SXM2/SXM4/SXM5 are all SXM) and memory types (dropped: HBM3 says nothing the size does not).
@@ -52,8 +63,66 @@ MAX_NAME = 512
 _APPLE_TIERS = frozenset({"pro", "max", "ultra"})
 _APPLE_WORDS = frozenset({"apple", "mps", "macbook", "mac", "macstudio", "imac"})
 _LAPTOP_WORDS = frozenset({"laptop", "mobile", "notebook"})
+# Hosted notebook services: a gpu value may name the card by the service ("Colab T4", "Kaggle P100"). Which cards
+# each offers is data: the catalog aliases that start with the service's word ("colab t4", "kaggle p100").
+PLATFORM_WORDS = frozenset({"colab", "kaggle"})
+# Words around a service's name that say nothing about the card ("Colab Pro+ A100", "T4 on Kaggle").
+_PLATFORM_FILLER = frozenset({"pro", "plus", "free", "tier", "paid", "notebook", "notebooks", "runtime",
+                              "accelerator", "on", "in", "at", "from", "via", "with"})
+
+# How many cards a gpu value states: plan.num_gpus allows 1..MAX_GPU_COUNT (estimator/plan.py's MAX_NUM_GPUS).
+MAX_GPU_COUNT = 1024
+_TIMES = "[x*\u00d7]"  # x, * or the multiplication sign
+_NUMBER = r"(\d+(?:[.,]\d+)?)"
+# "2x RTX 4090", "2 x RTX 4090", "8xH100", "8*A100 80GB": a count in front, glued or spaced.
+_COUNT_LEAD = re.compile(rf"^{_NUMBER}\s*{_TIMES}\s*(?=\S)", re.IGNORECASE)
+# "Kaggle 2xT4", "Google Colab 2 x T4": a count after leading words, before a word that starts with a letter.
+_COUNT_INNER = re.compile(rf"(?<=\s){_NUMBER}\s*{_TIMES}\s*(?=[a-z])", re.IGNORECASE)
+# "RTX 4090 x2", "Kaggle T4 x 2", "H100*8", "T4 (x2)", "T4x2": a count at the end (x glued only after a digit).
+_COUNT_TRAIL = re.compile(rf"(?:\s+\(?\s*{_TIMES}|\(\s*{_TIMES}|\s*[*\u00d7]|(?<=\d)x)\s*{_NUMBER}\s*\)?\s*$",
+                          re.IGNORECASE)
+# "Dual RTX 3090", "quad A6000": a count word in front.
+_COUNT_WORDS = {"single": 1, "dual": 2, "twin": 2, "quad": 4}
+_COUNT_WORD = re.compile(r"^(single|dual|twin|quad)\b[\s-]*(?=\S)", re.IGNORECASE)
 
 Form = Literal["sxm", "pcie"]
+
+
+def split_gpu_count(text: str) -> tuple[int | None, str]:
+    """The number of cards a gpu value states, and the card it names: '2x RTX 4090' -> (2, 'RTX 4090'),
+    'Kaggle T4 x2' -> (2, 'Kaggle T4'), 'H100' -> (None, 'H100').
+
+    A count is written in front ('8xH100', '2 x RTX 4090', '8*A100 80GB', 'dual RTX 3090'), after a service's name
+    ('Kaggle 2xT4') or at the end ('RTX 4090 x2', 'T4 (x2)'). It must be a whole number from 1 to
+    ``MAX_GPU_COUNT``: '0x H100', '1.5x H100' or '2x H100 x4' raise ``UnknownGPUError`` (a ValueError, field
+    'gpu'). The card name is returned as written, without the count; it is not looked up here."""
+    if not isinstance(text, str):
+        raise TypeError(f"a GPU name is a string, not {type(text).__name__}")
+    card = text.strip()[:MAX_NAME]
+    found: list[str] = []
+    word = _COUNT_WORD.match(card)
+    if word:
+        found.append(str(_COUNT_WORDS[word.group(1).lower()]))
+        card = card[word.end():]
+    for pattern in (_COUNT_LEAD, _COUNT_INNER, _COUNT_TRAIL):
+        hit = pattern.search(card)
+        if hit and (rest := (card[: hit.start()] + " " + card[hit.end():]).strip()):
+            found.append(hit.group(1))
+            card = " ".join(rest.split()) if pattern is _COUNT_INNER else rest
+    if not found:
+        return None, text.strip()
+    if len(found) > 1:
+        raise UnknownGPUError.about("gpu", f"'{text.strip()[:80]}' states the number of GPUs twice "
+                                           f"({', '.join(found)}); write it once, as in '2x RTX 4090'")
+    return _count(found[0], text), card
+
+
+def _count(written: str, text: str) -> int:
+    value = float(written.replace(",", "."))
+    if value != int(value) or not 1 <= value <= MAX_GPU_COUNT:
+        raise UnknownGPUError.about("gpu", f"'{text.strip()[:80]}' asks for {written} GPUs; the count must be a "
+                                           f"whole number from 1 to {MAX_GPU_COUNT}, as in '2x RTX 4090'")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -94,7 +163,7 @@ def parse_gpu_name(name: str) -> ParsedName:
     return ParsedName(model, memory, form)
 
 
-LookupStatus = Literal["found", "ambiguous", "no_such_size", "unknown", "apple", "laptop", "empty"]
+LookupStatus = Literal["found", "ambiguous", "no_such_size", "unknown", "apple", "laptop", "empty", "bad_count"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +175,8 @@ class GPULookup:
     status: LookupStatus
     candidates: tuple[str, ...] = ()
     memory_gb: float | None = None  # the size the name stated (no_such_size)
+    count: int | None = None  # the number of cards the name stated ('2x RTX 4090'), None when it states none
+    detail: str = ""  # bad_count: what is wrong with the count
 
     def message(self) -> str:
         """One sentence for the user, starting with the quoted name ('' when found)."""
@@ -133,6 +204,10 @@ class GPUNames:
     def family(self, model: tuple[str, ...]) -> list[int]:
         return [i for i, names in enumerate(self.parsed) if any(p.model == model for p in names)]
 
+    def offered(self, service: str) -> list[int]:
+        """The entries a hosted service offers: those with an alias naming the service ('colab t4')."""
+        return [i for i, names in enumerate(self.parsed) if any(service in p.model for p in names)]
+
     def size_matches(self, i: int, memory: float) -> bool:
         g = self.gpus[i]
         sizes = (g.memory_gb, g.memory_gb / g.runtime_devices, g.total_memory_bytes / 2**30)
@@ -157,15 +232,27 @@ def _is_apple(model: tuple[str, ...]) -> bool:
 
 
 def lookup_gpu(name: str, idx: GPUNames) -> GPULookup:
-    """The GPU of ``idx`` a name means, or why it means none (see the module docstring for the rules)."""
+    """The GPU of ``idx`` a name means, or why it means none (see the module docstring for the rules). A count in
+    the name ('2x RTX 4090') is read apart (``split_gpu_count``) and kept in the answer's ``count``."""
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
         return GPULookup(str(name)[:80] if isinstance(name, str) else repr(name)[:80], None, "empty")
-    hit = idx.exact.get(name.strip().lower())
+    try:
+        count, card = split_gpu_count(name)
+    except UnknownGPUError as err:
+        return GPULookup(name, None, "bad_count", detail=err.reason or str(err))
+    hit = idx.exact.get(card.lower())
     if hit and len(hit) == 1:
-        return GPULookup(name, idx.gpus[next(iter(hit))], "found")
-    q = parse_gpu_name(name)
+        return GPULookup(name, idx.gpus[next(iter(hit))], "found", count=count)
+    q = parse_gpu_name(card)
     if not q.model:
-        return GPULookup(name, None, "empty")
+        return GPULookup(name, None, "empty", count=count)
+    found = _resolve(name, q, idx)
+    return found if count is None else GPULookup(found.query, found.entry, found.status, found.candidates,
+                                                 found.memory_gb, count)
+
+
+def _resolve(name: str, q: ParsedName, idx: GPUNames) -> GPULookup:
+    """Rules 1-3 of the module docstring for a parsed name (``name`` is what the answer quotes)."""
     hit = idx.keys.get(q.key)
     if hit and len(hit) == 1:
         return GPULookup(name, idx.gpus[next(iter(hit))], "found")
@@ -175,7 +262,11 @@ def lookup_gpu(name: str, idx: GPUNames) -> GPULookup:
         hit = idx.keys.get(q.key)
         if hit and len(hit) == 1:
             return GPULookup(name, idx.gpus[next(iter(hit))], "found")
+    if set(q.model) & PLATFORM_WORDS:
+        return _on_platform(name, q, idx)
     family = idx.family(q.model)
+    if not family and len(q.model) >= 2 and q.model[-1] == "s" and q.model[-2].isdigit():
+        return _resolve(name, ParsedName(q.model[:-1], q.memory_gb, q.form), idx)  # a plural: '2x RTX 4090s'
     if not family:
         status: LookupStatus = (
             "apple" if _is_apple(q.model) else "laptop" if set(q.model) & _LAPTOP_WORDS else "unknown")
@@ -188,6 +279,25 @@ def lookup_gpu(name: str, idx: GPUNames) -> GPULookup:
     if fits:
         return GPULookup(name, None, "ambiguous", tuple(idx.gpus[i].name for i in fits))
     return GPULookup(name, None, "no_such_size", tuple(idx.gpus[i].name for i in family), q.memory_gb)
+
+
+def _on_platform(name: str, q: ParsedName, idx: GPUNames) -> GPULookup:
+    """A name with a hosted service's word that is not one of its aliases: 'Colab Pro A100', 'T4 on Kaggle', 'colab'.
+
+    Without a card's words it is ambiguous among the service's cards; with them, the one card of the service those
+    words name, or else whatever they name in the whole catalog ('Colab A100 80GB' is the A100 80GB)."""
+    service = next(w for w in q.model if w in PLATFORM_WORDS)
+    offered = idx.offered(service)
+    rest = tuple(w for w in q.model if w not in PLATFORM_WORDS and w not in _PLATFORM_FILLER)
+    if not rest:
+        if len(offered) == 1:
+            return GPULookup(name, idx.gpus[offered[0]], "found")
+        return GPULookup(name, None, "ambiguous", tuple(idx.gpus[i].name for i in offered))
+    own = [i for i in offered if any(p.model in (rest, (service, *rest)) for p in idx.parsed[i])
+           and (q.memory_gb is None or idx.size_matches(i, q.memory_gb))]
+    if len(own) == 1:
+        return GPULookup(name, idx.gpus[own[0]], "found")
+    return _resolve(name, ParsedName(rest, q.memory_gb, q.form), idx)
 
 
 def _token_similarity(a: str, b: str) -> float:
@@ -220,6 +330,8 @@ def suggest_gpu_names(name: str, idx: GPUNames, limit: int = 5) -> list[str]:
     """The names of ``idx``'s GPUs closest to ``name`` as a whole (model words and memory), best first."""
     if not isinstance(name, str) or limit <= 0:
         return []
+    with contextlib.suppress(UnknownGPUError):
+        name = split_gpu_count(name)[1]  # '2x RTX 4900': the card's name
     q = parse_gpu_name(name)
     if not q.model:
         return []
@@ -262,6 +374,8 @@ def _message(r: GPULookup) -> str:
         hint = f" ({r.candidates[0]})" if r.candidates else ""
         return (f"{name} is a laptop GPU, which the catalog leaves out: it is a different chip with less memory than "
                 f"the desktop card of the same name{hint}; give its memory with gpu_vram_gb.")
+    if r.status == "bad_count":
+        return f"gpu: {r.detail}"
     if r.status == "empty":
         return f"{name} names no GPU; give a catalog name ('RTX 4090', 'A100 80GB', 'H100') or gpu_vram_gb."
     if not listed:

@@ -32,6 +32,7 @@ class Knob:
     tier: int
     levels: list[dict]  # mild -> strong; each a dict of field changes
     monotone: bool = False  # memory falls monotonically along levels: bisect
+    forced: bool = False  # a move the search holds fixed while it minimizes the rest (a QLoRA option, issue 21)
 
 
 def divisors_below(n: int) -> list[int]:

@@ -77,6 +77,10 @@ MAX_BATCH_SIZE = 4096
 MAX_LORA_R = 4096
 MAX_NUM_GPUS = 1024
 MAX_GPU_VRAM_GB = 4096.0
+MAX_HOST_RAM_GB = 65536.0
+# Running at the boundary is what the seeds' guide warns against: a budget above 95% of the GPU's usable memory
+# is "tight" even when it is under it (issue 21; docs/how-it-works.md, "The verdict").
+DEFAULT_HEADROOM_PERCENT = 5.0
 MAX_STRING = 512
 MAX_MODULES = 64  # target_modules / modules_to_save entries; a decoder block has about ten linear names
 
@@ -144,7 +148,10 @@ class TrainingPlan(BaseModel):
     )
     # --- precision ---
     dtype: DType = Field(
-        "bf16", description="Weight and compute dtype: bf16, fp16 or fp32. T4 and V100 have no bf16: use fp16."
+        "bf16",
+        description="Weight and compute dtype: bf16, fp16 or fp32. Left unset, the GPU decides: bf16, or fp16 (with "
+                    "fp32 master weights for full fine-tuning) on a GPU without bf16 (T4, V100, P100, RTX 20-series); "
+                    "the estimate says which it chose.",
     )
     precision: Precision = Field(
         "pure",
@@ -296,7 +303,9 @@ class TrainingPlan(BaseModel):
     # --- hardware and distribution ---
     num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")
     sharding: Sharding = Field(
-        "none", description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op."
+        "none",
+        description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op. Left unset with "
+                    "num_gpus > 1, the estimate picks the cheapest that fits (ddp, then zero2, zero3) and says so.",
     )
     offload_optimizer: bool = Field(False, description="Keep optimizer states on the CPU (ZeRO/FSDP offload).")
     offload_params: bool = Field(
@@ -308,14 +317,28 @@ class TrainingPlan(BaseModel):
         description="Target GPU memory, read as GiB (2^30 bytes, as torch reports total_memory): 16 for a 16 GB "
                     "card. Instead of gpu."
     )
+    host_ram_gb: float | None = Field(
+        None, gt=0, le=MAX_HOST_RAM_GB,
+        description="The machine's host RAM in GiB: CPU offload that needs more is judged not to fit, and suggest "
+                    "never proposes it. Unset: offload suggestions state their host-RAM need.",
+    )
+    headroom_percent: float = Field(
+        DEFAULT_HEADROOM_PERCENT, ge=0, le=50,
+        description="Share of the GPU's usable memory to keep free beyond the safety margin: a budget above "
+                    "(100 - headroom_percent) per cent of the GPU is 'tight', not 'fits' (default 5).",
+    )
     # --- the run itself (recipe) ---
     dataset: SafeName | None = Field(
         None, description="Training data for the recipe: a JSONL file or a dataset folder."
     )
     truncation: bool = Field(False, description="Truncate samples longer than seq_len instead of refusing them.")
-    learning_rate: float = Field(
-        2e-5, gt=0, le=1.0,
-        description="Learning rate (SFTConfig default 2e-5; LoRA runs often use 2e-4; no memory cost)."
+    learning_rate: float | None = Field(
+        None, gt=0, le=1.0,
+        description=(
+            "Learning rate (no memory cost); null means by method: 2e-4 for lora/qlora (the QLoRA paper, Dettmers et "
+            "al. 2023, appendix: 2e-4 for 7B-13B; TRL's documented LoRA examples: 2e-4), 2e-5 for full (SFTConfig's "
+            "default; full fine-tuning uses about 1e-5 to 2e-5)."
+        ),
     )
     max_steps: int = Field(-1, ge=-1, le=10_000_000, description="Optimizer steps to run; -1 trains num_train_epochs.")
     num_train_epochs: float = Field(1.0, gt=0, le=1000, description="Epochs when max_steps is -1.")
@@ -323,8 +346,26 @@ class TrainingPlan(BaseModel):
         "outputs", description="Where the recipe writes checkpoints (relative to the recipe folder)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_count_in_name(cls, data):
+        """'2x RTX 4090', '8xH100', 'Kaggle T4 x2': the count goes to num_gpus, the card to gpu. A count that
+        contradicts num_gpus is an error naming both."""
+        if not isinstance(data, dict) or not isinstance(data.get("gpu"), str):
+            return data
+        from .gpu_names import split_gpu_count
+
+        count, name = split_gpu_count(data["gpu"])
+        if count is None:
+            return data
+        given = data.get("num_gpus")
+        if given is not None and not isinstance(given, bool) and given != count:
+            raise PlanError.about("num_gpus", f"gpu {data['gpu']!r} names {count} GPUs but num_gpus is {given}; "
+                                              "give the count once")
+        return {**data, "gpu": name, "num_gpus": count}
+
     @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs", "beta",
-                     "vllm_gpu_memory_utilization")
+                     "vllm_gpu_memory_utilization", "host_ram_gb", "headroom_percent")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
@@ -382,7 +423,7 @@ class TrainingPlan(BaseModel):
             raise PlanError.about("load_in_4bit", "a 4-bit base with adapters is method 'qlora'; set method to 'qlora'")
         if four_bit and self.load_in_8bit:
             raise PlanError.about("load_in_8bit", "4-bit and 8-bit quantization cannot both be on; pick one")
-        if self.sharding == "none" and self.num_gpus > 1:
+        if self.sharding == "none" and self.num_gpus > 1 and "sharding" in self.model_fields_set:
             raise PlanError.about("sharding",
                 f"{self.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
                 "fsdp_full_shard, fsdp_shard_grad_op); got 'none'"
@@ -406,6 +447,10 @@ class TrainingPlan(BaseModel):
         if self.precision == "mixed" and self.dtype == "fp32":
             raise PlanError.about("precision", "'mixed' means fp32 master weights with bf16/fp16 compute; "
                              "with dtype fp32 use 'pure'")
+        if self.dtype == "fp16" and self.method == "full" and self.precision == "pure":
+            raise PlanError.about("precision",
+                "full fine-tuning with pure fp16 weights cannot train (the fp16 gradient scaler refuses fp16 "
+                "gradients); set precision: mixed, or dtype: bf16")
         if self.gpu is not None and self.gpu_vram_gb is not None:
             raise PlanError.about("gpu", "give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
         return self
@@ -465,12 +510,31 @@ class TrainingPlan(BaseModel):
         return self.stack.kbit_preparation
 
     @property
+    def sharding_unset(self) -> bool:
+        """Several GPUs and no sharding given: the estimate picks the cheapest that fits (estimator/defaults.py)."""
+        return self.num_gpus > 1 and self.sharding == "none"
+
+    @property
+    def dtype_unset(self) -> bool:
+        """No dtype given: the GPU decides (bf16, or fp16 where it has none; estimator/defaults.py)."""
+        return "dtype" not in self.model_fields_set
+
+    @property
     def uses_adapters(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def effective_learning_rate(self) -> float:
+        """The plan's learning_rate, or by method when null: 2e-4 for LoRA/QLoRA, 2e-5 for full fine-tuning."""
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return 2e-4 if self.uses_adapters else 2e-5
 
     def replace(self, **changes) -> TrainingPlan:
         """A new validated plan with some fields changed."""
         data = self.model_dump()
+        if self.sharding_unset and "sharding" not in changes:
+            del data["sharding"]  # still left to the estimate to choose (estimator/estimate.py)
         data.update(changes)
         return TrainingPlan(**data)
 

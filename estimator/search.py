@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field, ValidationError
 
 from . import catalog
+from .backends import gpu_runs_plan
 from .costs import COST_MODEL_TEXT, Change, Cost, cost_of, sort_key
 from .errors import CanIFinetuneError, PlanError
 from .estimate import Estimate, estimate
@@ -37,9 +38,17 @@ from .model_sources import ResolvedModel, resolve_model
 from .plan import MAX_NUM_GPUS, MAX_STRING, PLAN_FIELDS, TrainingPlan
 from .throughput import APPROXIMATE_LABEL, Throughput, throughput
 
+# GPUs in one machine when the catalog does not say (an 8-GPU server board: HGX, OAM)
+DEFAULT_GPUS_PER_NODE = 8
+# How many of the first suggestions must include a 4-bit (QLoRA) option when one fits (issue 21: the tier question
+# a practitioner asks first)
+QLORA_WITHIN_FIRST = 3
+
 
 class Suggestion(BaseModel):
     rank: int
+    qlora_rule: bool = Field(False, description="placed by the rule that a QLoRA option that fits is among the first "
+                                                "three (docs/search.md), not by its cost")
     changes: list[Change]
     cost: Cost
     estimate: Estimate
@@ -87,6 +96,12 @@ class _Evaluator:
         self.rm = rm
         self.cache: dict[frozenset, tuple[TrainingPlan, Estimate] | None] = {}
         self.tp_cache: dict[frozenset, Throughput] = {}
+        self.cards: dict[str, catalog.CatalogGPU | None] = {}
+
+    def card(self, name: str) -> catalog.CatalogGPU | None:
+        if name not in self.cards:
+            self.cards[name] = catalog.find_gpu(name)
+        return self.cards[name]
 
     def key(self, changes: dict) -> frozenset:
         return frozenset((k, _freeze(v)) for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v))
@@ -100,8 +115,12 @@ class _Evaluator:
             return self.cache[k]
         try:
             plan = self.plan.replace(**self.clean(changes)) if k else self.plan
-            est = estimate(plan, model=self.rm)
-            out = (plan, est)
+            card = self.card(plan.gpu) if k and plan.gpu else None
+            if card is not None and gpu_runs_plan(card, plan) is not None:
+                out = None  # the card does not run the plan's kernels (bitsandbytes, flash-attn): never suggested
+            else:
+                est = estimate(plan, model=self.rm)
+                out = (plan, est)
         except (ValidationError, CanIFinetuneError):
             out = None
         self.cache[k] = out
@@ -188,13 +207,21 @@ class _Search:
         self.base_tp = self.ev.throughput({})
         self.knobs = build_knobs(plan, rm, keep)
         self.cost_cache: dict[frozenset, Cost] = {}
+        here = catalog.find_gpu(plan.gpu) if plan.gpu else None
+        self.gpu_here = here
+        # GPUs one machine of this card holds: counts up to it are one node, more only as whole nodes
+        self.per_node = getattr(here, "max_per_node", None) or DEFAULT_GPUS_PER_NODE
+        self.multi_node = False  # set when nothing on one node fits: then whole nodes are searched
+        self.qlora_pick: frozenset | None = None  # the QLoRA option the tier rule placed (_with_qlora_early)
 
     def cost(self, changes: dict) -> Cost:
         k = self.ev.key(changes)
         if k not in self.cost_cache:
             got = self.ev.get(changes)
             assert got is not None
-            self.cost_cache[k] = cost_of(self.plan, got[0], self.rm, self.base_tp, self.ev.throughput(changes))
+            self.cost_cache[k] = cost_of(self.plan, got[0], self.rm, self.base_tp, self.ev.throughput(changes),
+                                         used_fraction=got[1].used_fraction,
+                                         host_memory_bytes=got[1].host_memory_bytes)
         return self.cost_cache[k]
 
     def _order(self, knob: Knob) -> int:
@@ -226,7 +253,7 @@ class _Search:
         def drop(which):
             nonlocal items
             for entry in sorted(items, key=lambda kv: (-kv[0].tier, -self._order(kv[0]))):
-                if not which(entry[0]):
+                if not which(entry[0]) or entry[0].forced:
                     continue
                 trial = [x for x in items if x is not entry]
                 if self.ev.fits(merged(trial)):
@@ -242,14 +269,18 @@ class _Search:
         relax(lambda k: k.tier == 0)
         changes = self.ev.clean(merged(items))
         # 3. revert single fields while that fits and is not more expensive
-        return self.field_pass(changes)
+        held = {f for knob, lv in items if knob.forced for f in lv}
+        return self.field_pass(changes, held)
 
-    def field_pass(self, changes: dict) -> dict:
+    def field_pass(self, changes: dict, held: set[str] | frozenset[str] = frozenset()) -> dict:
+        """Revert single fields (not those ``held``) while the plan still fits and costs no more."""
         improved = True
         while improved:
             improved = False
             cur_key = sort_key(self.cost(changes))
             for f in list(changes):
+                if f in held:
+                    continue
                 trial = {k: v for k, v in changes.items() if k != f}
                 if self.ev.fits(trial) and sort_key(self.cost(trial)) <= cur_key:
                     changes = trial
@@ -262,7 +293,12 @@ class _Search:
         applied: list[tuple[Knob, dict]] = []
         state: dict = {}
         for knob in knobs:
-            if knob.tier == 2:
+            lv: dict | None
+            if knob.forced:
+                lv = knob.levels[0]
+                if self.ev.get({**state, **lv}) is None:
+                    return None
+            elif knob.tier == 2:
                 lv = _mildest_fitting(self.ev, state, knob)
                 if lv is None:
                     return None
@@ -315,12 +351,24 @@ class _Search:
                 lv["gradient_accumulation_steps"] = max(1, b * g * p.num_gpus // n)
         return self.ev.fits({**state, **lv})
 
-    def hw_combo(self, tier0: list[Knob]) -> dict | None:
-        """Same-math knobs at their strongest, then the fewest GPUs that fit; then minimize."""
+    def gpu_counts(self) -> list[int]:
+        """The GPU counts a machine of this card has (up to per_node), or, once nothing on one node fits, whole
+        nodes of it (2, 4, 8 nodes)."""
+        if self.multi_node:
+            return [self.per_node * k for k in (2, 4, 8) if self.per_node * k <= MAX_NUM_GPUS]
+        return [n for n in GPU_COUNTS if n <= self.per_node]
+
+    def hw_combo(self, tier0: list[Knob], start: dict | None = None) -> dict | None:
+        """Same-math knobs at their strongest (over ``start``: a change of method), then the fewest GPUs that fit;
+        then minimize."""
         if "num_gpus" in self.keep or self.plan.num_gpus >= MAX_NUM_GPUS:
             return None
         applied: list[tuple[Knob, dict]] = []
-        state: dict = {}
+        state: dict = dict(start or {})
+        if start:
+            if self.ev.get(state) is None:
+                return None
+            applied.append((Knob("method", 1, [start]), start))
         for knob in tier0:
             lv = _strongest(self.ev, state, knob)
             if lv is not None:
@@ -330,7 +378,7 @@ class _Search:
             return None  # fits without more hardware: a hardware suggestion would not be minimal
         shardings = ((self.plan.sharding,) if ("sharding" in self.keep or self.plan.sharding not in ("none", "ddp"))
                      else MULTI_GPU_SHARDINGS)
-        for n in GPU_COUNTS:
+        for n in self.gpu_counts():
             if n <= self.plan.num_gpus or n > MAX_NUM_GPUS:
                 continue
             if not self.hw_possible(state, n, shardings):
@@ -354,14 +402,19 @@ class _Search:
                 return self.field_pass(self.ev.clean({**merged, **lv}))
         return None
 
-    def larger_gpu(self) -> dict | None:
-        """The smallest catalog GPU (same vendor, fastest among equal sizes) larger than the plan's on which the
-        plan fits with same-mathematics changes and no offload; those changes then minimized."""
+    def larger_gpu(self, start: dict | None = None) -> dict | None:
+        """The smallest catalog GPU (same vendor, one that runs the plan's kernels, fastest among equal sizes)
+        larger than the plan's on which the plan fits with same-mathematics changes and no offload (over ``start``:
+        a change of method); those changes then minimized."""
         if {"gpu", "gpu_vram_gb"} & self.keep:
             return None
         same = [k for k in self.knobs if k.tier == 0 and k.name not in ("cpu_offload", "optim")]
         applied: list[tuple[Knob, dict]] = []
-        state: dict = {}
+        state: dict = dict(start or {})
+        if start:
+            if self.ev.get(state) is None:
+                return None
+            applied.append((Knob("method", 1, [start]), start))
         for knob in same:
             lv = _strongest(self.ev, state, knob)
             if lv is not None:
@@ -370,11 +423,13 @@ class _Search:
         if self.ev.fits(state):
             return None  # fits on the plan's own GPU: a larger one is not a minimal change
         need = self.ev.budget(state)
-        here = catalog.find_gpu(self.plan.gpu) if self.plan.gpu else None
+        here = self.gpu_here
         usable = self.ev.get({})[1].gpu_usable_bytes or 0  # type: ignore[index]
         vendor, category = (here.vendor, here.category) if here else ("nvidia", "datacenter")
+        planned = self.ev.get(state)[0]  # type: ignore[index]
         bigger = sorted((g for g in catalog.load_gpus() if g.vendor == vendor and g.total_memory_bytes > usable
-                         and g.total_memory_bytes >= need and g.name != (here.name if here else None)),
+                         and g.total_memory_bytes >= need and g.name != (here.name if here else None)
+                         and gpu_runs_plan(g, planned) is None),
                         key=lambda g: (g.category != category, g.total_memory_bytes,
                                        -(g.tflops_bf16_dense or g.tflops_fp16_dense)))
         for g in bigger:
@@ -414,6 +469,16 @@ class _Search:
                 got = self.combo(recipe)
                 if got is not None:
                     found.append(got)
+        # a 4-bit option held fixed, whatever else it needs (the tier question a practitioner asks first; the
+        # minimality pass would otherwise keep only the cheapest method that fits)
+        others = [k for k in tier1 if k.name != "method"]
+        for lv in [lv for lv in self.method_moves() if lv.get("method") == "qlora"]:
+            qlora = Knob("method", 1, [lv], forced=True)
+            for base in bases:
+                got = self.combo([qlora, *base, *others])
+                if got is not None:
+                    found.append(got)
+                    break
         # vLLM on its own GPU (GRPO): alone, then with the same-math knobs
         for knob in [k for k in self.knobs if k.name == "vllm_mode"]:
             for base in ([], no_off, tier0):
@@ -421,25 +486,50 @@ class _Search:
                 if got is not None:
                     found.append(got)
                     break
-        # more hardware: alone, with same-math knobs, and with offload as a last resort; a larger GPU
-        for base in ([], no_off, tier0):
-            got = self.hw_combo(base)
-            if got is not None:
-                found.append(got)
-                if base:
-                    break
-        got = self.larger_gpu()
-        if got is not None:
-            found.append(got)
+        found += self.hardware(no_off, tier0)
+        if not any(self.ev.fits(ch) for ch in found):
+            # nothing on one machine of this card fits: whole nodes of it
+            self.multi_node = True
+            found += self.hardware(no_off, tier0)
+        return found
+
+    def method_moves(self) -> list[dict]:
+        """The tier changes a hardware change may come with: each level of the method knob (LoRA, QLoRA)."""
+        return [lv for k in self.knobs if k.name == "method" for lv in k.levels]
+
+    def hardware(self, no_off: list[Knob], tier0: list[Knob]) -> list[dict]:
+        """More GPUs (alone, with same-math knobs, with offload as a last resort) and a larger GPU, each as the plan
+        is and with each change of method (QLoRA on one 80 GB card; QLoRA on two cards with the sharding that
+        fits)."""
+        found: list[dict] = []
+        for start in [{}, *self.method_moves()]:
+            for base in ([], no_off, tier0):
+                got = self.hw_combo(base, start)
+                if got is not None:
+                    found.append(got)
+                    if base:
+                        break
+            if not self.multi_node:
+                got = self.larger_gpu(start)
+                if got is not None:
+                    found.append(got)
         return found
 
 
 def _demands(search: _Search, ch: dict) -> tuple:
-    """What a suggestion asks of the user, count by count (lower is better on each)."""
+    """What a suggestion asks of the user, count by count (lower is better on each). The context lost and a changed
+    effective batch are counts of their own, so a change of tier that keeps the user's context and batch is never
+    dropped as dominated by a context cut."""
     c = search.cost(ch)
     est = search.ev.get(ch)[1]  # type: ignore[index]
     return (c.quality_penalty, c.slowdown_fraction - 1e-9, c.extra_gpus, int(c.kind == "larger_gpu"),
-            int(c.kind == "cpu_offload"), est.host_memory_bytes)
+            int(c.kind == "cpu_offload"), est.host_memory_bytes, c.context_tokens_lost,
+            int(c.effective_batch_after != c.effective_batch_before), c.room_cost)
+
+
+# A suggestion that costs this much more than the first one is not a choice anybody would make (a context cut to a
+# quarter with a lower rank beside a change of tier): it is left out (user_cost units, docs/search.md)
+MAX_COST_GAP = 6.0
 
 
 def _best_of_each_kind(ranked: list[dict], search: _Search) -> list[dict]:
@@ -451,12 +541,38 @@ def _best_of_each_kind(ranked: list[dict], search: _Search) -> list[dict]:
         kind = search.cost(ch).kind
         if kind in kinds:
             continue
+        if kept and search.cost(ch).user_cost > search.cost(kept[0]).user_cost + MAX_COST_GAP:
+            break  # ranked by user_cost: every later one is dearer still
         mine = _demands(search, ch)
         if any(all(o <= m for o, m in zip(_demands(search, other), mine, strict=True)) for other in kept):
             continue
         kinds.add(kind)
         kept.append(ch)
     return kept
+
+
+def _is_new_4bit(search: _Search, ch: dict) -> bool:
+    plan = search.ev.get(ch)[0]  # type: ignore[index]
+    return plan.quantized_4bit and not search.plan.quantized_4bit
+
+
+def _with_qlora_early(kept: list[dict], everything: list[dict], search: _Search) -> list[dict]:
+    """A 4-bit (QLoRA) option among the first QLORA_WITHIN_FIRST whenever one fits: on the user's own GPUs first,
+    else on a larger card or more cards of theirs (the cheapest such, by the ranking)."""
+    if search.plan.quantized_4bit or "method" in search.keep:
+        return kept
+    if any(_is_new_4bit(search, ch) for ch in kept[:QLORA_WITHIN_FIRST]):
+        return kept
+    hardware_kinds = ("more_gpus", "larger_gpu")
+    qlora = [ch for ch in everything if _is_new_4bit(search, ch)]
+    own = [ch for ch in qlora if search.cost(ch).kind not in hardware_kinds]
+    if not qlora:
+        return kept
+    pick = (own or qlora)[0]
+    search.qlora_pick = search.ev.key(pick)
+    rest = [ch for ch in kept if ch is not pick]
+    at = min(QLORA_WITHIN_FIRST - 1, len(rest))
+    return [*rest[:at], pick, *rest[at:]]
 
 
 def _changes_list(original: TrainingPlan, plan: TrainingPlan) -> list[Change]:
@@ -501,6 +617,7 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
     pins = _checked_arguments(keep, max_suggestions, training_tokens)
     rm = model or resolve_model(plan.model)
     original = estimate(plan, model=rm)
+    plan = original.plan  # with what the estimate chose for the hardware (dtype, sharding): the search starts there
     if original.verdict == "unknown":
         raise PlanError("gpu: suggest needs a target GPU; pass gpu (a catalog name) or gpu_vram_gb", field="gpu")
     search = _Search(plan, rm, set(pins))
@@ -546,10 +663,12 @@ def _rank(search: _Search, result: SuggestResult, max_suggestions: int, training
         if ch and ev.fits(ch):
             uniq.setdefault(ev.key(ch), ch)
     ranked = sorted(uniq.values(), key=lambda ch: (sort_key(search.cost(ch)), len(ch), sorted(map(str, ch))))
-    ranked = _best_of_each_kind(ranked, search)
+    everything = ranked
+    ranked = _with_qlora_early(_best_of_each_kind(ranked, search), everything, search)
     for i, ch in enumerate(ranked[:max_suggestions]):
         new_plan, est = ev.get(ch)  # type: ignore[misc]
-        result.suggestions.append(Suggestion(rank=i + 1, changes=_changes_list(plan, new_plan), cost=search.cost(ch),
+        result.suggestions.append(Suggestion(rank=i + 1, qlora_rule=ev.key(ch) == search.qlora_pick,
+                                             changes=_changes_list(plan, new_plan), cost=search.cost(ch),
                                              estimate=est, throughput=ev.throughput(ch, training_tokens),
                                              plan=new_plan))
     result.nothing_fits = not any(search.cost(ch).kind not in ("more_gpus", "larger_gpu") for ch in ranked)
@@ -571,13 +690,19 @@ def _least_memory_on_this_gpu(search: _Search, result: SuggestResult) -> None:
     result.min_reachable_changes = _changes_list(plan, least[0]) if least is not None and least[0] is not plan else []
 
 
-def _smallest_gpu_for(plan: TrainingPlan, budget_bytes: int) -> catalog.CatalogGPU | None:
-    """The smallest catalog GPU (fastest among equal sizes) that holds ``budget_bytes`` (bf16 plans: with bf16)."""
+def _smallest_gpu_for(plan: TrainingPlan, budget_bytes: int,
+                      here: catalog.CatalogGPU | None) -> catalog.CatalogGPU | None:
+    """The smallest catalog GPU (fastest among equal sizes) of the plan's vendor (NVIDIA for a plan given by size)
+    that runs the plan's kernels and holds ``budget_bytes`` within the headroom line (bf16 plans: with bf16)."""
     best = None
+    vendor = here.vendor if here else "nvidia"
+    line = 1 - plan.headroom_percent / 100
     for g in catalog.load_gpus():
+        if g.vendor != vendor or gpu_runs_plan(g, plan) is not None:
+            continue
         if plan.dtype == "bf16" and not g.bf16:
             continue
-        if budget_bytes > g.total_memory_bytes:
+        if budget_bytes > g.total_memory_bytes * line:
             continue
         if best is None or (g.total_memory_bytes, -(g.tflops_bf16_dense or g.tflops_fp16_dense)) < (
                 best.total_memory_bytes, -(best.tflops_bf16_dense or best.tflops_fp16_dense)):
@@ -587,7 +712,8 @@ def _smallest_gpu_for(plan: TrainingPlan, budget_bytes: int) -> catalog.CatalogG
 
 def _other_hardware_for_the_plan(search: _Search, result: SuggestResult, pins: list[str]) -> None:
     """The smallest catalog GPU and the fewest GPUs of this kind on which the original plan fits unchanged."""
-    best = _smallest_gpu_for(search.plan, result.original.budget_bytes)  # the budget does not depend on the GPU
+    # the budget does not depend on the GPU
+    best = _smallest_gpu_for(search.plan, result.original.budget_bytes, search.gpu_here)
     if best is not None:
         result.smallest_gpu, result.smallest_gpu_usable_bytes = best.name, best.total_memory_bytes
     if "gpu" in pins or "gpu_vram_gb" in pins:

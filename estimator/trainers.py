@@ -22,6 +22,16 @@ if TYPE_CHECKING:  # the plan imports this module; its type is only needed for a
 
 TRAINERS: tuple[str, ...] = ("sft", "dpo", "orpo", "kto", "reward", "grpo")
 
+# The TRL 1.16 class that trains each trainer (ORPO's lives in trl.experimental.orpo): what the text names
+TRAINER_CLASSES: dict[str, str] = {
+    "sft": "SFTTrainer",
+    "dpo": "DPOTrainer",
+    "orpo": "ORPOTrainer",
+    "kto": "KTOTrainer",
+    "reward": "RewardTrainer",
+    "grpo": "GRPOTrainer",
+}
+
 # plan field -> the trainers that have it
 TRAINER_FIELDS: dict[str, frozenset[str]] = {
     "precompute_ref_log_probs": frozenset({"dpo", "kto"}),
@@ -80,8 +90,22 @@ def resolved_trainer_fields(plan: TrainingPlan) -> dict[str, Any]:
     return out
 
 
+def packing_problem(plan: TrainingPlan) -> str | None:
+    """Why the plan's packing/padding_free cannot be estimated and trained as it says, or None: both are SFTTrainer
+    settings (the recipe passes them to SFTConfig); the other trainers' recipes and memory model take padded rows.
+    The estimate (``check_supported``) and the runtime (recipes/runtime.py) refuse with this one message."""
+    name = "packing" if plan.packing else "padding_free" if plan.padding_free else None
+    if name is None or plan.trainer == "sft":
+        return None
+    return (f"{name}: packed and padding-free rows are estimated and trained for trainer sft only (TRL's "
+            f"SFTTrainer); set {name}: false for trainer '{plan.trainer}'")
+
+
 def check_supported(plan: TrainingPlan) -> None:
     """Refuse, naming why, what estimator/trainer_memory.py cannot model or the harness cannot measure."""
+    packing = packing_problem(plan)
+    if packing is not None:
+        raise PlanError(packing, field="packing" if plan.packing else "padding_free")
     if plan.trainer == "reward" and plan.method == "full" and plan.optim not in ("adamw_torch_fused", "adamw_torch"):
         raise PlanError("optim: a fully fine-tuned reward model is estimated with adamw_torch_fused or adamw_torch "
                         f"only (its input embedding's optimizer states and step under '{plan.optim}' are not "

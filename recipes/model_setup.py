@@ -370,7 +370,7 @@ def enable_checkpointing(model, plan) -> None:
 def optimizer_spec(plan, *, fake: bool = False) -> tuple[str, dict]:
     """(class path, kwargs without params) of the optimizer transformers' Trainer builds for ``plan.optim``.
 
-    Trainer defaults: lr = plan.learning_rate, betas (0.9, 0.999), eps 1e-8, weight_decay 0.0.
+    Trainer defaults: lr = plan.effective_learning_rate, betas (0.9, 0.999), eps 1e-8, weight_decay 0.0.
     - adamw_torch_fused: torch.optim.AdamW(fused=True)
     - adamw_torch: torch.optim.AdamW() which on CUDA picks foreach=True; passed explicitly (fake tensors are not in
       torch's foreach-supported types, so the default would silently become the single-tensor loop)
@@ -378,7 +378,7 @@ def optimizer_spec(plan, *, fake: bool = False) -> tuple[str, dict]:
     - sgd: torch.optim.SGD(lr) with Trainer's defaults: momentum 0 (no state), foreach on CUDA -> passed explicitly
     - adamw_bnb_8bit / paged_adamw_8bit / paged_adamw_32bit: bitsandbytes AdamW(optim_bits, is_paged)
     """
-    lr = plan.learning_rate
+    lr = plan.effective_learning_rate
     adam = {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
     if plan.optim == "adamw_torch_fused":
         return "torch.optim.AdamW", {**adam, "fused": True}

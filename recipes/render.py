@@ -41,9 +41,9 @@ LAUNCH_FILE = "launch.sh"
 FILE_NAMES = (RECIPE_FILE, ACCELERATE_FILE, REQUIREMENTS_FILE, ESTIMATE_FILE, ESTIMATE_JSON_FILE, LAUNCH_FILE,
               EXAMPLE_DATA_FILE, REWARD_FILE)
 
-# What the runtime needs (the `train` extra), pinned to the versions the estimate's semantics follow.
+# What the runtime needs (the `train` extra), pinned to the versions the estimate's semantics follow; the line that
+# installs this project comes first (project_requirement).
 BASE_REQUIREMENTS = (
-    "canifinetune[train]",
     "torch>=2.4",
     "transformers>=5.0",
     "peft>=0.17",
@@ -69,6 +69,8 @@ class Recipe(BaseModel):
     framework_note: str | None = Field(
         None, description="for a plan made for another framework: how the TRL recipe carries its memory-relevant "
                           "settings")
+    next_step: str = Field(description="the first command to run in the recipe's folder (one `canifinetune train` "
+                                       "accepts for this trainer and GPU count) and what it checks")
     files: dict[str, str]
     estimate: Estimate
 
@@ -82,6 +84,35 @@ def launch_argv(plan: TrainingPlan) -> list[str]:
         return ["canifinetune", "train", RECIPE_FILE]
     return ["accelerate", "launch", "--config_file", ACCELERATE_FILE,
             "-m", "canifinetune.server.cli", "train", RECIPE_FILE]
+
+
+PROBE_STEPS = 3
+
+
+def next_command(plan: TrainingPlan) -> list[str]:
+    """The first command to run in the recipe's folder, as argv: one that `canifinetune train` accepts for the plan's
+    trainer and GPU count (recipes/train.py, recipes/runtime.py ``check_plan_for_machine``).
+
+    ``--probe`` measures SFT steps only (train refuses it for another trainer), and a multi-GPU recipe runs only under
+    its accelerate launch command (one process per GPU), which launch.sh holds and passes extra arguments to:
+
+    * sft, one GPU: ``canifinetune train recipe.yaml --probe 3``
+    * sft, several GPUs: ``sh launch.sh --probe 3``
+    * another trainer: the recipe's own run, ``canifinetune train recipe.yaml`` (one GPU) or ``sh launch.sh``
+      (several), after setting ``max_steps: 3`` (``next_step`` says so)."""
+    probe = ["--probe", str(PROBE_STEPS)] if plan.trainer == "sft" else []
+    if plan.num_gpus > 1:
+        return ["sh", LAUNCH_FILE, *probe]
+    return ["canifinetune", "train", RECIPE_FILE, *probe]
+
+
+def next_step(plan: TrainingPlan) -> str:
+    """``next_command`` with what it checks: the one next step the recipe's summary, the CLI and make_recipe print."""
+    command = shlex.join(next_command(plan))
+    if plan.trainer == "sft":
+        return f"{command}   (measures {PROBE_STEPS} steps on your GPU and prints the peaks beside the estimate)"
+    return (f"set max_steps: {PROBE_STEPS} in {RECIPE_FILE}, then {command}   (watch nvidia-smi against the estimate; "
+            "--probe measures SFT steps only)")
 
 
 def accelerate_config(plan: TrainingPlan) -> dict | None:
@@ -139,8 +170,66 @@ def accelerate_config(plan: TrainingPlan) -> dict | None:
     return config
 
 
+PROJECT = "canifinetune"
+# The name on PyPI belongs to an unrelated project (0.4.1, no `train` extra): a bare `canifinetune[train]` would
+# install that one. The recipe names this project by where it was installed from, or pins its own version.
+CHECKOUT_NOTE = ("# canifinetune is installed from its checkout (the PyPI name belongs to another project): "
+                 'pip install -e "/path/to/canifinetune[train]"')
+
+
+def _token(value) -> str | None:
+    """``value`` when it is one printable token (nothing that could end the line or the requirement), else None."""
+    if isinstance(value, str) and value and all(c.isprintable() and not c.isspace() and c not in "#&" for c in value):
+        return value
+    return None
+
+
+def _direct_reference(text: str | None) -> str | None:
+    """The PEP 440 direct reference of a PEP 610 ``direct_url.json`` (a local folder, an archive or a VCS checkout),
+    or None when there is none or it cannot be written as one line."""
+    try:
+        info = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(info, dict):
+        return None
+    url = _token(info.get("url"))
+    if url is None:
+        return None
+    vcs = info.get("vcs_info")
+    if isinstance(vcs, dict):
+        kind, commit = _token(vcs.get("vcs")), _token(vcs.get("commit_id"))
+        if kind is None or commit is None or not (kind.isalnum() and commit.isalnum()):
+            return None
+        url = f"{kind}+{url}@{commit}"
+    elif not isinstance(info.get("dir_info"), dict) and not isinstance(info.get("archive_info"), dict):
+        return None
+    if "subdirectory" in info:
+        sub = _token(info["subdirectory"])
+        if sub is None:
+            return None
+        url += f"#subdirectory={sub}"
+    return url
+
+
+def project_requirement() -> list[str]:
+    """The requirements.txt line(s) that install this project with its `train` extra: a direct reference to where the
+    installed distribution came from (PEP 610 ``direct_url.json``: a local folder, an archive or a VCS commit), else
+    its own version pinned, after a comment saying to install it from its checkout. Never a bare ``canifinetune``."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(PROJECT)
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return [CHECKOUT_NOTE]
+    url = _direct_reference(dist.read_text("direct_url.json"))
+    if url is not None:
+        return [f"{PROJECT}[train] @ {url}"]
+    return [CHECKOUT_NOTE, f"{PROJECT}[train]=={dist.version}"]
+
+
 def requirements(plan: TrainingPlan) -> list[str]:
-    reqs = list(BASE_REQUIREMENTS)
+    reqs = [*project_requirement(), *BASE_REQUIREMENTS]
     bnb_optim = plan.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
     if plan.quantized_4bit or plan.load_in_8bit or bnb_optim:
         reqs.append("bitsandbytes>=0.45")
@@ -171,7 +260,8 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
         f"{est.params_trainable:,} trainable",
         f"method:           {plan.method}, {plan.dtype} ({plan.precision}), seq_len {plan.seq_len}, micro-batch "
         f"{plan.batch_size} x {plan.gradient_accumulation_steps} accumulation, checkpointing "
-        f"{'on' if plan.gradient_checkpointing else 'off'}, optim {plan.optim}",
+        f"{'on' if plan.gradient_checkpointing else 'off'}, optim {plan.optim}, learning rate "
+        f"{plan.effective_learning_rate:g}" + (f" (by method: {plan.method})" if plan.learning_rate is None else ""),
         f"peak allocated:   {_gib(est.peak_allocated_bytes)} (torch.cuda.max_memory_allocated, {est.peak_phase} phase)",
         f"peak reserved:    {_gib(est.peak_reserved_bytes)} (torch.cuda.max_memory_reserved)",
         f"process total:    {_gib(est.total_bytes)} (reserved + CUDA context, as nvidia-smi shows it)",
@@ -182,10 +272,7 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
         f"calibration:      {est.calibration_version}",
         "",
         "run (from this folder):  " + shlex.join(argv),
-        ("check it first:          " + shlex.join(["canifinetune", "train", RECIPE_FILE, "--probe", "3"])
-         + "   (measures 3 steps on your GPU beside these numbers)") if plan.trainer == "sft" else
-        ("check it first:          set max_steps: 3 in recipe.yaml, run it and watch nvidia-smi (--probe measures "
-         "SFT steps only)"),
+        "check it first:          " + next_step(plan),
     ]
     if plan.dataset is None:
         lines.append("dataset:                none in the plan: add --dataset FILE.jsonl (or a dataset folder) to the "
@@ -201,10 +288,11 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def launch_script(argv: list[str]) -> str:
+def launch_script(argv: list[str], trainer: str = "sft") -> str:
+    examples = "--dataset FILE, --probe 3" if trainer == "sft" else "--dataset FILE"  # --probe measures SFT only
     return (
         "#!/bin/sh\n"
-        "# Trains this recipe from its own folder; extra arguments (e.g. --dataset FILE, --probe 3) pass through.\n"
+        f"# Trains this recipe from its own folder; extra arguments (e.g. {examples}) pass through.\n"
         "set -eu\n"
         'cd "$(dirname "$0")"\n'
         f'exec {shlex.join(argv)} "$@"\n'
@@ -281,7 +369,7 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     files[REQUIREMENTS_FILE] = reqs
     files[ESTIMATE_FILE] = summary
     files[ESTIMATE_JSON_FILE] = est.model_dump_json(indent=2) + "\n"
-    files[LAUNCH_FILE] = launch_script(argv)
+    files[LAUNCH_FILE] = launch_script(argv, plan.trainer)
     files.update(extra_files)
     return Recipe(
         plan=plan,
@@ -292,6 +380,7 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
         requirements_txt=reqs,
         estimate_summary=summary,
         framework_note=framework_note,
+        next_step=next_step(plan),
         files=files,
         estimate=est,
     )

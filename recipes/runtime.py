@@ -103,6 +103,11 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
         problems.append("offload_optimizer: FSDP offloads parameters, gradients and optimizer states together; set "
                         "offload_params: true with sharding fsdp_full_shard, or use sharding zero2/zero3 to offload "
                         "only the optimizer")
+    from canifinetune.estimator.trainers import packing_problem
+
+    packing = packing_problem(plan)  # the estimate refuses the same, with the same words
+    if packing is not None:
+        problems.append(packing)
     if plan.trainer == "grpo" and plan.use_vllm and not machine.cuda:
         problems.append("use_vllm: vLLM generates on a CUDA GPU; on a CPU set use_vllm: false (GRPO then generates "
                         "with model.generate)")
@@ -306,11 +311,14 @@ def sft_config_kwargs(plan: TrainingPlan, *, output_dir: str, use_cpu: bool, max
         "optim": plan.optim,
         "bf16": plan.dtype == "bf16",
         "fp16": plan.dtype == "fp16",
-        "max_length": plan.seq_len,
+        # padding-free rows without packing: TRL 1.16 refuses a max_length it would not enforce (sft_trainer.py); the
+        # runtime has already refused (or, with truncation, cut) every sample longer than seq_len (check_lengths)
+        "max_length": None if plan.padding_free and not plan.packing else plan.seq_len,
         "truncation_mode": "keep_start",
-        "packing": False,
-        "padding_free": False,
-        "learning_rate": plan.learning_rate,
+        # as the plan says (TRL's names); TRL 1.16 packs with its "bfd" strategy, which turns padding-free on too
+        "packing": plan.packing,
+        "padding_free": plan.padding_free,
+        "learning_rate": plan.effective_learning_rate,
         "max_steps": plan.max_steps if max_steps is None else max_steps,
         "num_train_epochs": plan.num_train_epochs,
         "report_to": "none",
@@ -422,6 +430,12 @@ def prepare(
                      f"{plan.num_gpus} processes (gloo); FSDP and DeepSpeed need GPUs")
     if truncated:
         notes.append(f"{truncated} samples were cut at seq_len {plan.seq_len} (truncation: true)")
+    if (plan.packing or plan.padding_free) and plan.attn_implementation != "flash_attention_2":
+        # transformers 5 (masking_utils.find_packed_sequence_indices) keeps packed sequences apart under sdpa/eager
+        # with a block-diagonal mask over the flattened row; flash_attention_2 uses varlen kernels and no mask
+        notes.append(f"{'packing' if plan.packing else 'padding_free'} without flash_attention_2: transformers masks "
+                     f"the packed sequences apart with a ({plan.batch_size} x {plan.seq_len})^2 mask, which the "
+                     "estimate does not count; attn_implementation: flash_attention_2 needs none")
     return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=tokenizer, output_dir=out,
                     samples=len(ids), truncated=truncated, notes=notes)
 

@@ -1,9 +1,10 @@
 """The recipe file: a strict YAML schema that round-trips to the same :class:`TrainingPlan`.
 
-A recipe is ``{"canifinetune_recipe": 1, "plan": {...every TrainingPlan field...}, "estimate": {...}}``.
-It is written with ``yaml.safe_dump`` and read with a safe loader that also refuses duplicate keys; the plan is
-validated by ``TrainingPlan`` itself (unknown fields refused), the estimate section by a model that forbids
-unknown fields too. Nothing here imports torch.
+A recipe is ``{"canifinetune_recipe": 1, "plan": {...}, "estimate": {...}}``, where ``plan`` holds ``model`` and
+the fields that differ from TrainingPlan's defaults (every other field is its default when the file is read, so the
+file reads back as the same plan). It is written with ``yaml.safe_dump`` and read with a safe loader that also
+refuses duplicate keys; the plan is validated by ``TrainingPlan`` itself (unknown fields refused), the estimate
+section by a model that forbids unknown fields too. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -106,11 +107,16 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 
 
 def dump_recipe(recipe: RecipeFile) -> str:
-    """The YAML text of a recipe (yaml.safe_dump: never string formatting)."""
+    """The YAML text of a recipe (yaml.safe_dump: never string formatting). The plan holds ``model`` and the fields
+    that differ from TrainingPlan's defaults; reading the file fills in the same defaults, so it is the same plan."""
     data = recipe.model_dump(mode="json")
+    data["plan"] = recipe.plan.model_dump(mode="json", exclude_defaults=True)  # model is required: always there
     header = (
         "# canifinetune recipe: `canifinetune train recipe.yaml` trains exactly this plan.\n"
         "# Edit values here, not in generated files; unknown keys are refused.\n"
+        "# Plan fields not listed keep their defaults (estimator/plan.py): TRL 1.16 SFTConfig/ModelConfig, "
+        "transformers TrainingArguments, PEFT LoraConfig, the trainer's TRL config; learning_rate by method (2e-4 "
+        "LoRA/QLoRA, 2e-5 full).\n"
     )
     return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
 
@@ -152,9 +158,14 @@ def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
     if not isinstance(data.get("plan"), dict):
         raise RecipeError(f"plan: {where} needs a 'plan:' mapping with the TrainingPlan fields (at least model)")
     try:
-        return RecipeFile.model_validate(data)
+        recipe = RecipeFile.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(describe_validation_error(exc)) from None
+    if recipe.plan.sharding_unset:  # the estimate chooses one for a plan; a recipe trains exactly what it says
+        raise RecipeError(f"sharding: {recipe.plan.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
+                          "fsdp_full_shard, fsdp_shard_grad_op); set it in the plan (`canifinetune recipe` writes the "
+                          "one the estimate chose)")
+    return recipe
 
 
 def load_recipe(path: str | Path) -> RecipeFile:

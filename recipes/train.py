@@ -40,9 +40,11 @@ def require_train_dependencies(plan: TrainingPlan) -> None:
         needed.append("vllm")
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
-        raise RecipeError(f"train: {', '.join(missing)} not installed; run pip install 'canifinetune[train]'"
-                          + (" deepspeed" if "deepspeed" in missing else "") + (" vllm" if "vllm" in missing else "")
-                          + " (see requirements.txt in the recipe folder)")
+        raise RecipeError(f"train: {', '.join(missing)} not installed; from this project's checkout run pip install "
+                          "-e '.[train]'" + (" deepspeed" if "deepspeed" in missing else "")
+                          + (" vllm" if "vllm" in missing else "")
+                          + " (the PyPI package named canifinetune is another project; see requirements.txt in the "
+                          "recipe folder)")
 
 
 def train(recipe_path: str | Path, *, dataset: str | None = None, probe_steps: int | None = None,

@@ -185,7 +185,8 @@ def _add_recipe_commands(sub) -> None:
     rec.add_argument("--json", action="store_true", help="also print the recipe as JSON")
     rec.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
     tr = sub.add_parser("train",
-                        help="train a recipe (needs `pip install 'canifinetune[train]'`); --probe N measures N steps")
+                        help="train a recipe (needs the train extra: pip install -e \".[train]\" in the checkout); "
+                             "--probe N measures N steps")
     tr.add_argument("recipe", metavar="RECIPE.yaml", help="the recipe file `canifinetune recipe` wrote")
     tr.add_argument("--dataset", default=None, metavar="PATH",
                     help="JSONL file or dataset folder (overrides the recipe's)")
@@ -196,12 +197,12 @@ def _add_recipe_commands(sub) -> None:
 
 
 def _cmd_estimate(args) -> int:
-    from canifinetune.estimator.estimate import estimate
+    from canifinetune.estimator.tiers import estimate_with_tiers
 
     from .text import format_estimate
 
     plan = _plan_from_args(args)
-    result = estimate(plan, model=_resolve_model(plan, args))
+    result = estimate_with_tiers(plan, _resolve_model(plan, args))
     from .config_face import cli_json, cli_text
 
     if args.json:
@@ -331,13 +332,18 @@ def _cmd_recipe(args) -> int:
     if not args.out.strip():
         raise UsageError("--out: must name a folder (use --out . for the current folder); got ''")
     plan = _plan_from_args(args)
-    recipe = make_recipe(plan, estimate(plan, model=_resolve_model(plan, args)))
+    est = estimate(plan, model=_resolve_model(plan, args))
+    recipe = make_recipe(est.plan, est)  # the plan with what the estimate chose for the hardware (dtype, sharding)
     paths = write_recipe(recipe, args.out, force=args.force)
     if args.json:
         print(recipe_json(recipe))
     else:
         print(recipe.estimate_summary.rstrip())
         print("wrote: " + ", ".join(str(p) for p in paths))
+        import shlex
+
+        # recipes/render.py next_step: a command `canifinetune train` accepts for this trainer and GPU count
+        print(f"next: cd {shlex.quote(str(paths[0].parent))}, then {recipe.next_step}")
         from .config_face import cli_text
 
         text = cli_text(args)

@@ -26,6 +26,20 @@ def verdict_line(est: Estimate) -> str:
     return f"{VERDICT_WORDS[est.verdict]}{where}{per}: {est.verdict_reason}"
 
 
+def chosen_lines(est: Estimate) -> list[str]:
+    """What the estimate chose for the user's hardware, each with why ('chose: dtype fp16: the Tesla T4 ...')."""
+    return [f"chose: {c}" for c in est.chosen_defaults]
+
+
+def tier_lines(est: Estimate) -> list[str]:
+    """The one-line full / LoRA / QLoRA row, when the face computed it."""
+    if not est.tiers:
+        return []
+    from canifinetune.estimator.tiers import tier_line
+
+    return [tier_line(est.tiers, _on(est).removeprefix("the "))]
+
+
 def breakdown_lines(est: Estimate) -> list[str]:
     """One line per component with a bar proportional to its share of the budget."""
     scale = max(est.budget_bytes, est.gpu_usable_bytes or 0, 1)
@@ -42,6 +56,8 @@ def format_estimate(est: Estimate, next_move: str | None = None) -> str:
     plan = est.plan
     head = [
         verdict_line(est),
+        *chosen_lines(est),
+        *tier_lines(est),
         f"{est.model} ({est.params_total / 1e9:.3g}B params, {est.model_source}), {plan.method}, "
         f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
         f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}",
@@ -91,7 +107,7 @@ def format_suggestions(result) -> str:
     """
     o = result.original
     usable = o.gpu_usable_bytes
-    lines = [verdict_line(o), _answer_line(result)]
+    lines = [verdict_line(o), *chosen_lines(o), _answer_line(result)]
     if result.keep:
         lines.append("pinned (never changed): " + ", ".join(result.keep))
     lines.append(f"{o.model} as planned: ~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)")
@@ -162,8 +178,10 @@ def need_vs_have(est: Estimate) -> str:
     have = f"have {gib(est.gpu_usable_bytes)} usable ({est.used_fraction:.0%})"
     if est.verdict == "does_not_fit":
         return f"{need}, {have}: {gib(est.total_bytes - est.gpu_usable_bytes)} over even without the margin"
-    if est.verdict == "tight":
+    if est.verdict == "tight" and est.budget_bytes > est.gpu_usable_bytes:
         return f"{need}, {have}: {gib(est.budget_bytes - est.gpu_usable_bytes)} into the safety margin"
+    if est.verdict == "tight":
+        return f"{need}, {have}: only {gib(est.gpu_usable_bytes - est.budget_bytes)} free, under the headroom line"
     return f"{need}, {have}: {gib(est.gpu_usable_bytes - est.budget_bytes)} free"
 
 
@@ -188,7 +206,8 @@ def top_parts(est: Estimate, n: int = BRIEF_PARTS, explain: bool = True) -> str:
 def format_estimate_brief(est: Estimate, next_move: str | None = None) -> str:
     """estimate_memory's text: verdict, need vs have, the plan, the stack, the three largest parts, warnings,
     the next step (the whole breakdown is in the structured content; `canifinetune estimate` prints it)."""
-    lines = [verdict_line(est), need_vs_have(est), plan_line(est), stack_line(est), top_parts(est)]
+    lines = [verdict_line(est), *chosen_lines(est), need_vs_have(est), *tier_lines(est), plan_line(est),
+             stack_line(est), top_parts(est)]
     lines += [f"warning: {w}" for w in est.warnings]
     lines.append(f"next: {next_move or default_next_move(est)}")
     return "\n".join(lines)
@@ -256,6 +275,6 @@ def format_recipe_brief(view: dict) -> str:
     lines.append("files (resource links; read one with resources/read): " + ", ".join(view["files"]))
     lines.append(f"write them into a folder: {view['cli_command']}")
     lines.append(f"run: {view['launch_command']} (in that folder)")
-    lines.append("next: run a short probe first (canifinetune train recipe.yaml --probe 3) and compare its peak "
-                 "memory with the estimate")
+    # recipes/render.py next_step: a command `canifinetune train` accepts for this trainer and GPU count
+    lines.append(f"next, in that folder: {view['next_step']}")
     return "\n".join(lines)

@@ -91,7 +91,7 @@ REQUIRED_MODELS = [
 ]
 
 REQUIRED_GPUS = [
-    "Tesla T4", "Tesla V100 16GB", "Tesla V100 32GB", "A10", "A10G", "L4", "L40S",
+    "Tesla P100", "Tesla T4", "Tesla V100 16GB", "Tesla V100 32GB", "A10", "A10G", "L4", "L40S",
     "A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM",
     "H100 PCIe", "H100 SXM", "H100 NVL", "H200", "GH200", "B200", "MI250X", "MI300X", "MI325X",
     "RTX A4000", "RTX A5000", "RTX A6000", "RTX 6000 Ada",
@@ -322,7 +322,7 @@ def test_lookups_are_fast():
 
 # ------------------------------------------------------------------------------------------ GPU numbers
 
-PRE_AMPERE = {"Tesla T4", "Tesla V100 16GB", "Tesla V100 32GB"}
+PRE_AMPERE = {"Tesla P100", "Tesla T4", "Tesla V100 16GB", "Tesla V100 32GB"}
 
 
 @pytest.mark.parametrize("gpu", load_gpus(), ids=lambda g: g.name)
@@ -347,9 +347,114 @@ def test_bf16_false_exactly_for_pre_ampere_nvidia():
 
 def test_known_totals():
     assert find_gpu("t4").total_memory_bytes == 15360 * 2**20
+    assert find_gpu("p100").total_memory_bytes == 16280 * 2**20
     assert find_gpu("a100 80gb").total_memory_bytes == 81920 * 2**20
     assert find_gpu("h100").total_memory_bytes == 81559 * 2**20
     assert find_gpu("mi250x").runtime_devices == 2
+
+
+# ------------------------------------------------------------------------------------------ software per card
+
+AMD_TARGETS = {"bitsandbytes": {"gfx908", "gfx90a", "gfx942", "gfx950"},  # bitsandbytes 0.50.2 README (Linux)
+               "flash_attention_2": {"gfx90a", "gfx942", "gfx950"},  # flash-attn 2.8.3 setup.py allowed_archs
+               "triton": {"gfx908", "gfx90a", "gfx942", "gfx950"}}  # triton's AMD TargetUtils.cpp (CDNA1-4)
+NVIDIA_MIN_CC = {"bitsandbytes": (6, 0), "flash_attention_2": (8, 0), "triton": (7, 0)}
+
+
+def _rule(gpu: CatalogGPU, backend: str) -> bool:
+    """The rule docs/catalogs.md states for each backend, from the card's architecture alone."""
+    if gpu.vendor == "amd":
+        return gpu.arch in AMD_TARGETS[backend]
+    return gpu.compute_capability >= NVIDIA_MIN_CC[backend]
+
+
+@pytest.mark.parametrize("gpu", load_gpus(), ids=lambda g: g.name)
+def test_every_card_records_its_architecture_backends_and_node_size(gpu):
+    assert gpu.arch_source and ("https://" in gpu.arch_source)
+    if gpu.vendor == "nvidia":
+        assert gpu.arch.startswith("sm_") and gpu.compute_capability is not None
+    else:
+        assert gpu.arch.startswith("gfx") and gpu.compute_capability is None
+    assert set(gpu.backends) == set(catalog.BACKENDS)
+    for backend in catalog.BACKENDS:
+        assert gpu.runs(backend) == _rule(gpu, backend), (gpu.name, backend)
+        assert gpu.name in gpu.backend_source(backend) and gpu.arch in gpu.backend_source(backend)
+    assert set(gpu.backend_notes) <= set(catalog.BACKENDS)
+    assert isinstance(gpu.max_per_node, int) and 1 <= gpu.max_per_node <= 8
+    if gpu.max_per_node_source is None:  # the rule: 8 in a datacenter machine, 4 in a workstation or desktop
+        assert gpu.max_per_node == (8 if gpu.category == "datacenter" else 4), gpu.name
+
+
+def test_backends_have_a_rule_and_a_source():
+    backends = catalog.load_backends()
+    assert tuple(backends) == catalog.BACKENDS == ("bitsandbytes", "flash_attention_2", "triton")
+    for name, info in backends.items():
+        assert info.name == name and info.provides and info.runs_on and info.source
+    assert "0.50.2" in backends["bitsandbytes"].source
+    assert "2.8.3" in backends["flash_attention_2"].source
+    assert "torch/_inductor/exc.py" in backends["triton"].source
+
+
+@pytest.mark.parametrize("name, bnb, fa2, triton", [
+    ("Tesla P100", True, False, False),  # Pascal sm_60: bitsandbytes' minimum, below Triton's 7.0
+    ("Tesla T4", True, False, True),  # Turing: no FlashAttention-2
+    ("Tesla V100 16GB", True, False, True),  # Volta: no FlashAttention-2
+    ("A10G", True, True, True),
+    ("A100 80GB SXM", True, True, True),
+    ("H100 SXM", True, True, True),
+    ("B200", True, True, True),
+    ("RTX 3090", True, True, True),
+    ("RTX 5090", True, True, True),
+    ("MI250X", True, True, True),  # gfx90a: in bitsandbytes' and flash-attn's ROCm targets
+    ("MI300X", True, True, True),
+    ("MI325X", True, True, True),  # gfx942, as the MI300X
+])  # fmt: skip
+def test_what_runs_on_known_cards(name, bnb, fa2, triton):
+    gpu = find_gpu(name)
+    assert (gpu.runs("bitsandbytes"), gpu.runs("flash_attention_2"), gpu.runs("triton")) == (bnb, fa2, triton)
+
+
+def test_runs_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        find_gpu("h100").runs("flash_attention_3")
+    with pytest.raises(ValueError):
+        find_gpu("h100").backend_source("deepspeed")
+
+
+def test_compute_capability_and_node_sizes():
+    assert find_gpu("t4").compute_capability == (7, 5)
+    assert find_gpu("B200").compute_capability == (10, 0)
+    assert find_gpu("RTX 5090").compute_capability == (12, 0)
+    assert find_gpu("mi300x").compute_capability is None and find_gpu("mi300x").arch == "gfx942"
+    assert find_gpu("h100").max_per_node == 8 and find_gpu("rtx 4090").max_per_node == 4
+    assert find_gpu("RTX A6000").max_per_node == 4
+    assert find_gpu("GH200").max_per_node == 4 and "GH200" in find_gpu("GH200").max_per_node_source
+    assert find_gpu("MI250X").max_per_node == 8 and "GCD" in find_gpu("MI250X").max_per_node_source
+
+
+def test_backend_caveats_are_recorded():
+    assert "CUDA 11.8-12.6" in find_gpu("p100").backend_notes["bitsandbytes"]
+    assert "CUDA 13" in find_gpu("v100 32gb").backend_notes["bitsandbytes"]
+    assert "12.8" in find_gpu("rtx 5090").backend_source("flash_attention_2")
+
+
+def test_catalog_gpus_hash_and_compare_by_their_fields():
+    t4 = find_gpu("t4")
+    assert t4 == find_gpu("Tesla T4") and hash(t4) == hash(find_gpu("T4"))
+    assert len(set(load_gpus())) == len(load_gpus())
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("Tesla T4", "Tesla T4"), ("T4", "Tesla T4"), ("Tesla P100", "Tesla P100"), ("P100", "Tesla P100"),
+    ("Tesla P100-PCIE-16GB", "Tesla P100"), ("V100 16GB", "Tesla V100 16GB"), ("colab t4", "Tesla T4"),
+    ("kaggle p100", "Tesla P100"), ("colab a100", "A100 40GB SXM"), ("colab l4", "L4"),
+])  # fmt: skip
+def test_find_gpu_old_and_hosted_names(query, expected):
+    assert find_gpu(query).name == expected
+
+
+def test_v100_stays_ambiguous():
+    assert find_gpu("V100") is None and find_gpu("Tesla V100") is None
 
 
 # ------------------------------------------------------------------------------------------ import hygiene

@@ -170,7 +170,7 @@ def test_plan_errors_from_the_model_name_their_field():
         est(model="microsoft/Phi-3-mini-4k-instruct", method="lora")  # PEFT has no default targets for phi3
     assert str(info.value).startswith("target_modules:")
     with pytest.raises(CanIFinetuneError) as info:
-        est(model="Qwen/Qwen2.5-0.5B", gpu="Tesla T4")
+        est(model="Qwen/Qwen2.5-0.5B", gpu="Tesla T4", dtype="bf16")  # given: never changed (unset: fp16, chosen)
     assert str(info.value).startswith("dtype:") and "fp16" in str(info.value)
     with pytest.raises(CanIFinetuneError) as info:
         est(model="qwen2.5 05b instrct")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from canifinetune.estimator.catalog import find_gpu, lookup_gpu, search_gpus, suggest_gpus
+from canifinetune.estimator.catalog import find_gpu, load_gpus, lookup_gpu, search_gpus, suggest_gpus
 from canifinetune.estimator.errors import UnknownGPUError
 from canifinetune.estimator.estimate import estimate
-from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.gpu_names import MAX_GPU_COUNT, split_gpu_count
+from canifinetune.estimator.plan import MAX_NUM_GPUS, TrainingPlan
 
 A100_40 = ("A100 40GB PCIe", "A100 40GB SXM")
 A100_80 = ("A100 80GB PCIe", "A100 80GB SXM")
@@ -100,6 +101,40 @@ RESOLVES = [
     ("4060ti", "RTX 4060 Ti 16GB"),
     ("mi300x", "MI300X"),
     ("Instinct MI300X", "MI300X"),
+    # older cards, as nvidia-smi prints them (Kaggle's P100)
+    ("Tesla P100-PCIE-16GB", "Tesla P100"),
+    ("P100", "Tesla P100"),
+    ("Tesla P100", "Tesla P100"),
+    ("NVIDIA Tesla P100", "Tesla P100"),
+    ("p100 16gb", "Tesla P100"),
+    ("Tesla V100-SXM2-16GB", "Tesla V100 16GB"),
+    # hosted notebooks, named by their service
+    ("Colab T4", "Tesla T4"),
+    ("colab t4", "Tesla T4"),
+    ("Google Colab T4", "Tesla T4"),
+    ("google colab t4", "Tesla T4"),
+    ("colab free", "Tesla T4"),  # the free tier is a T4 16GB
+    ("Colab Free Tier", "Tesla T4"),
+    ("free colab", "Tesla T4"),
+    ("Colab free T4", "Tesla T4"),
+    ("Colab T4 15GB", "Tesla T4"),  # what the notebook shows
+    ("Colab A100", "A100 40GB SXM"),  # Colab's A100 is the 40 GB SXM4 card
+    ("Google Colab A100", "A100 40GB SXM"),
+    ("Colab Pro A100", "A100 40GB SXM"),
+    ("Colab Pro+ A100", "A100 40GB SXM"),
+    ("Colab A100 80GB", "A100 80GB SXM"),  # a stated size beyond the service's card: the catalog's card of that size
+    ("Colab L4", "L4"),
+    ("Google Colab L4", "L4"),
+    ("Colab V100", "Tesla V100 16GB"),
+    ("Kaggle P100", "Tesla P100"),
+    ("kaggle p100 16gb", "Tesla P100"),
+    ("Kaggle T4", "Tesla T4"),
+    ("T4 on Kaggle", "Tesla T4"),
+    ("Kaggle GPU T4", "Tesla T4"),
+    # plurals, after a count or not
+    ("RTX 4090s", "RTX 4090"),
+    ("H100s", "H100 SXM"),
+    ("L40s", "L40S"),  # not a plural: the L40S
 ]
 
 # (spelling, the candidates the ambiguity error must list)
@@ -110,6 +145,12 @@ AMBIGUOUS = [
     ("A100 PCIe", ("A100 40GB PCIe", "A100 80GB PCIe")),
     ("Tesla V100", ("Tesla V100 16GB", "Tesla V100 32GB")),
     ("v100 sxm2", ("Tesla V100 16GB", "Tesla V100 32GB")),
+    ("colab", ("Tesla T4", "Tesla V100 16GB", "L4", "A100 40GB SXM")),  # a service alone: the cards it offers
+    ("Google Colab", ("Tesla T4", "Tesla V100 16GB", "L4", "A100 40GB SXM")),
+    ("Colab Pro", ("Tesla T4", "Tesla V100 16GB", "L4", "A100 40GB SXM")),
+    ("Kaggle", ("Tesla P100", "Tesla T4")),  # Kaggle's accelerators: a P100 16GB or two T4s
+    ("Kaggle GPU", ("Tesla P100", "Tesla T4")),
+    ("A100s", A100_40 + A100_80),
 ]
 
 # (spelling, what the error says, the first "did you mean" or None)
@@ -132,8 +173,117 @@ REFUSED = [
 ]
 
 
+# (gpu value, the count it states, the card name left) for split_gpu_count, and the catalog card that name is
+COUNTS = [
+    ("2x RTX 4090", 2, "RTX 4090", "RTX 4090"),
+    ("2 x RTX 4090", 2, "RTX 4090", "RTX 4090"),
+    ("2X RTX 4090", 2, "RTX 4090", "RTX 4090"),
+    ("2x 4090", 2, "4090", "RTX 4090"),
+    ("2x RTX 4090s", 2, "RTX 4090s", "RTX 4090"),
+    ("8xH100", 8, "H100", "H100 SXM"),
+    ("8x H100 80GB", 8, "H100 80GB", "H100 SXM"),
+    ("8 x H100 SXM", 8, "H100 SXM", "H100 SXM"),
+    ("8×A100 80GB", 8, "A100 80GB", "A100 80GB SXM"),
+    ("8 × A100 80GB", 8, "A100 80GB", "A100 80GB SXM"),
+    ("8*A100 80GB", 8, "A100 80GB", "A100 80GB SXM"),
+    ("4x A100-SXM4-80GB", 4, "A100-SXM4-80GB", "A100 80GB SXM"),
+    ("4x NVIDIA A100-SXM4-40GB", 4, "NVIDIA A100-SXM4-40GB", "A100 40GB SXM"),
+    ("8x MI300X", 8, "MI300X", "MI300X"),
+    ("8x L40S", 8, "L40S", "L40S"),
+    ("1x H100", 1, "H100", "H100 SXM"),
+    ("1024x H100", 1024, "H100", "H100 SXM"),
+    ("RTX 4090 x2", 2, "RTX 4090", "RTX 4090"),
+    ("RTX 3090 x 4", 4, "RTX 3090", "RTX 3090"),
+    ("H100×8", 8, "H100", "H100 SXM"),
+    ("A100 80GB x8", 8, "A100 80GB", "A100 80GB SXM"),
+    ("T4 (x2)", 2, "T4", "Tesla T4"),
+    ("T4x2", 2, "T4", "Tesla T4"),
+    ("dual RTX 3090", 2, "RTX 3090", "RTX 3090"),
+    ("Dual RTX A6000", 2, "RTX A6000", "RTX A6000"),
+    ("quad RTX 4090", 4, "RTX 4090", "RTX 4090"),
+    ("Kaggle T4 x2", 2, "Kaggle T4", "Tesla T4"),  # Kaggle's "GPU T4 x2" accelerator
+    ("Kaggle T4x2", 2, "Kaggle T4", "Tesla T4"),
+    ("Kaggle 2xT4", 2, "Kaggle T4", "Tesla T4"),
+    ("Kaggle 2 x T4", 2, "Kaggle T4", "Tesla T4"),
+    ("Kaggle GPU T4 x2", 2, "Kaggle GPU T4", "Tesla T4"),
+    ("Google Colab 1x A100", 1, "Google Colab A100", "A100 40GB SXM"),
+    # no count: the name as written, stripped
+    ("Colab T4", None, "Colab T4", "Tesla T4"),
+    ("Kaggle P100", None, "Kaggle P100", "Tesla P100"),
+    ("  RTX 4090  ", None, "RTX 4090", "RTX 4090"),
+    ("MI300X", None, "MI300X", "MI300X"),
+    ("NVIDIA GH200 480GB", None, "NVIDIA GH200 480GB", "GH200"),
+    ("RTX 6000 Ada", None, "RTX 6000 Ada", "RTX 6000 Ada"),
+]
+
+# gpu values whose count is wrong, and what the error says
+BAD_COUNTS = [
+    ("0x H100", "asks for 0 GPUs"),
+    ("0 x RTX 4090", "asks for 0 GPUs"),
+    ("RTX 4090 x0", "asks for 0 GPUs"),
+    ("1.5x H100", "whole number"),
+    ("2048x H100", "from 1 to 1024"),
+    ("1025x H100", "from 1 to 1024"),
+    ("2x H100 x4", "twice"),
+    ("dual RTX 3090 x2", "twice"),
+]
+
+
 def test_the_table_is_large_enough():
     assert len(RESOLVES) + len(AMBIGUOUS) + len(REFUSED) >= 60
+    assert len(COUNTS) + len(BAD_COUNTS) >= 40
+
+
+@pytest.mark.parametrize("text, count, card, expected", COUNTS)
+def test_split_gpu_count(text, count, card, expected):
+    assert split_gpu_count(text) == (count, card)
+    found = lookup_gpu(text)
+    assert found.status == "found" and found.entry is not None, (text, found.status, found.candidates)
+    assert (found.entry.name, found.count) == (expected, count)
+    assert find_gpu(text).name == expected
+
+
+@pytest.mark.parametrize("text, words", BAD_COUNTS)
+def test_a_bad_count_is_an_error(text, words):
+    with pytest.raises(UnknownGPUError) as err:
+        split_gpu_count(text)
+    assert err.value.field == "gpu" and words in str(err.value) and f"'{text}'" in str(err.value)
+    assert isinstance(err.value, ValueError)  # pydantic turns it into a validation error inside a validator
+    found = lookup_gpu(text)
+    assert found.entry is None and found.status == "bad_count"
+    assert found.message().startswith(f"gpu: '{text}'") and words in found.message()
+    assert find_gpu(text) is None and search_gpus(text) == []
+
+
+def test_no_catalog_name_reads_as_a_count():
+    """Every name and alias of the catalog is a card, never 'a count of' something ('MI300X', 'GH200 480GB')."""
+    for gpu in load_gpus():
+        for name in (gpu.name, *gpu.aliases):
+            assert split_gpu_count(name) == (None, name), name
+
+
+def test_count_bounds_match_the_plan():
+    assert MAX_GPU_COUNT == MAX_NUM_GPUS
+
+
+def test_split_gpu_count_takes_only_text():
+    with pytest.raises(TypeError):
+        split_gpu_count(2)  # type: ignore[arg-type]
+    assert split_gpu_count("") == (None, "")
+    assert split_gpu_count("8x") == (None, "8x")  # no card after the count: not a count
+    assert split_gpu_count("x8") == (None, "x8")
+
+
+def test_a_count_with_an_unknown_card_suggests_the_card():
+    found = lookup_gpu("2x RTX 4900")
+    assert found.status == "unknown" and found.count == 2 and found.candidates[0] == "RTX 4090"
+    assert found.message().startswith("gpu: '2x RTX 4900' is not in the GPU catalog; did you mean 'RTX 4090'")
+    assert suggest_gpus("8x rtx 4900")[0] == "RTX 4090"
+
+
+def test_search_takes_a_count():
+    assert [g.name for g in search_gpus("2x RTX 4090")] == ["RTX 4090"]
+    assert [g.name for g in search_gpus("Kaggle T4 x2")] == ["Tesla T4"]
 
 
 @pytest.mark.parametrize("name, expected", RESOLVES)

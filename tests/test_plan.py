@@ -59,7 +59,7 @@ def test_invalid_values_name_their_field(kwargs, field, fragment):
         ({"method": "qlora", "load_in_4bit": False}, "load_in_4bit"),
         ({"method": "lora", "load_in_4bit": True}, "load_in_4bit"),
         ({"method": "qlora", "load_in_8bit": True}, "load_in_8bit"),
-        ({"num_gpus": 2}, "sharding"),
+        ({"num_gpus": 2, "sharding": "none"}, "sharding"),  # given as none: refused (unset: chosen)
         ({"num_gpus": 2, "sharding": "ddp", "offload_params": True}, "offload_params"),
         ({"offload_optimizer": True}, "offload_optimizer"),
         ({"num_gpus": 2, "sharding": "fsdp_full_shard", "offload_optimizer": True}, "offload_optimizer"),

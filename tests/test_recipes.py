@@ -233,7 +233,6 @@ GPU = Machine(cuda=True, device_count=1, bf16=True, gpu_name="NVIDIA A100", worl
             ["accelerate launch"],
         ),
         ({"num_gpus": 2, "sharding": "ddp"}, Machine(cuda=False), ["no CUDA GPU"]),
-        ({"dtype": "fp16", "method": "full"}, GPU, ["precision", "mixed"]),
         ({"dtype": "fp16"}, Machine(cuda=False), ["fp16", "CPU"]),
         ({"attn_implementation": "flash_attention_2"}, GPU, ["flash-attn", "sdpa"]),
         ({"optim": "paged_adamw_8bit"}, Machine(cuda=False), ["paged_adamw_8bit"]),

@@ -85,14 +85,18 @@ def test_every_suggestion_is_minimal(results):
         rm = resolve_model(plan.model)
         base_tp = throughput(plan, model=rm)
         for s in res.suggestions:
-            own = sort_key(cost_of(plan, s.plan, rm, base_tp))
+            own = sort_key(cost_of(plan, s.plan, rm, base_tp, used_fraction=s.estimate.used_fraction,
+                                   host_memory_bytes=s.estimate.host_memory_bytes))
             assert own == sort_key(s.cost)
             assert s.changes, "a suggestion with no change"
             for change in s.changes:
+                if s.qlora_rule and change.field in ("method", "load_in_8bit", "load_in_4bit"):
+                    continue  # the 4-bit base is what the QLoRA rule holds fixed (docs/search.md)
                 got = _try(s.plan, **{change.field: change.old})
                 if got is None or got[1].verdict != "fits":
                     continue
-                reverted = sort_key(cost_of(plan, got[0], rm, base_tp))
+                reverted = sort_key(cost_of(plan, got[0], rm, base_tp, used_fraction=got[1].used_fraction,
+                                            host_memory_bytes=got[1].host_memory_bytes))
                 assert reverted >= own, (plan.model, change.field, reverted, own)
 
 
@@ -107,9 +111,10 @@ def test_changes_list_matches_the_plan(results):
 
 def test_ranking_follows_the_cost_model(results):
     for plan, res in results:
-        keys = [sort_key(s.cost) for s in res.suggestions]
+        ranked = [s for s in res.suggestions if not s.qlora_rule]  # the QLoRA rule places one by rule, not cost
+        keys = [sort_key(s.cost) for s in ranked]
         assert keys == sorted(keys), plan.model
-        kinds = [s.cost.kind for s in res.suggestions]
+        kinds = [s.cost.kind for s in ranked]
         assert len(kinds) == len(set(kinds)), (plan.model, kinds)  # the best of each kind, once
         for s in res.suggestions:
             assert s.cost.tier == TIER_NAMES[s.cost.tier_rank] and s.cost.kind in KINDS
@@ -157,7 +162,8 @@ def test_the_issue_examples_offer_every_kind_that_fits():
 
     res = suggest(TrainingPlan(model="mistralai/Mistral-7B-v0.1", gpu="RTX 3060", seq_len=8192))
     kinds = {s.cost.kind: s for s in res.suggestions}
-    assert {"lower_precision", "cpu_offload", "more_gpus", "larger_gpu"} <= set(kinds)
+    # issue 21: four RTX 3060s are no longer offered beside QLoRA on the card itself (costlier by MAX_COST_GAP)
+    assert {"lower_precision", "cpu_offload", "larger_gpu"} <= set(kinds)
     qlora = kinds["lower_precision"]
     assert qlora.plan.method == "qlora" and qlora.estimate.budget_bytes < 11 * 2**30
     text = format_suggestions(res)

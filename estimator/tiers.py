@@ -1,0 +1,78 @@
+"""The tier row: does full fine-tuning, LoRA or QLoRA of this model fit the user's GPU, in one line.
+
+Every estimate answer carries it (issue 21), so "would QLoRA fit?" is answered before it is asked. Each tier is the
+plan as given with only the method changed (and what the method change needs: a quantization setting, adapter
+fields only adapters have, PEFT's targets where the family has no default), estimated by :func:`estimate` itself.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from .errors import CanIFinetuneError
+from .estimate import Estimate, TierFit, estimate
+from .model_sources import ResolvedModel
+from .plan import METHODS, TrainingPlan
+from .spec import PEFT_DEFAULT_TARGETS
+
+TIER_WORDS = {"full": "full", "lora": "LoRA", "qlora": "QLoRA"}
+
+
+def method_variant(plan: TrainingPlan, method: str, model: ResolvedModel) -> TrainingPlan:
+    """``plan`` with ``method``: a 4-bit base for qlora, a 16-bit base for lora and full, no adapter-only fields for
+    full, and 'all-linear' for a family without PEFT default targets (what the search's method knob does)."""
+    changes: dict = {"method": method, "load_in_8bit": False, "load_in_4bit": None}
+    if method == "full":
+        changes.update(modules_to_save=None, use_dora=False, adapter_dtype=None, prepare_model_for_kbit_training=None)
+        if plan.dtype == "fp16":
+            changes["precision"] = "mixed"  # pure fp16 weights cannot be trained in full (estimator/plan.py)
+    elif method == "lora":
+        changes["prepare_model_for_kbit_training"] = None  # a 16-bit base has nothing to prepare
+    if (method != "full" and plan.method == "full" and plan.target_modules is None
+            and model.spec.model_type not in PEFT_DEFAULT_TARGETS):
+        changes["target_modules"] = "all-linear"
+    return plan.replace(**changes)
+
+
+def tier_row(est: Estimate, model: ResolvedModel) -> list[TierFit]:
+    """Full, LoRA and QLoRA on the estimate's GPU (the estimate itself for its own method)."""
+    row = []
+    for method in METHODS:
+        label = TIER_WORDS[method] + (" (8-bit)" if method == "lora" and est.plan.load_in_8bit else "")
+        if method == est.plan.method:
+            row.append(TierFit(method=method, label=label, verdict=est.verdict, budget_bytes=est.budget_bytes,
+                               used_fraction=est.used_fraction))
+            continue
+        try:
+            other = estimate(method_variant(est.plan, method, model), model=model)
+        except (ValidationError, CanIFinetuneError) as exc:
+            row.append(TierFit(method=method, label=TIER_WORDS[method], verdict=None,
+                               refused=str(exc).splitlines()[0][:200]))
+            continue
+        row.append(TierFit(method=method, label=TIER_WORDS[method], verdict=other.verdict,
+                           budget_bytes=other.budget_bytes, used_fraction=other.used_fraction))
+    return row
+
+
+def tier_line(row: list[TierFit], gpu_name: str | None) -> str:
+    """'full / LoRA / QLoRA on RTX 4090: does not fit (61.2 GiB) / fits (71%) / fits (38%)'."""
+    def one(t: TierFit) -> str:
+        if t.verdict is None:
+            return "n/a"
+        if t.verdict == "unknown":
+            return f"{(t.budget_bytes or 0) / 2**30:.1f} GiB"
+        words = {"fits": "fits", "tight": "tight", "does_not_fit": "does not fit"}[t.verdict]
+        if t.verdict == "does_not_fit":
+            return f"{words} ({(t.budget_bytes or 0) / 2**30:.1f} GiB)"
+        return f"{words} ({t.used_fraction:.0%})"
+
+    names = " / ".join(t.label for t in row)
+    return f"{names} on {gpu_name or 'this GPU'}: " + " / ".join(one(t) for t in row)
+
+
+def estimate_with_tiers(plan: TrainingPlan, model: ResolvedModel) -> Estimate:
+    """The estimate of ``plan`` with its tier row (what every face shows)."""
+    est = estimate(plan, model=model)
+    if est.gpu is None:
+        return est
+    return est.model_copy(update={"tiers": tier_row(est, model)})
