@@ -137,10 +137,44 @@ def check_supported(plan: TrainingPlan) -> None:
         if completion >= plan.seq_len:
             raise PlanError(f"max_completion_length: {completion} must be below seq_len {plan.seq_len} (seq_len is "
                             "GRPO's longest prompt plus completion)", field="max_completion_length")
-        gen = int(fields["generation_batch_size"])
-        if gen % int(fields["num_generations"]) != 0:
-            raise PlanError(f"generation_batch_size: {gen} must be a multiple of num_generations "
-                            f"{fields['num_generations']} (grpo_config.py)", field="generation_batch_size")
+        _check_grpo(plan, fields)
+
+
+# GRPO losses TRL 1.16 takes with its default importance_sampling_level 'token' (grpo_config.py, grpo_trainer.py
+# __init__: 'luspo' needs the sequence level, which the plan cannot set); each is a per-token loss over the same
+# tensors, so one memory model serves them all
+GRPO_LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo")
+
+
+def _check_grpo(plan: TrainingPlan, fields: dict[str, Any]) -> None:
+    """What TRL 1.16's GRPOConfig.__post_init__ and GRPOTrainer.__init__ refuse, refused here with their reasons."""
+    if plan.generation_batch_size is not None and plan.steps_per_generation is not None:
+        raise PlanError("steps_per_generation: 'generation_batch_size' and 'steps_per_generation' can not be both "
+                        "configured (TRL 1.16 grpo_config.py); give one", field="steps_per_generation")
+    groups = int(fields["num_generations"])
+    if groups < 2:
+        raise PlanError(f"num_generations: GRPO needs at least 2 completions per prompt to compute its advantages; "
+                        f"got {groups}", field="num_generations")
+    gen = int(fields["generation_batch_size"])
+    if gen % groups != 0:
+        raise PlanError(f"generation_batch_size: {gen} must be a multiple of num_generations {groups} "
+                        "(grpo_config.py)", field="generation_batch_size")
+    global_batch = plan.batch_size * plan.num_gpus
+    if gen % global_batch != 0:
+        raise PlanError(f"generation_batch_size: {gen} must be a multiple of the global batch batch_size x num_gpus "
+                        f"= {global_batch} (grpo_config.py)", field="generation_batch_size")
+    loss = fields.get("loss_type")
+    if loss not in GRPO_LOSS_TYPES:
+        raise PlanError(f"loss_type: '{loss}' is not a GRPO loss of TRL 1.16 that runs with its default settings; use "
+                        f"one of {', '.join(GRPO_LOSS_TYPES)}", field="loss_type")
+    if loss == "vespo" and fields.get("use_vllm"):
+        raise PlanError("loss_type: 'vespo' with use_vllm needs vllm_importance_sampling_correction off, which the "
+                        "plan cannot set (grpo_trainer.py); use 'dapo' or generate without vLLM", field="loss_type")
+    limit = fields.get("vllm_max_model_length")
+    if fields.get("use_vllm") and limit is not None and int(limit) < plan.seq_len:
+        raise PlanError(f"vllm_max_model_length: {limit} is below seq_len {plan.seq_len} (the longest prompt plus its "
+                        "completion): vLLM refuses longer sequences; raise it to seq_len or leave it null",
+                        field="vllm_max_model_length")
 
 
 def reference_mode(plan: TrainingPlan) -> str:
