@@ -287,11 +287,15 @@ def build_model(plan, config: dict, *, pretrained_path: str | None = None):
         enable({"use_reentrant": False})
         if plan.uses_adapters:
             model.enable_input_require_grads()  # TRL: PEFT + gradient checkpointing
-    if quantized and plan.uses_adapters:
-        # TRL: on a quantized base the trainable (adapter) parameters are cast to bf16 (QLoRA paper, section 3)
+    # the adapter dtype as estimator/resolved.py resolves it: the plan's, else TRL's (on a quantized base the trainable
+    # parameters are cast to bf16, QLoRA paper section 3; on a 16-bit base PEFT keeps them in fp32). DoRA's magnitude
+    # vectors stay fp32, as TRL's cast skips them (estimator/peft_knobs.py magnitude_dtype)
+    wanted = plan.adapter_dtype or (plan.stack.adapter_dtype_quantized if quantized else None)
+    if wanted is not None and plan.uses_adapters:
+        dtype = getattr(torch, _DTYPES[wanted])
         for name, param in model.named_parameters():
             if param.requires_grad and "lora_magnitude_vector" not in name:
-                param.data = param.data.to(torch.bfloat16)
+                param.data = param.data.to(dtype)
     model.train()
     return model
 
