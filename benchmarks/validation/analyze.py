@@ -682,6 +682,20 @@ NOTES = {
         "plans), the trainers under framework trl only (the estimator refuses them under transformers), 8-bit "
         "linears with no outlier column, and GRPO's loss step only (generation not measured here), as in v4 and v7.",
     ],
+    "cohort-v9": [
+        "Cohort v9 (8 SFT plans for LoRA reading the block's own tensor on a frozen base, issue 24 item 2; commit "
+        "after d8914db) was frozen before any of its plans was measured, after one exploratory plan (Qwen2.5-0.5B "
+        "QLoRA, all-linear, dropout 0, no checkpointing, 512 x 2: -14.9% before the term, +2.0% with it) had shown "
+        "the gap. The recorded figures are with the term (estimator/memory.py lora_own_input_bytes) already in: with "
+        "`estimator/` at 0af0d1b, before it, the same measurements give -18.30% (n01), -3.34% (n02), +4.93% (n03), "
+        "-8.27% (n04), -12.57% (n05), +1.51% (n06), +0.80% (n07) and -2.16% (n08): five of the six cases that "
+        "exercise the term below -2%, the two controls (dropout 0.05, fp32 adapters) unchanged by it.",
+        "n04 (a 16-bit base with adapter_dtype bf16) was -9.70% when it first ran: the runtime's TRL path ignored an "
+        "explicit adapter_dtype and trained fp32 adapters (and bf16 ones on a quantized base whatever the plan said), "
+        "so the harness measured another plan than the estimate's. The runtime now casts to the plan's adapter dtype "
+        "(recipes/model_setup.py; tests/test_hardening_round_two.py), and n04 was measured again (re-run below): "
+        "+1.20%.",
+    ],
 }
 
 
