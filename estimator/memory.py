@@ -698,7 +698,25 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
         mlp += expert_adapter_backward_bytes(r)
     attn = round_block(a * t * spec.q_dim) + 2 * round_block(a * t * spec.kv_dim) + round_block(4 * t * spec.q_dim)
     attn += 2 * round_block(e * t * h)
-    return max(mlp, attn)
+    return max(mlp, attn, eager_softmax_backward_bytes(r))
+
+
+def eager_softmax_backward_bytes(r: ResolvedPlan) -> int:
+    """The math (eager) attention's softmax backward, beyond the block's saved tensors (0 for flash/SDPA kernels).
+
+    transformers' ``eager_attention_forward`` runs ``softmax(scores, dtype=float32).to(query.dtype)`` then a matmul
+    with V. Back-propagating it: the matmul's backward gives the probabilities' gradient (a·B·heads·S²) and frees the
+    saved low-precision probabilities; ``.to()``'s backward upcasts that gradient to fp32 (4·B·heads·S²);
+    ``_softmax_backward_data`` then writes the scores' gradient in the input's dtype (a·B·heads·S²) while the saved
+    fp32 probabilities (counted with the saved tensors) are still alive. Net over the saved tensors: 4·B·heads·S²,
+    with dv (a·T·kv_dim) and the block input's gradients (2·e·T·H) alive beside it (torch 2.13 autograd formulas,
+    derivatives.yaml ``_softmax`` / ``_to_copy``; issue 24 item 4: -15% at 2048 x 2 with checkpointing without it)."""
+    if r.attention_kernel != "math":
+        return 0
+    plan, spec, t = r.plan, r.spec, r.tokens
+    scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
+    return (round_block(4 * scores) + round_block(r.act_bytes * t * spec.kv_dim)
+            + 2 * round_block(residual_bytes(r) * t * spec.hidden_size))
 
 
 def expert_adapter_backward_bytes(r: ResolvedPlan) -> int:

@@ -696,6 +696,17 @@ NOTES = {
         "(recipes/model_setup.py; tests/test_hardening_round_two.py), and n04 was measured again (re-run below): "
         "+1.20%.",
     ],
+    "cohort-v10": [
+        "Cohort v10 (8 SFT plans for the eager attention's softmax backward, issue 24 item 4; 7 eager over five "
+        "families, one SDPA control) was frozen before any of its plans was measured, after two exploratory plans "
+        "(Qwen2.5-0.5B LoRA eager 2048 x 2: -15.13% with checkpointing before the term, -1.98% with it). The "
+        "estimator term (memory.eager_softmax_backward_bytes) was in the working tree, uncommitted, when the cohort "
+        "ran (the results' git_uncommitted lists estimator/memory.py), so the recorded figures include it. With "
+        "`estimator/` at 306e2ab, before the term, the same measurements give -8.03% (a01), -9.74% (a02), -16.98% "
+        "(a03), +2.87% (a04), +1.52% (a05), -5.98% (a06), +1.08% (a07) and +3.75% (a08): four of the seven eager "
+        "cases below -2% (all with checkpointing, where a recomputed block's softmax backward is the peak); the "
+        "cases without checkpointing or with a larger peak elsewhere, and the SDPA control, are unchanged.",
+    ],
 }
 
 
