@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from . import catalog
 from .dataset_lengths import token_lengths, tokens_kept
 from .knobs import current_targets
 from .model_sources import ResolvedModel
@@ -316,7 +317,11 @@ def _hardware_cost(t: _Tally, gpu_name: str) -> int:
     """More GPUs or a larger GPU: tier 2. Returns the GPUs added."""
     o, p = t.original, t.plan
     extra = p.num_gpus - o.num_gpus
-    if extra:
+    if extra and p.num_nodes > 1:
+        t.tier = 2
+        t.details.append(f"{extra} more GPU{'s' if extra != 1 else ''}: {p.num_nodes} nodes of {p.node_gpus} x "
+                         f"{gpu_name} ({p.num_gpus} GPUs) with {p.sharding}; {_node_words(o, p)}")
+    elif extra:
         t.tier = 2
         t.details.append(f"{extra} more GPU{'s' if extra != 1 else ''} ({o.num_gpus} -> {p.num_gpus} x "
                          f"{gpu_name}) with {p.sharding}")
@@ -324,8 +329,19 @@ def _hardware_cost(t: _Tally, gpu_name: str) -> int:
         t.tier = 2
         was = o.gpu or f"{o.gpu_vram_gb:g} GB GPU"
         t.details.append(f"a larger GPU: {p.gpu or f'{p.gpu_vram_gb:g} GB GPU'} instead of the {was}")
-    t.handled |= {"num_gpus", "gpu", "gpu_vram_gb"}
+    t.handled |= {"num_gpus", "num_nodes", "gpus_per_node", "gpu", "gpu_vram_gb"}
     return extra
+
+
+def _node_words(o: TrainingPlan, p: TrainingPlan) -> str:
+    """What a node is in a multi-node suggestion, and where its size comes from."""
+    words = f"a node is one machine of {p.node_gpus} GPUs"
+    if o.num_nodes > 1 and o.node_gpus == p.node_gpus:
+        return words + ", as in the plan (launch.sh on every node, or slurm.sbatch)"
+    card = catalog.find_gpu(p.gpu) if p.gpu else None
+    if card is not None and card.max_per_node == p.node_gpus:
+        return words + ", the catalog's max_per_node (nothing fits on one; launch.sh on every node, or slurm.sbatch)"
+    return words + " (the usual 8-GPU server; nothing fits on one; launch.sh on every node, or slurm.sbatch)"
 
 
 _OPTIMIZER_WORDS = {
@@ -524,6 +540,8 @@ def _summary(tier: int, quality: float, extra: int, slow: float, lost: int) -> s
 
 
 def sort_key(c: Cost) -> tuple:
-    """The ranking: the user cost (quality, time, hardware, offload in one number), then tier, then slowdown."""
-    return (round(c.user_cost, 3), c.tier_rank, round(c.slowdown_fraction, 3))
+    """The ranking: changes on the user's own hardware before more or larger GPUs (the seeds' order: tune, switch
+    tier, then switch card), then the user cost (quality, time, hardware, offload, room in one number), then tier,
+    then slowdown."""
+    return (c.tier_rank == 2, round(c.user_cost, 3), c.tier_rank, round(c.slowdown_fraction, 3))
 

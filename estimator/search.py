@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from . import catalog
 from .backends import gpu_runs_plan
-from .costs import COST_MODEL_TEXT, Change, Cost, cost_of, sort_key
+from .costs import COST_MODEL_TEXT, FULLNESS_FREE_BELOW, Change, Cost, cost_of, sort_key
 from .errors import CanIFinetuneError, PlanError
 from .estimate import Estimate, estimate
 from .knobs import GPU_COUNTS, MULTI_GPU_SHARDINGS, Knob, build_knobs, divisors_below
@@ -40,6 +40,8 @@ from .throughput import APPROXIMATE_LABEL, Throughput, throughput
 
 # GPUs in one machine when the catalog does not say (an 8-GPU server board: HGX, OAM)
 DEFAULT_GPUS_PER_NODE = 8
+# The GPU layout: num_gpus = num_nodes x gpus_per_node, changed (and reverted) together
+NODE_FIELDS = ("num_gpus", "num_nodes", "gpus_per_node")
 # How many of the first suggestions must include a 4-bit (QLoRA) option when one fits (issue 21: the tier question
 # a practitioner asks first)
 QLORA_WITHIN_FIRST = 3
@@ -75,6 +77,8 @@ class SuggestResult(BaseModel):
         None, description="the fewest GPUs of this kind on which the original plan fits (sharding changed only)"
     )
     min_gpus_sharding: str | None = None
+    min_gpus_nodes: int | None = Field(
+        None, description="the nodes (machines) min_gpus takes: 1, or whole machines of the card's max_per_node")
     training_tokens: int | None = None
     cost_model: str = COST_MODEL_TEXT
     throughput_label: str = APPROXIMATE_LABEL
@@ -140,6 +144,12 @@ class _Evaluator:
         got = self.get(changes)
         return got is not None and got[1].verdict == "fits"
 
+    def roomy(self, changes: dict) -> bool:
+        """Fits with room: at most FULLNESS_FREE_BELOW of the GPU's usable memory."""
+        got = self.get(changes)
+        return (got is not None and got[1].verdict == "fits"
+                and (got[1].used_fraction or 0.0) <= FULLNESS_FREE_BELOW)
+
     def budget(self, changes: dict) -> float:
         got = self.get(changes)
         return math.inf if got is None else got[1].budget_bytes
@@ -165,21 +175,31 @@ class _Candidate:
 
 
 def _mildest_fitting(ev: _Evaluator, base: dict, knob: Knob) -> dict | None:
-    """The mildest level of ``knob`` that fits on top of ``base``; None if none does."""
+    """The mildest level of ``knob`` that fits on top of ``base``; None if none does. A same-mathematics knob
+    (tier 0) goes on to its mildest level with room (at most FULLNESS_FREE_BELOW of the GPU) when one exists: a
+    smaller micro-batch costs nothing in what is learned, running at the limit does (docs/search.md, "Room")."""
+    fitting = _mildest(ev, base, knob, ev.fits)
+    if fitting is None or knob.tier != 0 or ev.roomy({**base, **fitting}):
+        return fitting
+    return _mildest(ev, base, knob, ev.roomy) or fitting
+
+
+def _mildest(ev: _Evaluator, base: dict, knob: Knob, ok) -> dict | None:
+    """The first level of ``knob`` (mild -> strong) for which ``ok`` holds on top of ``base``."""
     levels = knob.levels
     if knob.monotone and len(levels) > 4:
-        if not ev.fits({**base, **levels[-1]}):
+        if not ok({**base, **levels[-1]}):
             return None
-        lo, hi = 0, len(levels) - 1  # find the first index that fits
+        lo, hi = 0, len(levels) - 1  # find the first index that passes
         while lo < hi:
             mid = (lo + hi) // 2
-            if ev.fits({**base, **levels[mid]}):
+            if ok({**base, **levels[mid]}):
                 hi = mid
             else:
                 lo = mid + 1
         return levels[lo]
     for lv in levels:
-        if ev.fits({**base, **lv}):
+        if ok({**base, **lv}):
             return lv
     return None
 
@@ -209,8 +229,10 @@ class _Search:
         self.cost_cache: dict[frozenset, Cost] = {}
         here = catalog.find_gpu(plan.gpu) if plan.gpu else None
         self.gpu_here = here
-        # GPUs one machine of this card holds: counts up to it are one node, more only as whole nodes
-        self.per_node = getattr(here, "max_per_node", None) or DEFAULT_GPUS_PER_NODE
+        # GPUs one machine of this card holds: counts up to it are one node, more only as whole nodes (of the plan's
+        # own nodes when it already spans several)
+        self.per_node = (plan.node_gpus if plan.num_nodes > 1
+                         else getattr(here, "max_per_node", None) or DEFAULT_GPUS_PER_NODE)
         self.multi_node = False  # set when nothing on one node fits: then whole nodes are searched
         self.qlora_pick: frozenset | None = None  # the QLoRA option the tier rule placed (_with_qlora_early)
 
@@ -279,9 +301,10 @@ class _Search:
             improved = False
             cur_key = sort_key(self.cost(changes))
             for f in list(changes):
-                if f in held:
-                    continue
-                trial = {k: v for k, v in changes.items() if k != f}
+                if f in held or f in NODE_FIELDS[1:]:
+                    continue  # the nodes go with num_gpus, reverted only with it (else a node grows past a machine)
+                together = NODE_FIELDS if f == "num_gpus" else (f,)
+                trial = {k: v for k, v in changes.items() if k not in together}
                 if self.ev.fits(trial) and sort_key(self.cost(trial)) <= cur_key:
                     changes = trial
                     improved = True
@@ -312,13 +335,20 @@ class _Search:
                 return self.minimize(applied)
         return None
 
+    def layout(self, n: int) -> dict:
+        """``n`` GPUs as machines hold them: one node up to ``per_node``, else whole nodes of ``per_node`` (the plan's
+        num_nodes and gpus_per_node set to match)."""
+        if n > self.per_node and n % self.per_node == 0:
+            return {"num_gpus": n, "num_nodes": n // self.per_node, "gpus_per_node": self.per_node}
+        return {"num_gpus": n, "num_nodes": 1, "gpus_per_node": None}
+
     def hw_level(self, state: dict, n: int, sharding: str) -> dict | None:
         """``n`` GPUs with ``sharding`` on top of ``state``, keeping the effective batch when the micro-batch
         and accumulation allow it (largest micro-batch that fits first); else the batch as it is."""
         p = self.plan
         b = state.get("batch_size", p.batch_size)
         g = state.get("gradient_accumulation_steps", p.gradient_accumulation_steps)
-        lv: dict = {"num_gpus": n}
+        lv: dict = self.layout(n)
         if sharding != p.sharding:
             lv["sharding"] = sharding
         eff = b * g * p.num_gpus
@@ -344,7 +374,7 @@ class _Search:
         sh = "zero3" if "zero3" in shardings else shardings[-1]
         b = state.get("batch_size", p.batch_size)
         g = state.get("gradient_accumulation_steps", p.gradient_accumulation_steps)
-        lv: dict = {"num_gpus": n, "sharding": sh}
+        lv: dict = {**self.layout(n), "sharding": sh}
         if "batch_size" not in self.keep:
             lv["batch_size"] = 1
             if "gradient_accumulation_steps" not in self.keep:
@@ -541,8 +571,9 @@ def _best_of_each_kind(ranked: list[dict], search: _Search) -> list[dict]:
         kind = search.cost(ch).kind
         if kind in kinds:
             continue
-        if kept and search.cost(ch).user_cost > search.cost(kept[0]).user_cost + MAX_COST_GAP:
-            break  # ranked by user_cost: every later one is dearer still
+        if (kept and search.cost(ch).tier_rank < 2
+                and search.cost(ch).user_cost > search.cost(kept[0]).user_cost + MAX_COST_GAP):
+            continue  # hardware (ranked last, by its own cost) is always shown: it is the user's last resort
         mine = _demands(search, ch)
         if any(all(o <= m for o, m in zip(_demands(search, other), mine, strict=True)) for other in kept):
             continue
@@ -640,7 +671,10 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
             "nothing fits on this GPU with the allowed changes: the least memory reachable is "
             f"{(result.min_reachable_bytes or 0) / 2**30:.2f} GiB of {original.gpu_usable_bytes / 2**30:.2f} GiB"  # type: ignore[operator]
             + (f"; the original plan fits a {result.smallest_gpu}" if result.smallest_gpu else "")
-            + (f", or {result.min_gpus} GPUs with {result.min_gpus_sharding}" if result.min_gpus else ""))
+            + (f", or {result.min_gpus} GPUs" + (f" ({result.min_gpus_nodes} nodes of "
+                                                  f"{result.min_gpus // result.min_gpus_nodes})"
+                                                  if (result.min_gpus_nodes or 1) > 1 else "")
+               + f" with {result.min_gpus_sharding}" if result.min_gpus else ""))
     result.plans_evaluated = len(ev.cache)
     return result
 
@@ -723,7 +757,12 @@ def _other_hardware_for_the_plan(search: _Search, result: SuggestResult, pins: l
         return
     hw = [k for k in search.knobs if k.name == "num_gpus"]
     for lv in (hw[0].levels if hw else []):  # sharding only
-        if "gradient_accumulation_steps" not in lv and search.ev.fits(lv):
+        n = lv["num_gpus"]
+        if "gradient_accumulation_steps" in lv or (n > search.per_node and n % search.per_node):
+            continue  # more than one machine holds, and not whole machines: no real cluster is laid out so
+        lv = {**lv, **search.layout(n)}
+        if search.ev.fits(lv):
             got = search.ev.get(lv)
             result.min_gpus, result.min_gpus_sharding = got[0].num_gpus, got[0].sharding  # type: ignore[index]
+            result.min_gpus_nodes = got[0].num_nodes  # type: ignore[index]
             break

@@ -4,10 +4,12 @@ Hosts that support MCP Apps render :data:`BUDGET_APP_URI` in a sandboxed iframe 
 result. The page speaks the Apps postMessage protocol (``ui/initialize``, then
 ``ui/notifications/tool-result``) and draws, from the result's structured content alone:
 
-- estimate_memory: the verdict and the one number that decides (how much over, or how much free),
-  a stacked bar of the budget (one fixed colour per component, by name, from server/palette.py; the
-  safety margin hatched) on an axis with true ticks and the GPU's usable memory as a labelled line, and
-  the breakdown as a table;
+- estimate_memory: the verdict and the one number that decides (how much over, how much free, or for a
+  tight plan how little is free or how far into the margin it goes), under it the row "full / LoRA / QLoRA on
+  this GPU" (each with its verdict badge, the plan's own method outlined), what the estimate chose for the
+  hardware (``chosen_defaults``), a stacked bar of the budget (one fixed colour per component, by name,
+  from server/palette.py; the safety margin hatched) on an axis with true ticks and the GPU's usable
+  memory as a labelled line, and the breakdown as a table;
 - suggest_cheaper_config: the plan's verdict and number, its bar, then one card per suggestion (a grid
   that stacks on narrow hosts), the recommended one marked, each change as the flag and the field the
   user would type (``--seq-len 1408``, ``seq_len: 2048 → 1408``), no raw scores.
@@ -57,6 +59,13 @@ _HTML = r"""<!DOCTYPE html>
   .number { font-size: 22px; font-weight: 700; font-variant-numeric: tabular-nums; }
   .t-danger { color: var(--danger); } .t-success { color: var(--success); } .t-warning { color: var(--warning); }
   .reason { margin: 2px 0 8px; }
+  .methods { display: flex; flex-wrap: wrap; gap: 4px 8px; margin: 6px 0 2px; font-size: 12px; }
+  .method { display: inline-flex; align-items: center; gap: 5px; padding: 2px 7px; border: 1px solid var(--line);
+            border-radius: 4px; white-space: nowrap; font-variant-numeric: tabular-nums; }
+  .method.current { border: 2px solid var(--fg); padding: 1px 6px; }
+  .method .verdict { font-size: 10.5px; padding: 0 5px; }
+  .method b { font-weight: 600; }
+  .chosen { font-size: 12px; margin: 2px 0; }
   h1 { font-size: 14px; margin: 6px 0 0; font-weight: 600; overflow-wrap: anywhere; }
   .muted { color: var(--muted); }
   .chart { position: relative; margin: 24px 0 2px; }
@@ -158,15 +167,38 @@ _HTML = r"""<!DOCTYPE html>
     var total = est.total_bytes || (budget - (margin ? margin.bytes : 0));
     var per = est.per_gpu ? " per GPU" : "";
     if (!usable || est.verdict === "unknown") return { text: "needs " + gib(budget) + per, cls: "" };
+    if (est.verdict === "does_not_fit" && total <= usable)  // the GPU holds it; the host RAM (host_ram_gb) does not
+      return { text: "needs " + gib(est.host_memory_bytes || 0) + " of host RAM", cls: "t-danger" };
     if (est.verdict === "does_not_fit") return { text: gib(total - usable) + " over" + per, cls: "t-danger" };
-    if (est.verdict === "tight") return { text: gib(budget - usable) + " into the margin" + per, cls: "t-warning" };
+    if (est.verdict === "tight" && budget > usable) return { text: gib(budget - usable) + " into the margin" + per, cls: "t-warning" };
+    if (est.verdict === "tight") return { text: "only " + gib(usable - budget) + " free" + per, cls: "t-warning" };
     return { text: gib(usable - budget) + " free" + per, cls: "t-success" };
+  }
+  // full / LoRA / QLoRA on this GPU, in one row under the verdict; the plan's own method outlined.
+  var METHOD_LABELS = { full: "full", lora: "LoRA", qlora: "QLoRA" };
+  function methodRow(est) {
+    var tiers = est.tiers || [];
+    if (!tiers.length) return null;
+    var mine = est.method || (est.plan || {}).method;
+    var eight = (est.plan || {}).load_in_8bit;
+    return el("div", { "class": "methods", role: "list", "aria-label": "full, LoRA and QLoRA on this GPU" }, tiers.map(function (t) {
+      var label = (METHOD_LABELS[t.method] || t.method) + (t.method === "lora" && eight && mine === "lora" ? " (8-bit)" : "");
+      var figure = !t.verdict ? "n/a" : t.verdict === "does_not_fit" || t.verdict === "unknown" || typeof t.used_fraction !== "number"
+        ? num(t.budget_bytes || 0, 1) + " GiB" : pct(t.used_fraction);
+      return el("span", { "class": "method" + (t.method === mine ? " current" : ""), role: "listitem", "data-tier": t.method,
+        title: t.refused || (t.method === mine ? "your plan" : "") },
+        [el("b", { text: label }), t.verdict ? badge(t.verdict) : null, figure]);
+    }));
+  }
+  function chosenNodes(est) {
+    return (est.chosen_defaults || []).map(function (c) { return el("div", { "class": "chosen muted", text: "chose: " + c }); });
   }
   function leadNodes(est, title) {
     var l = lead(est);
     return [el("div", { "class": "lead" }, [badge(est.verdict), el("span", { "class": "number " + l.cls, text: l.text })]),
+      methodRow(est),
       title ? el("h1", { text: title }) : null,
-      el("div", { "class": "reason muted", text: est.verdict_reason || "" })];
+      el("div", { "class": "reason muted", text: est.verdict_reason || "" })].concat(chosenNodes(est));
   }
 
   // Axis ticks at round values: the scale ends on the last tick, so every label sits at its value.

@@ -33,6 +33,7 @@ from canifinetune.server.config_face import RAW_ARGUMENTS, mcp_structured, mcp_t
 from canifinetune.server.mcp_views import (
     MEMORY_FIELDS,
     PLAN_SCHEMA_URI,
+    RAW_TEXTS,
     RECIPE_FIELDS,
     RECIPE_URI_PREFIX,
     EstimateView,
@@ -66,7 +67,9 @@ fits, make_recipe. Every argument has a default; fields not listed as arguments 
 what make_recipe writes): when the user trains with a script or tool of their own, ask which and set
 framework; the same plan can need twice the memory under another stack. For preference or RL training set trainer
 (dpo, orpo, kto, reward, grpo) and ask for its fields (reference model, GRPO's num_generations,
-max_completion_length, use_vllm/vllm_mode): they go in the plan object. Resources: canifinetune://catalog/gpus,
+max_completion_length, use_vllm/vllm_mode): they go in the plan object. Say the machine: num_gpus (the sharding is
+chosen when not given) and host_ram_gb (judges CPU offload). A model that is neither in the catalog nor on the Hub:
+pass its config.json text as model_config. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
 
 def _annotations(offline: bool) -> ToolAnnotations:
@@ -116,17 +119,93 @@ def plan_parameters() -> list[inspect.Parameter]:
     return params
 
 
-def _plan_from(arguments: dict[str, Any]) -> TrainingPlan:
+def _plan_from(arguments: dict[str, Any], default_model: str | None = None) -> TrainingPlan:
+    """The plan of a call: the plan object, the flat arguments sent over it, the user's training config under them.
+    ``default_model`` names the model when nothing else does (a model_config's own name)."""
+    from canifinetune.estimator.errors import ConfigError
+
     from .config_face import plan_from_config  # the user's own config, with the arguments over it
 
     data, sent = plan_data(arguments, RAW_ARGUMENTS.get())  # the plan object, the flat arguments sent over it
-    RAW_ARGUMENTS.set(sent)
-    plan = plan_from_config(arguments, data)
+    token = RAW_ARGUMENTS.set(sent)  # for this call only: a direct call (no server) must not leave it to the next
+    try:
+        plan = plan_from_config(arguments, data)
+    except ConfigError:
+        if default_model is None or data.get("model") is not None:
+            raise
+        # a training config that names no model, beside a model_config: the model_config's name
+        RAW_ARGUMENTS.set(sent | {"model"})
+        plan = plan_from_config(arguments, {**data, "model": default_model})
+    finally:
+        RAW_ARGUMENTS.reset(token)
     if plan is not None:
         return plan
-    if data.get("model") is None:  # optional in the schema only because a config can name it
+    if data.get("model") is None:  # optional in the schema only because a config (or a model_config) can name it
         data.pop("model", None)
+        if default_model is not None:
+            data["model"] = default_model
     return TrainingPlan(**data)
+
+
+# ------------------------------------------------------------------------------------- model_config (issue 21)
+
+MODEL_CONFIG_SOURCE = "model_config"
+DEFAULT_CUSTOM_NAME = "custom model"
+_MODEL_CONFIG_HELP = "give the text of the model's config.json (one JSON object, as the model's repo ships it)"
+
+
+def parse_model_config(text: str) -> dict:
+    """The ``model_config`` argument's JSON, read with the core's bounds (size, nesting, no NaN); a
+    CanIFinetuneError naming model_config otherwise."""
+    from canifinetune.estimator.errors import ModelConfigError
+    from canifinetune.estimator.model_sources import parse_config_text
+
+    try:
+        return parse_config_text(text, MODEL_CONFIG_SOURCE)
+    except ModelConfigError as exc:
+        reason = str(exc).removeprefix("model: ").removeprefix(MODEL_CONFIG_SOURCE).lstrip(": ")
+        raise CanIFinetuneError(f"model_config: {reason}; {_MODEL_CONFIG_HELP}", field="model_config") from None
+
+
+def model_config_name(config: dict) -> str:
+    """The name a model_config goes by when the call gives no model: its ``_name_or_path``, else 'custom model'."""
+    name = config.get("_name_or_path")
+    # printable only: no control, format (bidi, zero-width) or line-separator characters, as the plan requires
+    if isinstance(name, str) and name.strip() and len(name) <= 200 and name.isprintable():
+        return name.strip()
+    return DEFAULT_CUSTOM_NAME
+
+
+def resolved_from_config(name: str, config: dict):
+    """A ResolvedModel built from a config.json's dict, as a local folder's is (the core's ModelSpec.from_config),
+    named ``name``; a CanIFinetuneError naming model_config when its architecture cannot be read."""
+    from dataclasses import replace
+
+    from canifinetune.estimator.errors import ModelConfigError
+    from canifinetune.estimator.model_sources import ResolvedModel
+    from canifinetune.estimator.spec import ModelSpec
+
+    from .hub import _code_warning  # a config with auto_map: estimated from its standard fields, said so
+
+    try:
+        spec = ModelSpec.from_config(config)
+    except ModelConfigError as exc:
+        reason = str(exc).removeprefix("model: ")
+        raise CanIFinetuneError(
+            f"model_config: {reason}; {_MODEL_CONFIG_HELP}, for a decoder LM (model_type, hidden_size, "
+            "num_hidden_layers, num_attention_heads, intermediate_size, vocab_size), or a catalog model "
+            "(canifinetune://catalog/models)", field="model_config") from None
+    warning = _code_warning(config)
+    if warning is not None and warning not in spec.warnings:
+        spec = replace(spec, warnings=(warning, *spec.warnings))
+    return ResolvedModel(name, MODEL_CONFIG_SOURCE, config, spec)
+
+
+def _inputs(arguments: dict[str, Any]) -> tuple[TrainingPlan, dict | None]:
+    """The call's plan, and its model_config's dict (None without one)."""
+    text = arguments.get("model_config")
+    config = parse_model_config(text) if text is not None else None
+    return _plan_from(arguments, model_config_name(config) if config is not None else None), config
 
 
 def describe_error(exc: BaseException) -> str:
@@ -169,18 +248,28 @@ def _resolve(name: str, offline: bool):
     return resolve_any(name, offline=offline)
 
 
-def _estimate(plan: TrainingPlan, offline: bool) -> Estimate:
-    from canifinetune.estimator.estimate import estimate
+def _model_for(plan: TrainingPlan, offline: bool, model_config: dict | None = None):
+    """The plan's model: built from its model_config when the call gave one, else resolved by name."""
+    if model_config is not None:
+        return resolved_from_config(plan.model, model_config)
+    return _resolve(plan.model, offline)
 
-    return estimate(plan, model=_resolve(plan.model, offline))
+
+def _estimate(plan: TrainingPlan, offline: bool, model_config: dict | None = None, tiers: bool = False) -> Estimate:
+    """The estimate of ``plan`` (``tiers``: with its full / LoRA / QLoRA row, estimator/tiers.py)."""
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.estimator.tiers import estimate_with_tiers
+
+    model = _model_for(plan, offline, model_config)
+    return estimate_with_tiers(plan, model) if tiers else estimate(plan, model=model)
 
 
 def estimate_memory_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
     from .text import format_estimate_brief
 
     def run():
-        plan = _plan_from(arguments)
-        return _estimate(plan, offline)
+        plan, model_config = _inputs(arguments)
+        return _estimate(plan, offline, model_config, tiers=True)
 
     est = _guard("estimate_memory", run)
     return CallToolResult(
@@ -230,9 +319,9 @@ def suggest_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToo
     from .text import format_suggestions_brief
 
     def run() -> SuggestResult:
-        plan = _plan_from(arguments)
-        # the search resolves catalog and local models itself; Hub models are passed in
-        rm = _resolve(plan.model, offline)
+        plan, model_config = _inputs(arguments)
+        # the search resolves catalog and local models itself; Hub models and model_configs are passed in
+        rm = _model_for(plan, offline, model_config)
         extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
         return suggest(plan, keep=arguments.get("keep") or (), **extra)
 
@@ -249,9 +338,8 @@ def recipe_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallTool
     from .mcp_views import cli_command, mime_of, recipe_key
     from .text import format_recipe_brief
 
-    def run() -> tuple[dict, dict[str, int]]:
-        plan = _plan_from(arguments)
-        est = _estimate(plan, offline)
+    def run() -> tuple[dict, dict[str, str], dict[str, int], str | None]:
+        plan, model_config = _inputs(arguments)
         try:
             from canifinetune.recipes.render import make_recipe
         except ImportError as exc:
@@ -259,33 +347,47 @@ def recipe_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallTool
                 "make_recipe: recipes are not available yet in this canifinetune build "
                 f"(canifinetune.recipes.render: {exc}); estimate_memory and suggest_cheaper_config work"
             ) from None
-        hub = est.model_source not in ("catalog", "local")  # a Hub model: the renderer reuses this estimate
-        made = make_recipe(plan, est) if hub else make_recipe(plan)
-        key = recipe_key(plan)  # the plan asked for: reading a link makes the very same files again
-        files = {name: f"{RECIPE_URI_PREFIX}{key}/{name}" for name in made.files}
+        est = _estimate(plan, offline, model_config)
+        made = make_recipe(est.plan, est)  # the plan with what the estimate chose for the hardware (dtype, sharding)
+        key = recipe_key(plan, model_config)  # the plan asked for: reading a link makes the very same files again
+        uris = {name: f"{RECIPE_URI_PREFIX}{key}/{name}" for name in made.files}
         view = RecipeView(verdict=est.verdict, verdict_reason=est.verdict_reason, budget_bytes=est.budget_bytes,
                           gpu_usable_bytes=est.gpu_usable_bytes, launch_command=made.launch_command,
-                          cli_command=cli_command(plan), files=files, framework_note=made.framework_note)
-        return view.model_dump(mode="json"), {name: len(text.encode()) for name, text in made.files.items()}
+                          cli_command=cli_command(plan), next_step=made.next_step,
+                          chosen_defaults=list(est.chosen_defaults), files=list(made.files),
+                          framework_note=made.framework_note)
+        note = None
+        if model_config is not None:
+            note = (f"note: model_config gave the architecture; the recipe loads the model by name ({plan.model!r}): "
+                    "set model to its Hub id or local folder before running it")
+        sizes = {name: len(text.encode()) for name, text in made.files.items()}
+        out = view.model_dump(mode="json")
+        if not out["chosen_defaults"]:
+            del out["chosen_defaults"]
+        return out, uris, sizes, note
 
-    view, sizes = _guard("make_recipe", run)
+    view, uris, sizes, note = _guard("make_recipe", run)
+    # each file's URI once: in its resource link (the structured content names the files)
     links = [ResourceLink(type="resource_link", uri=uri, name=name, mime_type=mime_of(name), size=sizes[name])
-             for name, uri in view["files"].items()]
+             for name, uri in uris.items()]
+    verdict, _, rest = format_recipe_brief(view).partition("\n")
+    chosen = "".join(f"\nchose: {c}" for c in view.get("chosen_defaults", ()))  # under the verdict, as estimate_memory
+    text = verdict + chosen + "\n" + rest + (f"\n{note}" if note else "")
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(format_recipe_brief(view))), *links],
+        content=[TextContent(type="text", text=mcp_text(text)), *links],
         structured_content=mcp_structured(view),
     )
 
 
 def recipe_file(key: str, name: str, *, offline: bool = False) -> str:
     """One file of the recipe a canifinetune://recipe/<key>/<name> link names, made again from its plan."""
-    from .mcp_views import plan_from_key
+    from .mcp_views import recipe_from_key
 
-    plan = plan_from_key(key)
+    plan, model_config = recipe_from_key(key)
     from canifinetune.recipes.render import make_recipe
 
-    est = _estimate(plan, offline)
-    made = make_recipe(plan, est) if est.model_source not in ("catalog", "local") else make_recipe(plan)
+    est = _estimate(plan, offline, model_config)
+    made = make_recipe(est.plan, est)
     if name not in made.files:
         raise ResourceNotFoundError(f"recipe: no file {safe_text(repr(name), 80)}; the recipe's files: "
                                     + ", ".join(made.files))
@@ -371,6 +473,7 @@ class CanIFinetuneServer(MCPServer):
             raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
                             f"(arguments: {', '.join(known)}; other plan fields: {PLAN_SCHEMA_URI})")
         RAW_ARGUMENTS.set(frozenset(arguments))  # which arguments were sent (server/config_face.py)
+        RAW_TEXTS.set({k: v for k in ("config", "model_config") if isinstance(v := arguments.get(k), str)})
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:

@@ -12,12 +12,14 @@ whole structure.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import functools
 import inspect
 import json
 import re
 import shlex
+import threading
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -31,35 +33,40 @@ PLAN_SCHEMA_URI = "canifinetune://schema/plan"
 RECIPE_URI_PREFIX = "canifinetune://recipe/"
 
 # Flat arguments of all three tools: what changes memory and what an assistant changes first, in that order.
-MEMORY_FIELDS = ("model", "gpu", "gpu_vram_gb", "method", "seq_len", "batch_size", "gradient_checkpointing",
-                 "target_modules", "optim", "dtype", "framework", "trainer")
+MEMORY_FIELDS = ("model", "gpu", "gpu_vram_gb", "num_gpus", "host_ram_gb", "method", "seq_len", "batch_size",
+                 "gradient_checkpointing", "target_modules", "optim", "dtype", "framework", "trainer")
 # make_recipe's own: the run, not its memory.
 RECIPE_FIELDS = ("dataset", "truncation", "learning_rate", "max_steps", "num_train_epochs", "output_dir")
 
 # Short descriptions (None: the name and type say it all); the plan's own are in canifinetune://schema/plan.
 SHORT: dict[str, str | None] = {
-    "model": "HF id, catalog name or local folder",
-    "gpu": "GPU name, e.g. 'RTX 4090', 'A100 80GB'",
-    "gpu_vram_gb": "GPU memory in GB, instead of gpu",
-    "method": "qlora: 4-bit base + LoRA",
-    "seq_len": "tokens per sample",
+    "model": "HF id, catalog name or folder",
+    "gpu": "e.g. 'RTX 4090', '2x A100 80GB'",
+    "gpu_vram_gb": "instead of gpu",
+    "num_gpus": "GPUs in the machine; sharding chosen if not given",
+    "host_ram_gb": "machine RAM in GiB, for offload",
+    "method": None,
+    "seq_len": None,
     "batch_size": "per GPU",
     "gradient_checkpointing": None,
-    "target_modules": "'all-linear' or names ('q_proj,v_proj'); default: PEFT's",
+    "target_modules": None,  # 'all-linear' or names (a comma list too); unset: PEFT's for the architecture
     "optim": None,
-    "dtype": "T4/V100: fp16",
+    "dtype": None,  # unset: bf16, or fp16 on a GPU without bf16 (the answer says what it chose)
     "framework": "the user's trainer: ask",
     "trainer": "not sft: ask its fields (plan)",
     "dataset": "JSONL file or folder",
-    "truncation": "cut samples over seq_len",
+    "truncation": None,
     "learning_rate": None,
     "max_steps": "-1: num_train_epochs",
     "num_train_epochs": None,
     "output_dir": None,
 }
-PLAN_DESCRIPTION = f"other plan fields, e.g. {{\"lora_r\": 32}} ({PLAN_SCHEMA_URI})"
-CONFIG_DESCRIPTION = "the user's training config file as text (Axolotl, LLaMA-Factory, TRL, HF, PEFT, DeepSpeed)"
+PLAN_DESCRIPTION = f"other plan fields ({PLAN_SCHEMA_URI})"
+CONFIG_DESCRIPTION = "the user's training config text (Axolotl, LLaMA-Factory, TRL, HF, PEFT, DeepSpeed)"
+MODEL_CONFIG_DESCRIPTION = "config.json text of a model not in the catalog"
 KEEP_DESCRIPTION = "fields not to change, e.g. ['seq_len']; ['gpu', 'num_gpus'] stays on these GPUs"
+# model_config: a model's config.json is a few KB; the argument takes at most this many characters.
+MAX_MODEL_CONFIG_CHARS = 1024 * 1024
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -101,8 +108,28 @@ def plan_parameter(name: str) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=default)
 
 
+MODEL_CONFIG_PARAMETER = "model_config_text"
+# The text arguments exactly as the client sent them (set by the server's call_tool): the SDK parses a string
+# argument that holds JSON into an object before validation, which a JSON config must not go through.
+RAW_TEXTS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("raw_texts", default=None)
+
+
+def text_as_sent(name: str, value: Any) -> Any:
+    """A text argument (``config``, ``model_config``) as the client sent it, where the SDK turned its JSON into an
+    object (its pre-parsing of stringified arguments); without the sent text (a direct call), that object as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    sent = (RAW_TEXTS.get() or {}).get(name)
+    if isinstance(sent, str):
+        return sent
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return value
+
+
 def tool_parameters(names: tuple[str, ...], *, keep: bool = False) -> list[inspect.Parameter]:
-    """The tool's flat plan fields, then ``plan`` (every other field), ``config``/``config_format`` and ``keep``."""
+    """The tool's flat plan fields, then ``plan`` (every other field), ``config``/``config_format``,
+    ``model_config`` (a model's config.json text) and ``keep``."""
     from canifinetune.estimator.configs import CONFIG_FORMATS, MAX_CONFIG_BYTES
 
     kw = inspect.Parameter.KEYWORD_ONLY
@@ -110,10 +137,14 @@ def tool_parameters(names: tuple[str, ...], *, keep: bool = False) -> list[inspe
     params.append(inspect.Parameter("plan", kw, default=None, annotation=Annotated[
         dict[str, Any] | None, Field(description=PLAN_DESCRIPTION)]))
     params.append(inspect.Parameter("config", kw, default=None, annotation=Annotated[
-        str | None, Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
+        str | None, BeforeValidator(functools.partial(text_as_sent, "config")),
+        Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
     params.append(inspect.Parameter("config_format", kw, default=None, annotation=Annotated[
-        Literal[CONFIG_FORMATS] | None, BeforeValidator(_lower),
-        Field(description="if not detected")]))
+        Literal[CONFIG_FORMATS] | None, BeforeValidator(_lower)]))
+    # 'model_config' is pydantic's own attribute: the parameter has another name and the argument its alias
+    params.append(inspect.Parameter(MODEL_CONFIG_PARAMETER, kw, default=None, annotation=Annotated[
+        str | None, BeforeValidator(functools.partial(text_as_sent, "model_config")),
+        Field(alias="model_config", max_length=MAX_MODEL_CONFIG_CHARS, description=MODEL_CONFIG_DESCRIPTION)]))
     if keep:
         params.append(inspect.Parameter("keep", kw, default=None, annotation=Annotated[
             list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=64, description=KEEP_DESCRIPTION)]))
@@ -125,24 +156,30 @@ _ABUSE_LIMITS = ("maxLength", "minLength", "maximum", "maxItems")
 
 def compact_schema(schema: dict, *, arguments: bool) -> dict:
     """A tool's JSON schema as sent in tools/list, in place: no titles; for arguments, an optional argument whose
-    default is null is simply not required (no null branch, no default), and the size limits that only stop
-    abuse (max lengths and values; the arguments are still checked against them, docs/security.md) are not
-    sent. Never a ``type`` array: the Inspector's --strict check (tests/test_mcp_inspector.py) calls it less
-    portable (single-``type`` dialects such as Gemini's function declarations)."""
+    default is null is simply not required (no null branch, no default), an object's ``additionalProperties:
+    true`` (JSON Schema's own default) is not repeated, and the size limits that only stop abuse (max lengths and
+    values; the arguments are still checked against them, docs/security.md) are not sent. Never a ``type`` array:
+    the Inspector's --strict check (tests/test_mcp_inspector.py) calls it less portable (single-``type`` dialects
+    such as Gemini's function declarations)."""
     strip_titles(schema)
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             branches = node.get("anyOf")
-            if isinstance(branches, list) and len(branches) == 2 and {"type": "null"} in branches:
-                other = next(b for b in branches if b != {"type": "null"})
-                if arguments and node.get("default", 0) is None:
+            if (arguments and isinstance(branches, list) and {"type": "null"} in branches
+                    and node.get("default", 0) is None):
+                others = [b for b in branches if b != {"type": "null"}]
+                node.pop("default")
+                if len(others) == 1:
                     node.pop("anyOf")
-                    node.pop("default")
-                    node.update({k: v for k, v in other.items() if k not in node})
+                    node.update({k: v for k, v in others[0].items() if k not in node})
+                else:  # 'all-linear' or a list: the other branches stay
+                    node["anyOf"] = others
             if arguments:
                 for key in _ABUSE_LIMITS:
                     node.pop(key, None)
+                if node.get("additionalProperties") is True:
+                    node.pop("additionalProperties")
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -201,7 +238,8 @@ def plan_data(arguments: dict[str, Any], sent: frozenset | None) -> tuple[dict[s
     sent = frozenset(arguments) if sent is None else sent
     data = dict(extra)
     for key, value in arguments.items():
-        if key in fields and (key in sent or key not in extra):
+        # only what was sent: a default the SDK filled in would count as given (a dtype the GPU should choose)
+        if key in fields and key in sent:
             data[key] = value
     return data, frozenset(k for k in sent if k in fields) | frozenset(extra)
 
@@ -336,11 +374,15 @@ class Budget(BaseModel):
 
 
 class EstimateView(Budget):
-    """estimate_memory's answer. plan: the fields that differ from the defaults."""
+    """estimate_memory's answer. plan: the fields that differ from the defaults (with what the estimate chose,
+    said in chosen_defaults); tiers: full / LoRA / QLoRA on this GPU."""
 
     verdict_reason: str
+    chosen_defaults: list[str] = []
+    # typed loosely to keep tools/list small: each {method, verdict, budget_bytes, used_fraction} or {method, refused}
+    tiers: list[dict[str, Any]] | None = Field(None, description="full, lora, qlora on this GPU: verdict, budget")
     model: str
-    model_source: str = Field(description="catalog, local, hub-cache or hub")
+    model_source: str = Field(description="catalog, local, hub-cache, hub or model_config")
     params_source: str = "config"
     method: str
     gpu: GPU | None = None
@@ -392,7 +434,7 @@ class SuggestView(BaseModel):
 
 
 class RecipeView(BaseModel):
-    """make_recipe's answer: files maps each file name to its resource URI (the files are resource links)."""
+    """make_recipe's answer: files names the recipe's files (each comes as a resource link, with its URI)."""
 
     verdict: Literal["fits", "tight", "does_not_fit", "unknown"]
     verdict_reason: str
@@ -400,7 +442,9 @@ class RecipeView(BaseModel):
     gpu_usable_bytes: int | None = None
     launch_command: str
     cli_command: str = Field(description="writes the same files into a folder")
-    files: dict[str, str]
+    next_step: str = Field(description="the first command to run in that folder, and what it checks")
+    chosen_defaults: list[str] = []
+    files: list[str]
     framework_note: str | None = None
 
 
@@ -426,8 +470,22 @@ def budget_view(est, explain: bool = False) -> dict:
             "host_memory_bytes": est.host_memory_bytes, "breakdown": _parts(est, explain)}
 
 
+def tiers_view(est) -> list[dict] | None:
+    """The tier row, compact: method, verdict, budget and share (or why the method is refused)."""
+    if not est.tiers:
+        return None
+    return [{"method": t.method, "verdict": t.verdict, "budget_bytes": t.budget_bytes, "used_fraction": t.used_fraction}
+            if t.refused is None else {"method": t.method, "refused": t.refused} for t in est.tiers]
+
+
 def estimate_view(est, explain: bool = True) -> dict:
-    return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, "model": est.model,
+    extra: dict[str, Any] = {}
+    if est.chosen_defaults:
+        extra["chosen_defaults"] = list(est.chosen_defaults)
+    tiers = tiers_view(est)
+    if tiers is not None:
+        extra["tiers"] = tiers
+    return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, **extra, "model": est.model,
             "model_source": est.model_source, "params_source": est.params_source, "method": est.method,
             "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
             "peak_allocated_bytes": est.peak_allocated_bytes, "peak_phase": est.peak_phase,
@@ -455,20 +513,55 @@ def suggest_view(result) -> dict:
 # ------------------------------------------------------------------------------------------------ recipe files
 
 MAX_RECIPE_KEY = 4096
+# A recipe made from a model_config: the config is kept by the server process that made it (its URI names it by
+# digest, so the links stay short), at most this many configs and this many bytes of them.
+MAX_KEPT_MODEL_CONFIGS = 64
+MAX_KEPT_MODEL_CONFIG_BYTES = 16 * 1024 * 1024
+_KEPT_MODEL_CONFIGS: dict[str, tuple[dict, int]] = {}
+_KEPT_LOCK = threading.Lock()
 
 
-def recipe_key(plan: TrainingPlan) -> str:
+def _model_config_digest(config: dict) -> tuple[str, int]:
+    import base64
+    import hashlib
+
+    raw = json.dumps(config, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).decode()[:22].replace("-", "_"), len(raw)
+
+
+def keep_model_config(config: dict) -> str:
+    """Keep a model_config for the recipe links that name it; its digest (oldest dropped beyond the bounds)."""
+    digest, size = _model_config_digest(config)
+    with _KEPT_LOCK:
+        _KEPT_MODEL_CONFIGS.pop(digest, None)
+        _KEPT_MODEL_CONFIGS[digest] = (config, size)
+        while len(_KEPT_MODEL_CONFIGS) > MAX_KEPT_MODEL_CONFIGS or (
+                len(_KEPT_MODEL_CONFIGS) > 1
+                and sum(n for _, n in _KEPT_MODEL_CONFIGS.values()) > MAX_KEPT_MODEL_CONFIG_BYTES):
+            _KEPT_MODEL_CONFIGS.pop(next(iter(_KEPT_MODEL_CONFIGS)))
+    return digest
+
+
+def recipe_key(plan: TrainingPlan, model_config: dict | None = None) -> str:
     """The plan's non-default fields, compressed into the URI of its recipe files (the recipe is a function of the
-    plan, so the file can be made again when it is read, by this or another server process)."""
+    plan, so the file can be made again when it is read, by this or another server process). With a model_config,
+    ``.<digest>`` names it: the server process that made the recipe keeps it."""
     import base64
     import zlib
 
     raw = json.dumps(plan_delta(plan), separators=(",", ":"), sort_keys=True).encode()
-    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+    key = base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+    return key if model_config is None else f"{key}.{keep_model_config(model_config)}"
 
 
 def plan_from_key(key: str) -> TrainingPlan:
     """The plan a recipe URI names; a CanIFinetuneError when the key is not one this server made."""
+    return recipe_from_key(key)[0]
+
+
+def recipe_from_key(key: str) -> tuple[TrainingPlan, dict | None]:
+    """The plan a recipe URI names and its model_config (None when it names none); a CanIFinetuneError when the key
+    is not one this server made."""
     import base64
     import binascii
     import zlib
@@ -477,8 +570,18 @@ def plan_from_key(key: str) -> TrainingPlan:
 
     bad = CanIFinetuneError(f"recipe: {safe_text(repr(key), 60)} is not a recipe this server made; call make_recipe",
                             field="uri")
-    if not key or len(key) > MAX_RECIPE_KEY or not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+    if not key or len(key) > MAX_RECIPE_KEY or not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_]{22})?", key):
         raise bad
+    key, _, digest = key.partition(".")
+    model_config = None
+    if digest:
+        with _KEPT_LOCK:
+            kept = _KEPT_MODEL_CONFIGS.get(digest)
+        if kept is None:
+            raise CanIFinetuneError("recipe: this recipe was made from a model_config that this server process no "
+                                    "longer holds (it keeps them in memory only); call make_recipe again with the "
+                                    "model_config", field="uri")
+        model_config = kept[0]
     try:
         packed = base64.urlsafe_b64decode(key + "=" * (-len(key) % 4))
         inflate = zlib.decompressobj()
@@ -491,7 +594,7 @@ def plan_from_key(key: str) -> TrainingPlan:
     if not isinstance(data, dict):
         raise bad
     try:
-        return TrainingPlan(**data)
+        return TrainingPlan(**data), model_config
     except ValidationError as exc:
         raise CanIFinetuneError(f"recipe: {explain_validation_error(exc)}", field="uri") from None
 

@@ -107,7 +107,7 @@ def format_suggestions(result) -> str:
     """
     o = result.original
     usable = o.gpu_usable_bytes
-    lines = [verdict_line(o), *chosen_lines(o), _answer_line(result)]
+    lines = [verdict_line(o), _answer_line(result), *chosen_lines(o)]
     if result.keep:
         lines.append("pinned (never changed): " + ", ".join(result.keep))
     lines.append(f"{o.model} as planned: ~{result.original_throughput.tokens_per_second:,.0f} tokens/s (approximate)")
@@ -176,6 +176,8 @@ def need_vs_have(est: Estimate) -> str:
     if not est.gpu_usable_bytes:
         return need + " (no GPU given)"
     have = f"have {gib(est.gpu_usable_bytes)} usable ({est.used_fraction:.0%})"
+    if est.verdict == "does_not_fit" and est.total_bytes <= est.gpu_usable_bytes:  # the host RAM is what is short
+        return f"{need}, {have}: the GPU holds it; {est.verdict_reason}"
     if est.verdict == "does_not_fit":
         return f"{need}, {have}: {gib(est.total_bytes - est.gpu_usable_bytes)} over even without the margin"
     if est.verdict == "tight" and est.budget_bytes > est.gpu_usable_bytes:
@@ -232,7 +234,7 @@ def format_suggestions_brief(result) -> str:
     """suggest_cheaper_config's text: the verdict, the answer, one line per suggestion (changes, budget, speed,
     host RAM, cost), the hardware on which the plan fits unchanged, the next step."""
     o = result.original
-    lines = [verdict_line(o), _answer_line(result)]
+    lines = [verdict_line(o), _answer_line(result), *chosen_lines(o)]
     lines.append(need_vs_have(o) + f"; ~{result.original_throughput.tokens_per_second:,.0f} tokens/s as planned")
     if result.keep:
         lines.append("pinned (never changed): " + ", ".join(result.keep))

@@ -181,7 +181,7 @@ def test_suggestions_side_by_side_render(tmp_path):
     for i, s in enumerate(sug["suggestions"], 1):  # the SuggestResult: each card its changes, estimate and cost
         assert f'data-rank="{i}"' in dom
         for c in s["changes"]:  # as the user would type them: the field with old -> new, and the CLI flag
-            assert f"{c['field']}: {c['old']} → {c['new']}" in dom
+            assert _field(c) in dom
             assert "--" + c["field"].replace("_", "-") in dom
         for d in s["cost"]["details"]:
             assert html.escape(d, quote=False) in dom or d in dom
@@ -315,6 +315,26 @@ def _text(dom: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", body))
 
 
+def _shown(value) -> str:
+    """A change's value as the App writes it: true/false, a list joined with commas, 'default' for none."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(value)
+    return "default" if value is None else str(value)
+
+
+def _field(c: dict) -> str:
+    return f"{c['field']}: {_shown(c['old'])} → {_shown(c['new'])}"
+
+
+def _flag(c: dict) -> str:
+    name = c["field"].replace("_", "-")
+    if isinstance(c["new"], bool):
+        return f"--{name}" if c["new"] else f"--no-{name}"
+    return f"--{name} {_shown(c['new'])}"
+
+
 def _rgb(hex_color: str) -> str:
     h = hex_color.lstrip("#")
     return "rgb({:d}, {:d}, {:d})".format(*(int(h[i:i + 2], 16) for i in (0, 2, 4)))
@@ -337,7 +357,7 @@ def test_sixteen_screenshots_are_taken(shots):
 def test_the_verdict_and_its_number_come_first(shots):
     expected = {
         "fits": ("FITS", r"[\d.]+ GiB free"),
-        "tight": ("TIGHT", r"[\d.]+ GiB into the margin"),
+        "tight": ("TIGHT", r"(only [\d.]+ GiB free|[\d.]+ GiB into the margin)"),  # under the headroom line, or past
         "does-not-fit": ("DOES NOT FIT", r"[\d.]+ GiB over"),
         "suggestions": ("DOES NOT FIT", r"[\d.]+ GiB over"),
     }
@@ -394,7 +414,8 @@ def test_no_sideways_scroll_and_cards_stack_on_narrow_hosts(shots):
     for theme in ("light", "dark"):
         narrow, wide = shots[f"suggestions-420-{theme}"], shots[f"suggestions-900-{theme}"]
         assert len(narrow.card_lefts) >= 2 and len(set(narrow.card_lefts)) == 1  # stacked
-        assert len(set(wide.card_lefts)) == len(wide.card_lefts) >= 2  # side by side
+        columns = len(set(wide.card_lefts))  # side by side: the first row's cards each in their own column
+        assert columns >= 2 and len(set(wide.card_lefts[:columns])) == columns
 
 
 def test_suggestion_cards_mark_the_recommended_one_and_speak_flags(shots):
@@ -406,10 +427,41 @@ def test_suggestion_cards_mark_the_recommended_one_and_speak_flags(shots):
     assert first == "1"
     for s in sug["suggestions"]:
         for c in s["changes"]:
-            assert f"--{c['field'].replace('_', '-')} {c['new']}" in text
-            assert f"{c['field']}: {c['old']} → {c['new']}" in text
+            assert _flag(c) in text and _field(c) in text
     assert not re.search(r"\d+\.\d{4,}", text), "a raw float is shown"
     assert "quality penalty" not in text and '"' not in " ".join(re.findall(r"→ \S+", text))
     # the header's badge is the plan's verdict (it does not fit), not a green count of suggestions
     badge = re.search(r'class="verdict v-([a-z_]+)" style="color:(#[0-9A-F]+);background:(#[0-9A-F]+)"', dom)
     assert badge.group(1) == "does_not_fit" and (badge.group(2), badge.group(3)) == VERDICT_COLORS["does_not_fit"]
+
+
+def test_the_method_row_sits_under_the_verdict(shots):
+    """issue 21: full / LoRA / QLoRA on this GPU under the verdict, each with its badge (a tight one amber), the
+    plan's own method outlined, from the result's compact tiers."""
+    tight = estimate_memory_impl({"model": "Qwen/Qwen2.5-1.5B-Instruct", "method": "lora", "gpu_vram_gb": 16,
+                                  "batch_size": 1}).structured_content
+    assert tight["tiers"]
+    for state in ("fits", "tight", "does-not-fit"):
+        dom = shots[f"{state}-900-light"].dom
+        text = " ".join(_text(dom).split())
+        row = re.search(r'<div class="methods"[^>]*>(.*?)</div>', dom).group(1)
+        assert re.findall(r'data-tier="([a-z]+)"', row) == ["full", "lora", "qlora"], state
+        assert row.count('class="method current"') == 1
+        verdict = re.match(r"(FITS|TIGHT|DOES NOT FIT) ", text).group(1)
+        current = re.search(r'class="method current"[^>]*><b>[^<]+</b><span class="verdict v-([a-z_]+)"', row).group(1)
+        assert {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[current] == verdict, state
+        assert text.index("full") < text.index("GiB usable")  # under the verdict, before the picture
+    tight_dom = shots["tight-900-light"].dom
+    fg, bg = VERDICT_COLORS["tight"]
+    assert f'class="verdict v-tight" style="color:{fg};background:{bg}"' in tight_dom  # the amber badge
+    assert re.search(r"TIGHT only [\d.]+ GiB free", " ".join(_text(tight_dom).split()))
+
+
+@needs_chromium
+def test_what_the_estimate_chose_is_shown(tmp_path):
+    est = estimate_memory_impl({"model": "Qwen/Qwen2.5-1.5B-Instruct", "gpu": "T4"}).structured_content
+    assert est["chosen_defaults"]
+    page = tmp_path / "chosen.html"
+    page.write_text(preview_html(est), encoding="utf-8")
+    dom, _ = _render(tmp_path, page)
+    assert "chose: dtype fp16: the Tesla T4 has no bf16" in _text(dom)

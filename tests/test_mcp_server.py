@@ -86,7 +86,8 @@ async def test_tool_inputs_are_the_plan_fields():
         doc = json.loads((await client.read_resource(PLAN_SCHEMA_URI)).contents[0].text)
     assert set(doc["properties"]) == set(TrainingPlan.model_fields)
     assert all(p.get("description") for p in doc["properties"].values())
-    extra = {"plan", "config", "config_format"}  # every other plan field; the user's own config (issue 16)
+    # every other plan field; the user's own config (issue 16); a model's config.json for a model not in the catalog
+    extra = {"plan", "config", "config_format", "model_config"}
     expected = {
         "estimate_memory": set(MEMORY_FIELDS) | extra,
         "suggest_cheaper_config": set(MEMORY_FIELDS) | extra | {"keep"},
@@ -106,6 +107,10 @@ async def test_tool_inputs_are_the_plan_fields():
                 assert prop["default"] == plan_prop["default"], (name, field)
         assert "canifinetune://schema/plan" in schema["properties"]["plan"]["description"]
         assert "ask" in schema["properties"]["framework"]["description"]
+        # issue 21: the machine, flat
+        assert schema["properties"]["num_gpus"]["description"] == "GPUs in the machine; sharding chosen if not given"
+        assert schema["properties"]["host_ram_gb"]["description"] == "machine RAM in GiB, for offload"
+        assert "config.json" in schema["properties"]["model_config"]["description"]
     keep = tools["suggest_cheaper_config"].input_schema["properties"]["keep"]
     assert keep.get("description") and keep["type"] == "array"
 
@@ -113,12 +118,13 @@ async def test_tool_inputs_are_the_plan_fields():
 async def test_every_plan_field_is_reachable_through_the_plan_object_or_flat():
     """Every plan field not among a tool's arguments is accepted in plan, and also flat (taken as if in plan)."""
     values = {"lora_alpha": 64, "lora_dropout": 0.0, "use_dora": True, "gradient_accumulation_steps": 4,
-              "lora_r": 32, "attn_implementation": "eager", "precision": "mixed", "num_gpus": 2, "sharding": "ddp"}
+              "lora_r": 32, "attn_implementation": "eager", "precision": "mixed", "sharding": "ddp"}
     async with Client(build_server()) as client:
         schema = {t.name: t.input_schema for t in (await client.list_tools()).tools}["estimate_memory"]
-        assert set(values).isdisjoint(schema["properties"])
-        inside = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "plan": values})
-        flat = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", **values})
+        assert set(values).isdisjoint(schema["properties"]) and "num_gpus" in schema["properties"]
+        inside = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "num_gpus": 2,
+                                                            "plan": values})
+        flat = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "num_gpus": 2, **values})
         both = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "seq_len": 512,
                                                           "plan": {"seq_len": 4096, "lora_r": 8}})
         default = {k: f.default for k, f in TrainingPlan.model_fields.items() if not f.is_required()}
@@ -132,7 +138,8 @@ async def test_every_plan_field_is_reachable_through_the_plan_object_or_flat():
         )
     for result in (inside, flat):
         assert not result.is_error, text_of(result)
-        assert result.structured_content["plan"] == {"model": "Qwen/Qwen2.5-0.5B", **values}  # only what differs
+        # only what differs
+        assert result.structured_content["plan"] == {"model": "Qwen/Qwen2.5-0.5B", "num_gpus": 2, **values}
     assert both.structured_content["plan"] == {"model": "Qwen/Qwen2.5-0.5B", "seq_len": 512, "lora_r": 8}  # flat wins
     assert not everything.is_error, text_of(everything)
 
@@ -146,9 +153,13 @@ async def test_what_an_assistant_pays():
     assert m["tools_list_bytes"] <= TOOLS_LIST_GOAL and m["input_schemas_bytes"] <= INPUT_SCHEMAS_GOAL, m
     for name, t in m["tools"].items():
         assert not t["is_error"] and t["text_tokens"] <= TEXT_TOKENS_GOAL and t["text_bytes"] <= 2400, (name, t)
-        assert t["structured_bytes"] <= 4096, (name, t)
+        # a search answers with up to five suggestions, each with its budget by component
+        assert t["structured_bytes"] <= (6144 if name == "suggest_cheaper_config" else 4096), (name, t)
         assert t["description_bytes"] <= 400, (name, t)
     assert set(m["tools"]["make_recipe"]["other_content"]) == {"resource_link"}
+    # issue 21: with the user's Axolotl config (8-bit LoRA of Mistral-7B at 8192 tokens), still <= 600 tokens
+    t = m["with_config"]["suggest_cheaper_config + config"]
+    assert not t["is_error"] and t["text_tokens"] <= TEXT_TOKENS_GOAL, t
 
 
 # ------------------------------------------------------------------------------------------- estimate_memory
@@ -164,11 +175,13 @@ async def test_estimate_fits_structured_and_text():
     text = text_of(result)
     lines = text.splitlines()
     assert len(text) <= 2400
-    assert lines[0].startswith("FITS on RTX 4090")  # the verdict, need vs have, the plan, the stack, the top three
+    # the verdict, need vs have, full / LoRA / QLoRA on this GPU, the plan, the stack, the top three
+    assert lines[0].startswith("FITS on RTX 4090")
     assert lines[1].startswith("need ") and "have 23.88 GiB usable" in lines[1] and lines[1].endswith("free")
-    assert lines[3].startswith("stack: ")
+    assert lines[2].startswith("full / LoRA / QLoRA on RTX 4090: ")
+    assert lines[4].startswith("stack: ")
     top = sorted((p for p in est.breakdown if p.name != "safety_margin"), key=lambda p: -p.bytes)[:3]
-    assert lines[4].startswith("largest: ") and all(p.name in lines[4] for p in top)
+    assert lines[5].startswith("largest: ") and all(p.name in lines[5] for p in top)
     assert lines[-1].startswith("next:") and "make_recipe" in lines[-1]
 
 
@@ -221,13 +234,14 @@ ERROR_CASES = [
     # (arguments, substrings the message must hold: the field, the bad value, the alternative)
     ({"model": "qwen2.5 7b instrct"}, ["model", "qwen2.5 7b instrct", "Qwen/Qwen2.5-7B-Instruct"]),
     ({"model": "Qwen/Qwen2.5-7B", "gpu": "rtx 4900"}, ["gpu", "rtx 4900", "RTX 4090"]),
-    ({"model": "Qwen/Qwen2.5-7B", "gpu": "T4"}, ["dtype", "bf16", "fp16"]),
+    ({"model": "Qwen/Qwen2.5-7B", "gpu": "T4", "dtype": "bf16"}, ["dtype", "bf16", "fp16"]),  # asked for: refused
     ({"model": "Qwen/Qwen2.5-7B", "method": "qlroa"}, ["method", "qlroa", "'qlora'"]),
     ({"model": "Qwen/Qwen2.5-7B", "optim": "adamw"}, ["optim", "'adamw'", "adamw_torch"]),
     ({"model": "Qwen/Qwen2.5-7B", "lora_rank": 8}, ["lora_rank", "lora_r"]),
     ({"model": "Qwen/Qwen2.5-7B", "batch_size": 0}, ["batch_size", "greater than or equal to 1", "0"]),
     ({"model": "Qwen/Qwen2.5-7B", "seq_len": -5}, ["seq_len", "-5"]),
-    ({"model": "Qwen/Qwen2.5-7B", "num_gpus": 4}, ["sharding", "4 GPUs", "zero3"]),
+    ({"model": "Qwen/Qwen2.5-7B", "gpu": "2x RTX 4090", "num_gpus": 4}, ["2", "4", "num_gpus"]),
+    ({"model": "Qwen/Qwen2.5-7B", "host_ram_gb": 0}, ["host_ram_gb", "0"]),
     ({"model": "Qwen/Qwen2.5-7B", "gpu": "RTX 4090", "gpu_vram_gb": 24}, ["gpu", "gpu_vram_gb", "not both"]),
     ({"model": "Qwen/Qwen2.5-7B", "method": "full", "load_in_4bit": True}, ["method", "qlora"]),
     ({"model": "Qwen/Qwen2.5-7B", "offload_params": True}, ["offload_params", "zero3"]),
@@ -255,6 +269,11 @@ ERROR_CASES = [
     ),
     ({"model": "Qwen/Qwen2.5-7B", "plan": {"sharding": "zero9"}}, ["sharding", "'zero9'", "'zero3'"]),
     ({"model": "Qwen/Qwen2.5-7B", "plan": 5}, ["plan", "5", "an object"]),
+    # issue 21: a model's config.json as text; what is wrong with it, and what to give instead
+    ({"model_config": "{not json"}, ["model_config", "not valid JSON", "config.json"]),
+    ({"model_config": "[1, 2]"}, ["model_config", "JSON object", "config.json"]),
+    ({"model_config": '{"model_type": "llama", "hidden_size": 64}'}, ["model_config", "num_hidden_layers",
+                                                                       "config.json", "catalog"]),
 ]
 
 
@@ -277,7 +296,7 @@ async def test_unknown_tool_names_the_closest():
 
 
 async def test_a_crash_in_the_core_is_reported_with_its_message(monkeypatch):
-    def boom(plan, offline):
+    def boom(plan, offline, *args, **kwargs):
         raise RuntimeError("the calibration table is corrupt")
 
     monkeypatch.setattr(mcp_server, "_estimate", boom)
@@ -440,10 +459,10 @@ async def test_make_recipe_without_recipes_says_not_available(monkeypatch):
 
 
 async def test_make_recipe_adapter(monkeypatch):
-    def fake_recipe(plan):
+    def fake_recipe(plan, est=None):
         files = {"recipe.yaml": f"model: {plan.model}\n", "train.sh": "canifinetune train recipe.yaml\n"}
         return types.SimpleNamespace(plan=plan, files=files, launch_command="canifinetune train recipe.yaml",
-                                     framework_note=None)
+                                     framework_note=None, next_step="canifinetune train recipe.yaml --probe 3")
 
     fake = types.ModuleType(RENDER)
     fake.make_recipe = fake_recipe
@@ -453,8 +472,8 @@ async def test_make_recipe_adapter(monkeypatch):
         assert not result.is_error, text_of(result)
         out = RecipeView.model_validate(result.structured_content)
         links = [c for c in result.content if c.type == "resource_link"]
-        assert [link.name for link in links] == list(out.files) == ["recipe.yaml", "train.sh"]
-        read = await client.read_resource(out.files["recipe.yaml"])
+        assert [link.name for link in links] == out.files == ["recipe.yaml", "train.sh"]
+        read = await client.read_resource(str(links[0].uri))
     assert read.contents[0].text == "model: Qwen/Qwen2.5-0.5B\n" and out.verdict == "fits"
     assert text_of(result).startswith("FITS") and "recipe.yaml, train.sh" in text_of(result)
 
@@ -472,12 +491,14 @@ async def test_make_recipe_real():
         assert not result.is_error, text_of(result)
         out = RecipeView.model_validate(result.structured_content)
         links = {c.name: c for c in result.content if c.type == "resource_link"}
-        read = {name: (await client.read_resource(uri)).contents[0].text for name, uri in out.files.items()}
+        read = {name: (await client.read_resource(str(link.uri))).contents[0].text for name, link in links.items()}
         with pytest.raises(Exception) as err:
             await client.read_resource("canifinetune://recipe/AAAA/recipe.yaml")
     plan = TrainingPlan(model="Qwen/Qwen2.5-0.5B", method="qlora", gpu="RTX 4090", dataset="data.jsonl",
                         learning_rate=2e-4, lora_alpha=16)
-    assert read == make_recipe(plan).files and set(links) == set(out.files) and "recipe.yaml" in links
+    assert read == make_recipe(plan).files and list(links) == out.files and "recipe.yaml" in links
+    for uri in (str(link.uri) for link in links.values()):  # each URI once: in its link, never in the text or structure
+        assert uri not in text_of(result) and uri not in json.dumps(result.structured_content)
     assert all(links[n].size == len(read[n].encode()) and links[n].mime_type for n in links)
     assert "recipe.yaml" in text_of(result) and "plan:" not in text_of(result)  # no file inlined
     assert out.cli_command.startswith("canifinetune recipe --model Qwen/Qwen2.5-0.5B --method qlora")
@@ -527,8 +548,9 @@ async def test_make_recipe_for_a_trainer_ships_its_example_data():
         assert not result.is_error, text_of(result)
         out = RecipeView.model_validate(result.structured_content)
         links = {c.name: c for c in result.content if c.type == "resource_link"}
-        data = (await client.read_resource(out.files["example_data.jsonl"])).contents[0].text
-        reward = (await client.read_resource(out.files["reward.py"])).contents[0].text
+        assert list(links) == out.files
+        data = (await client.read_resource(str(links["example_data.jsonl"].uri))).contents[0].text
+        reward = (await client.read_resource(str(links["reward.py"].uri))).contents[0].text
     assert (
         links["example_data.jsonl"].mime_type == "application/jsonl" and links["reward.py"].mime_type == "text/x-python"
     )
@@ -682,7 +704,7 @@ LOOP_PLANS = [
     dict(model="meta-llama/Llama-2-13b-hf", gpu="RTX 4090"),
     dict(model="google/gemma-2-27b-it", method="qlora", seq_len=2048, gpu="RTX 4090"),
     dict(model="Qwen/Qwen2.5-72B-Instruct", method="qlora", gpu="RTX A6000", batch_size=8, seq_len=2048),
-    dict(model="meta-llama/Llama-3.2-1B", method="full", dtype="fp16", gpu="Tesla T4", batch_size=16, seq_len=2048),
+    dict(model="meta-llama/Llama-3.2-1B", method="full", gpu="Tesla T4", batch_size=16, seq_len=2048),  # fp16 chosen
     dict(model="mistralai/Mistral-7B-v0.1", dtype="fp16", gpu="Tesla V100 16GB"),
     dict(model="allenai/OLMo-2-1124-13B", method="full", gpu="H100 SXM"),
     dict(model="Qwen/Qwen2.5-7B-Instruct", gradient_checkpointing=False, seq_len=4096, gpu="A10G"),
@@ -749,8 +771,11 @@ async def test_assistant_loop(args):
             top = out.suggestions[0]
             assert "apply the first: " in text.splitlines()[1]
             applied = {**args, **{c.field: c.new for c in top.changes}}  # what an assistant does with the changes
-            # the changes are the whole difference to the search's own plan (any plan field may be given flat)
-            assert TrainingPlan(**applied) == suggest(TrainingPlan(**args)).suggestions[0].plan
+            # the changes are the whole difference to the search's own plan (any plan field may be given flat), once
+            # the estimate has chosen what the plan leaves to the GPU (fp16 on a T4), as it did for the original
+            from canifinetune.estimator.estimate import estimate
+
+            assert estimate(TrainingPlan(**applied)).plan == suggest(TrainingPlan(**args)).suggestions[0].plan
             confirm = await client.call_tool("estimate_memory", applied)
             assert not confirm.is_error, text_of(confirm)
             assert confirm.structured_content["verdict"] == "fits", text_of(confirm)
@@ -783,3 +808,208 @@ async def test_each_server_keeps_its_own_offline_setting(monkeypatch):
     assert {t.annotations.open_world_hint for t in offline._tool_manager.list_tools()} == {False}
     assert {t.annotations.open_world_hint for t in online._tool_manager.list_tools()} == {True}
     assert not hasattr(mcp_server, "_HUB_OFFLINE") and not hasattr(mcp_server, "_ANNOTATIONS")
+
+
+# ------------------------------------------------------------------------------------------- one glance (issue 21)
+
+
+async def test_estimate_carries_the_tier_row():
+    """full / LoRA / QLoRA on the user's GPU, in the text (one line) and compactly in the structured content; each
+    tier is what estimate_memory says for that method."""
+    args = {"model": "Qwen/Qwen2.5-7B-Instruct", "gpu": "RTX 4090", "seq_len": 2048}
+    async with Client(build_server()) as client:
+        result = await client.call_tool("estimate_memory", args)
+        others = {m: (await client.call_tool("estimate_memory", {**args, "method": m})).structured_content
+                  for m in ("full", "qlora")}
+    sc = result.structured_content
+    tiers = {t["method"]: t for t in sc["tiers"]}
+    assert list(tiers) == ["full", "lora", "qlora"]
+    assert tiers["lora"] == {"method": "lora", "verdict": sc["verdict"], "budget_bytes": sc["budget_bytes"],
+                             "used_fraction": sc["used_fraction"]}
+    for method, other in others.items():
+        assert (tiers[method]["verdict"], tiers[method]["budget_bytes"]) == (other["verdict"], other["budget_bytes"])
+    assert "full / LoRA / QLoRA on RTX 4090: does not fit (71.1 GiB) / does not fit (26.4 GiB) / fits (69%)" in (
+        text_of(result).splitlines())
+    assert "chosen_defaults" not in sc and "chose:" not in text_of(result)  # nothing was left to the hardware
+
+
+async def test_what_the_gpu_decides_is_said_and_used():
+    """dtype unset on a GPU without bf16, sharding unset on several GPUs (num_gpus flat, or '2x' in gpu): the
+    estimate chooses, says so (text and chosen_defaults), and its plan is the chosen one."""
+    async with Client(build_server()) as client:
+        t4 = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-1.5B-Instruct", "gpu": "T4"})
+        two = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-7B-Instruct", "gpu": "RTX 4090",
+                                                         "num_gpus": 2})
+        named = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-7B-Instruct", "gpu": "2x RTX 4090"})
+    assert not t4.is_error, text_of(t4)
+    assert t4.structured_content["plan"]["dtype"] == "fp16"
+    assert t4.structured_content["chosen_defaults"][0].startswith("dtype fp16: the Tesla T4 has no bf16")
+    assert text_of(t4).splitlines()[1].startswith("chose: dtype fp16")
+    for result in (two, named):
+        sc = result.structured_content
+        assert not result.is_error and sc["per_gpu"] and sc["plan"]["num_gpus"] == 2, text_of(result)
+        assert sc["plan"]["sharding"] in ("ddp", "zero2", "zero3")
+        assert sc["chosen_defaults"][0].startswith(f"sharding {sc['plan']['sharding']} over 2 GPUs")
+        assert f"chose: sharding {sc['plan']['sharding']}" in text_of(result)
+    assert named.structured_content["budget_bytes"] == two.structured_content["budget_bytes"]
+
+
+async def test_host_ram_gb_is_flat_and_judges_offload():
+    args = {"model": "Qwen/Qwen2.5-7B", "method": "full", "gpu": "RTX 4090",
+            "plan": {"sharding": "zero3", "offload_optimizer": True, "offload_params": True}}
+    async with Client(build_server()) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        small = await client.call_tool("estimate_memory", {**args, "host_ram_gb": 64})
+        large = await client.call_tool("estimate_memory", {**args, "host_ram_gb": 512})
+    assert all("host_ram_gb" in t.input_schema["properties"] for t in tools.values())
+    assert small.structured_content["verdict"] == "does_not_fit" and "host_ram_gb" in text_of(small).splitlines()[0]
+    assert large.structured_content["verdict"] == "fits", text_of(large)
+    assert small.structured_content["plan"]["host_ram_gb"] == 64
+
+
+@needs_recipes
+async def test_make_recipe_renders_the_plan_the_estimate_chose():
+    """The recipe trains what the estimate judged: fp16 on a T4, the chosen sharding on two GPUs (the CLI's
+    make_recipe(est.plan, est))."""
+    import yaml
+
+    async with Client(build_server()) as client:
+        answers = {}
+        for name, args in (("t4", {"model": "Qwen/Qwen2.5-0.5B", "gpu": "T4"}),
+                           ("two", {"model": "Qwen/Qwen2.5-7B-Instruct", "gpu": "RTX 4090", "num_gpus": 2})):
+            result = await client.call_tool("make_recipe", args)
+            assert not result.is_error, text_of(result)
+            links = {c.name: str(c.uri) for c in result.content if c.type == "resource_link"}
+            recipe = yaml.safe_load((await client.read_resource(links["recipe.yaml"])).contents[0].text)
+            answers[name] = (result, recipe["plan"])
+    (t4, t4_plan), (two, two_plan) = answers["t4"], answers["two"]
+    assert t4_plan["dtype"] == "fp16" and "chose: dtype fp16" in text_of(t4).splitlines()[1]
+    assert t4.structured_content["chosen_defaults"][0].startswith("dtype fp16")
+    chosen = two.structured_content["chosen_defaults"][0].split()[1]
+    assert two_plan["num_gpus"] == 2 and two_plan["sharding"] == chosen != "none"
+
+
+async def test_a_config_is_accounted_for_once():
+    """With a config, its account (keys used, not modelled, ignored) is in the structured content once, compact;
+    the text says it in one line, keeps the warnings about keys not modelled, and stays within 2,400 characters."""
+    from benchmarks.bench_mcp_tokens import AXOLOTL_MISTRAL_LORA
+
+    args = {"config": AXOLOTL_MISTRAL_LORA, "gpu": "RTX 4090"}
+    async with Client(build_server()) as client:
+        est = await client.call_tool("estimate_memory", args)
+        sug = await client.call_tool("suggest_cheaper_config", args)
+    for result in (est, sug):
+        assert not result.is_error, text_of(result)
+        text, sc = text_of(result), result.structured_content
+        config = sc["config"]
+        config_lines = [line for line in text.splitlines() if line.startswith("config: ")]
+        assert config_lines == [f"config: axolotl file, {len(config['used'])} keys used, {len(config['not_modelled'])} "
+                                f"not modelled (warned), {config['ignored']} ignored; details in structured content"]
+        assert "used  " not in text and "sequence_len" not in text  # no key-by-key account in the text
+        for warning in config["not_modelled"]:  # but every key not modelled is warned about there
+            assert f"warning: {warning['key'] + ': ' if warning['key'] else ''}{warning['message']}" in text
+        assert "warning: bf16: bf16 'auto'" in text
+        assert text.splitlines()[-1].startswith("next:") and len(text) <= 2400
+        assert config["files"] == [{"name": "config", "format": "axolotl",
+                                    "defaults_from": config["files"][0]["defaults_from"]}]
+        assert config["used"]["sequence_len"] == "seq_len" and config["used"]["micro_batch_size"] == "batch_size"
+        assert config["ignored"] >= len(config["ignored_keys"]) > 0 and len(config["ignored_keys"]) <= 12
+        key = '"sequence_len"'  # the file's key: once in the account, then only in the edits that change it
+        assert json.dumps(sc).count('"not_modelled"') == 1
+        assert json.dumps(sc).count(key) == 1 + json.dumps(sc.get("config_edits", [])).count(key)
+    edits = sug.structured_content["config_edits"]
+    assert [g["rank"] for g in edits] == [s["rank"] for s in sug.structured_content["suggestions"]]
+    assert all(e["file"] == "config" and "format" not in e for g in edits for e in g["edits"])
+    first = "; ".join(f"{e['key']}: {json.dumps(e['old'])} -> {json.dumps(e['new'])}".replace('"', "'")
+                      for e in edits[0]["edits"])
+    assert f"as edits to your config, #1: {first} (all: config_edits)" in text_of(sug)
+
+
+async def test_a_json_config_reaches_the_tool_as_text():
+    """The SDK parses a string argument holding JSON into an object; a JSON config (TrainingArguments, DeepSpeed)
+    and a model_config still arrive as the text the client sent."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "configs" / "training_args.json").read_text()
+    async with Client(build_server()) as client:
+        result = await client.call_tool("estimate_memory", {"config": text, "model": "Qwen/Qwen2.5-0.5B",
+                                                            "gpu": "RTX 4090"})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content["config"]["files"][0]["format"] == "transformers"
+
+
+def _mistral_config(**extra) -> dict:
+    from canifinetune.estimator.catalog import find_model
+
+    return {**find_model("mistralai/Mistral-7B-v0.1", forgiving=False).config_dict(), **extra}
+
+
+async def test_model_config_over_stdio():
+    """A model that is not in the catalog, offline, from the text of its config.json, through a real client over
+    stdio: it estimates as the same architecture does from the catalog, under the name the config or the call
+    gives; suggest_cheaper_config and make_recipe (whose links read back) take it too; bad text is an error naming
+    model_config and what to give."""
+    from mcp import StdioServerParameters
+    from mcp_helpers import ROOT, SERVE
+
+    named = json.dumps(_mistral_config(_name_or_path="acme/mistral-7b-internal"))
+    anonymous = json.dumps(_mistral_config())
+    params = StdioServerParameters(command=sys.executable, args=[*SERVE[1:], "--offline"], cwd=str(ROOT))
+    async with Client(params) as client:
+        catalog = await client.call_tool("estimate_memory", {"model": "mistralai/Mistral-7B-v0.1", "gpu": "RTX 4090"})
+        est = await client.call_tool("estimate_memory", {"model_config": named, "gpu": "RTX 4090"})
+        plain = await client.call_tool("estimate_memory", {"model_config": anonymous, "gpu": "RTX 4090"})
+        given = await client.call_tool("estimate_memory", {"model_config": anonymous, "model": "my-mistral",
+                                                           "gpu": "RTX 4090"})
+        sug = await client.call_tool("suggest_cheaper_config", {"model_config": named, "gpu": "RTX 4090",
+                                                                "seq_len": 4096})
+        recipe = await client.call_tool("make_recipe", {"model_config": named, "gpu": "RTX 4090"})
+        links = {c.name: str(c.uri) for c in recipe.content if c.type == "resource_link"}
+        recipe_yaml = (await client.read_resource(links["recipe.yaml"])).contents[0].text
+        bad_json = await client.call_tool("estimate_memory", {"model_config": "{\"model_type\": ", "gpu": "RTX 4090"})
+        encoder = await client.call_tool("suggest_cheaper_config", {"model_config": json.dumps(
+            {"model_type": "t5", "d_model": 512, "num_layers": 6, "vocab_size": 32128}), "gpu": "RTX 4090"})
+    for result in (catalog, est, plain, given, sug, recipe):
+        assert not result.is_error, text_of(result)
+    sc = est.structured_content
+    assert (sc["model"], sc["model_source"]) == ("acme/mistral-7b-internal", "model_config")
+    assert sc["budget_bytes"] == catalog.structured_content["budget_bytes"] and sc["tiers"]
+    assert text_of(est).splitlines()[3].startswith("acme/mistral-7b-internal (7.24B params, model_config)")
+    assert plain.structured_content["model"] == "custom model" and given.structured_content["model"] == "my-mistral"
+    assert sug.structured_content["suggestions"]
+    assert sug.structured_content["original"]["model_source"] == "model_config"
+    assert "model: acme/mistral-7b-internal" in recipe_yaml and "note: model_config" in text_of(recipe)
+    assert bad_json.is_error and text_of(bad_json).startswith("estimate_memory: model_config: is not valid JSON")
+    assert "config.json" in text_of(bad_json)
+    assert encoder.is_error and text_of(encoder).startswith("suggest_cheaper_config: model_config: ")
+    assert "decoder" in text_of(encoder) and "canifinetune://catalog/models" in text_of(encoder)
+
+
+def test_a_recipe_from_a_model_config_is_kept_by_its_server():
+    """The links of a recipe made from a model_config name it by digest: this process reads them back; a digest it
+    does not hold is refused, saying to call make_recipe again."""
+    from canifinetune.estimator.errors import CanIFinetuneError
+
+    config = _mistral_config(_name_or_path="acme/kept")
+    plan = TrainingPlan(model="acme/kept", gpu="RTX 4090")
+    key = mcp_views.recipe_key(plan, config)
+    assert mcp_views.recipe_from_key(key) == (plan, config) and len(key) < 200
+    with pytest.raises(CanIFinetuneError) as err:
+        mcp_views.recipe_from_key(key[:-22] + "A" * 22)
+    assert "call make_recipe again with the model_config" in str(err.value)
+
+
+async def test_model_config_beside_a_training_config():
+    """The training config's model name (or, when it names none, the model_config's) with the model_config's
+    architecture."""
+    model_config = json.dumps(_mistral_config())
+    trl = "per_device_train_batch_size: 2\nmax_length: 512\nuse_peft: true\n"
+    async with Client(build_server(offline=True)) as client:
+        unnamed = await client.call_tool("estimate_memory", {"config": trl, "config_format": "trl",
+                                                             "model_config": model_config, "gpu": "RTX 4090"})
+        named = await client.call_tool("estimate_memory", {"config": trl + "model_name_or_path: acme/m7\n",
+                                                           "model_config": model_config, "gpu": "RTX 4090"})
+    for result, name in ((unnamed, "custom model"), (named, "acme/m7")):
+        assert not result.is_error, text_of(result)
+        sc = result.structured_content
+        assert (sc["model"], sc["model_source"], sc["plan"]["seq_len"]) == (name, "model_config", 512)

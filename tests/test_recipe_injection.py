@@ -245,7 +245,8 @@ async def test_mcp_make_recipe_refuses_or_quotes(anyio_backend, monkeypatch):
         for value in INERT[:12]:
             result = await client.call_tool("make_recipe", {"model": MODEL, "dataset": value})
             assert not result.is_error, result.content[0].text
-            links = result.structured_content["files"]  # name -> resource URI (issue 15.4): read them as a client does
+            # name -> resource URI, from the resource links (issue 21: the URIs travel once): read as a client does
+            links = {c.name: str(c.uri) for c in result.content if c.type == "resource_link"}
             files = {name: (await client.read_resource(uri)).contents[0].text for name, uri in links.items()}
             assert value not in files[LAUNCH_FILE] and yaml.safe_load(files["recipe.yaml"])["plan"]["dataset"] == value
     assert not (ROOT / "pwned").exists()

@@ -130,7 +130,8 @@ def test_mcp_adapter_sees_the_files():
     recipe = make_recipe(plan)
     result = recipe_impl({"model": plan.model, "gpu": plan.gpu, "method": "qlora", "dataset": "train.jsonl"})
     links = {c.name: c.uri for c in result.content if c.type == "resource_link"}
-    assert links == result.structured_content["files"] and list(links) == list(recipe.files)
+    # the URIs travel once, as resource links; the structured content names the files (issue 21: URIs once)
+    assert list(links) == result.structured_content["files"] == list(recipe.files)
     for name, uri in links.items():
         key, file_name = str(uri)[len(RECIPE_URI_PREFIX):].split("/", 1)
         assert file_name == name and recipe_file(key, name) == recipe.files[name]
