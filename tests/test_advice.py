@@ -334,3 +334,29 @@ def test_dataset_statistics_price_a_context_cut(tmp_path):
     cuts = [s for s in result.suggestions if s.plan.seq_len < 8192]
     assert cuts and cuts[0].cost.quality_penalty == 0 and cuts[0].rank == 1, [s.changes for s in result.suggestions]
     assert any("none of 50 samples" in d for d in cuts[0].cost.details)
+
+
+@pytest.mark.parametrize("name", [p[0] for p in PANEL])
+def test_the_next_step_of_the_first_suggestion_runs(answers, name, tmp_path, monkeypatch, capsys):
+    """make_recipe for the first suggestion prints a next command `canifinetune train` accepts for that trainer and
+    GPU count (the checks of tests/test_recipe_next_steps.py, applied to the panel's answers)."""
+    from test_recipe_next_steps import as_cli_call, printed_commands, train_would_refuse
+
+    from canifinetune.recipes.render import LAUNCH_FILE, make_recipe, write_recipe
+    from canifinetune.server.cli import build_parser
+
+    _, result, _ = answers[name]
+    if not result.suggestions:
+        return
+    first = result.suggestions[0]
+    recipe = make_recipe(first.plan, first.estimate)
+    folder = tmp_path / "recipe"
+    write_recipe(recipe, str(folder))
+    launch = (folder / LAUNCH_FILE).read_text().splitlines()[-1].split()[1:-1]  # exec ... "$@"
+    commands = printed_commands(recipe.next_step)
+    assert commands, recipe.next_step
+    for command in commands:
+        argv, world = as_cli_call(command, launch, first.plan.num_gpus)
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            assert train_would_refuse(args, folder, world, monkeypatch) is None, (name, command)
