@@ -146,6 +146,10 @@ class CatalogGPU:
     # how many of these one machine holds (runtime devices, as num_gpus counts them), and why when not the rule
     max_per_node: int = 1
     max_per_node_source: str | None = None
+    # GPU-to-GPU bandwidth per direction (NVLink) where the datasheet gives one, and its source; None: the card talks to
+    # its peers over PCIe (the throughput model's PCIE_BANDWIDTH_GBS)
+    interconnect_gbs: float | None = None
+    interconnect_source: str | None = None
 
     @property
     def total_memory_gib(self) -> float:
@@ -236,6 +240,8 @@ def load_gpus() -> tuple[CatalogGPU, ...]:
                 backend_notes=MappingProxyType(dict(raw.get("backend_notes", {}))),
                 max_per_node=int(raw["max_per_node"]),
                 max_per_node_source=raw.get("max_per_node_source"),
+                interconnect_gbs=None if raw.get("interconnect_gbs") is None else float(raw["interconnect_gbs"]),
+                interconnect_source=raw.get("interconnect_source"),
             )
         )
     return tuple(out)

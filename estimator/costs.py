@@ -47,7 +47,7 @@ USER_COST_WEIGHTS = {
     # (6) dearer than full -> QLoRA (4) with its own slowdown: a many-times-slower choice never leads a fast one
     "time_per_doubling": 3.0,
     # per doubling of the GPU count: GPUs the user must own or rent, and a multi-GPU launch; dearer than the
-    # quality risk of a 4-bit base with its slowdown (2 + 3 x log2 1.39 = 3.4), so QLoRA on the user's own GPU
+    # quality risk of a 4-bit base with its slowdown (1 + 3 x log2 of at most ~1.35), so QLoRA on the user's own GPU
     # ranks before a second GPU
     "more_gpus_per_doubling": 4.0,
     "larger_gpu": 4.0,  # another GPU to rent or buy: as dear as twice the GPUs

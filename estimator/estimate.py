@@ -52,6 +52,26 @@ class TierFit(BaseModel):
     refused: str | None = Field(None, description="why this method is not estimated for the plan")
 
 
+class Speed(BaseModel):
+    """How fast the plan trains and, given a token budget, how long (estimator/throughput.py; approximate, with the
+    range its validation on published runs supports). The faces fill it, estimate() alone leaves it null."""
+
+    gpu: str = Field(description="the GPU whose speed was modelled (an A100 80GB SXM's for a plan given by size)")
+    num_gpus: int = 1
+    tokens_per_second: float
+    tokens_per_second_low: float
+    tokens_per_second_high: float
+    training_tokens: int | None = None
+    hours: float | None = None
+    hours_low: float | None = None
+    hours_high: float | None = None
+    gpu_hours: float | None = None
+    gpu_hours_low: float | None = None
+    gpu_hours_high: float | None = None
+    basis: str | None = Field(None, description="where the token budget came from (training_tokens, max_steps, the "
+                                                "dataset's epochs)")
+
+
 class Estimate(BaseModel):
     """The estimate for one GPU of the plan (per GPU when num_gpus > 1)."""
 
@@ -81,7 +101,8 @@ class Estimate(BaseModel):
     phases: dict[str, int] = Field(description="peak allocated bytes at the forward, backward and optimizer peaks "
                                    "(and generation, for GRPO generating with model.generate)")
     breakdown: list[Component]
-    host_memory_bytes: int = Field(0, description="host RAM the offloaded states/parameters need (all GPUs)")
+    host_memory_bytes: int = Field(0, description="host RAM the offloaded states/parameters need (all GPUs; per node "
+                                                  "when num_nodes > 1)")
     assumptions: list[str]
     warnings: list[str]
     calibration_version: str
@@ -89,6 +110,8 @@ class Estimate(BaseModel):
     tiers: list[TierFit] | None = Field(
         None, description="full / LoRA / QLoRA on this GPU, each with its verdict (estimator/tiers.py; the faces fill "
         "it, estimate() alone leaves it null)")
+    speed: Speed | None = Field(None, description="tokens per second and, with a token budget, the time to train "
+                                "(approximate, a range; estimator/tiers.py estimate_with_tiers fills it)")
     chosen_defaults: list[str] = Field(
         default_factory=list, description="what the estimate chose because the plan left it to the hardware (the "
         "dtype on a GPU without bf16, the sharding for several GPUs), each with why; the plan above is the chosen one")
@@ -164,7 +187,7 @@ def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, chosen
         why = ("the cheapest that fits" if best.verdict == "fits" else "the simplest (no GPU given to judge)")
     else:
         why = "none of " + ", ".join(SHARDING_CHOICE_ORDER) + " fits; this one needs the least"
-    note = f"sharding {sharding} over {plan.num_gpus} GPUs: {why} (sharding was not given; set it to choose)"
+    note = f"sharding {sharding} over {plan.gpus_words()}: {why} (sharding was not given; set it to choose)"
     return best.model_copy(update={"chosen_defaults": [*chosen, note]})
 
 
@@ -318,7 +341,10 @@ def _verdict(plan: TrainingPlan, gpu, b: _Budget, host_memory: int) -> tuple[Ver
     host_need = _host_ram_shortfall(plan, host_memory)
     if host_need is not None and verdict != "unknown":
         verdict, reason = "does_not_fit", host_need
-    if plan.num_gpus > 1:
+    if plan.num_nodes > 1:
+        reason = (f"per GPU ({plan.num_nodes} nodes of {plan.node_gpus} x {gpu.name if gpu else 'GPU'}, "
+                  f"{plan.num_gpus} GPUs): " + reason)
+    elif plan.num_gpus > 1:
         reason = f"per GPU ({plan.num_gpus} x {gpu.name if gpu else 'GPU'}): " + reason
     return verdict, reason, fraction
 
@@ -403,7 +429,9 @@ def assumptions(r) -> list[str]:
     ]
     if plan.gradient_accumulation_steps > 1:
         out.append("gradient accumulation adds no memory: gradients accumulate in place")
-    if plan.num_gpus > 1:
+    if plan.num_nodes > 1:
+        out.append(f"{plan.sharding} over {plan.gpus_words()}; the figures are per GPU, host memory per node")
+    elif plan.num_gpus > 1:
         out.append(f"{plan.sharding} over {plan.num_gpus} GPUs; the figures are per GPU")
     if plan.trainer != "sft":
         from . import trainer_memory

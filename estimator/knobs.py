@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .model_sources import ResolvedModel
 from .moe_adapters import PEFT_EXPERT_TARGETS
-from .plan import MAX_NUM_GPUS, TrainingPlan
+from .plan import MAX_NUM_GPUS, PARAM_OFFLOAD_SHARDINGS, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS
 from .trainers import TRAINER_DEFAULTS
 
@@ -184,7 +184,7 @@ def _offload_knob(p: TrainingPlan) -> Knob | None:
         if not p.offload_optimizer:
             off.append({"sharding": "zero2", "offload_optimizer": True})
         off.append({"sharding": "zero3", "offload_optimizer": True, "offload_params": True})
-    elif p.sharding in ("zero3", "fsdp_full_shard"):
+    elif p.sharding in PARAM_OFFLOAD_SHARDINGS:  # zero3, zero3_hpz, fsdp_full_shard, fsdp_hybrid_shard
         if not p.offload_optimizer:
             off.append({"offload_optimizer": True})
         if not p.offload_params:

@@ -262,6 +262,7 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
     elif r.full and r.spec.tie_word_embeddings:
         embed_grad = 2 * int(r.spec.embedding_params * r.trainable_bytes_per_param * st.grad_factor)
     end_gather = st.fsdp.backward_end if st.fsdp else st.gather_bwd
+    end_grad += st.sh.backward_extra if st.sh is not None else 0  # HSDP's all-reduce buffers (sharding.py)
     end = st.bytes + end_gather + st.grads + st.buckets + acts.shared + embed_grad + end_grad
     if end > best.bytes:
         return _Live(end, end_gather, (acts.shared, 0, st.grads + embed_grad + end_grad, 0))
@@ -270,7 +271,7 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
 
 def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
     """The optimizer step: all gradients plus the step's temporaries (sharded with the states)."""
-    share = 1.0 if st.sh is None else (1 / r.plan.num_gpus if st.sh.states else 0)
+    share = 1.0 if st.sh is None else (1 / r.plan.shard_gpus if st.sh.states else 0)
     opt_tmp = int(m.optimizer_step_temporary_bytes(r) * share)
     return PhasePeak(
         "optimizer",
@@ -355,7 +356,7 @@ def _sharded_optimizer_note(r: ResolvedPlan, sh) -> str:
     if sh.states == 0:
         note += "; offloaded to the CPU"
     elif r.plan.num_gpus > 1:
-        note += f"; fp32, sharded over {r.plan.num_gpus} GPUs"
+        note += f"; fp32, sharded over {r.plan.shard_gpus} GPUs"
     return note
 
 
@@ -366,7 +367,7 @@ def _optimizer_note(r: ResolvedPlan) -> str:
 def _grad_note(r: ResolvedPlan, sh) -> str:
     note = f"gradients of the trainable parameters in {r.adapter_dtype or r.weight_dtype}"
     if sh is not None and sh.grad_factor < 1:
-        note += f", sharded over {r.plan.num_gpus} GPUs"
+        note += f", sharded over {r.plan.shard_gpus} GPUs"
     if sh is not None and sh.buckets:
         note += "; plus the gradient buckets of the all-reduce / reduce-scatter"
     return note

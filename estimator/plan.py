@@ -43,7 +43,8 @@ AdapterDType = Literal["fp32", "bf16", "fp16"]
 Trainer = Literal["sft", "dpo", "orpo", "kto", "reward", "grpo"]
 ReferenceModel = Literal["copy", "adapter_disabled", "none"]
 VllmMode = Literal["colocate", "server"]
-Sharding = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"]
+Sharding = Literal["none", "ddp", "zero1", "zero2", "zero3", "zero3_hpz", "fsdp_full_shard", "fsdp_shard_grad_op",
+                   "fsdp_hybrid_shard"]
 
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 OPTIMIZERS: tuple[str, ...] = Optim.__args__  # type: ignore[attr-defined]
@@ -55,6 +56,19 @@ ENUM_FIELDS: tuple[str, ...] = ("method", "dtype", "precision", "optim", "attn_i
                                 "reference_model", "vllm_mode")
 # Fields that are lists of module names: a comma-separated string is split.
 LIST_FIELDS: tuple[str, ...] = ("target_modules", "modules_to_save")
+# Sharded inside a node, replicated (FSDP HYBRID_SHARD) or partitioned a second time (DeepSpeed ZeRO++ hpZ) inside it:
+# they need several nodes of several GPUs (estimator/sharding.py)
+HYBRID_SHARDINGS: tuple[str, ...] = ("zero3_hpz", "fsdp_hybrid_shard")
+# The shardings that can keep parameters on the CPU (offload_params)
+PARAM_OFFLOAD_SHARDINGS: tuple[str, ...] = ("zero3", "zero3_hpz", "fsdp_full_shard", "fsdp_hybrid_shard")
+# Every sharding a plan of several GPUs can name, in words (the messages that ask for one)
+SHARDING_WORDS = ", ".join(s for s in SHARDINGS if s != "none")
+
+
+def zero_stage(sharding: str) -> int | None:
+    """The DeepSpeed ZeRO stage of a sharding (zero1/zero2/zero3, and zero3_hpz: ZeRO-3 with ZeRO++'s hpZ), else
+    None."""
+    return {"zero1": 1, "zero2": 2, "zero3": 3, "zero3_hpz": 3}.get(sharding)
 
 
 def normalize_raw(field: str, value):
@@ -98,6 +112,70 @@ def _unsafe_character(text: str) -> str | None:
         if char in _BIDI_CONTROLS or char in _ZERO_WIDTH or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
             return char
     return None
+
+
+def _whole(value) -> int | None:
+    """A count as people give it (an int, or a string of digits), or None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 1e9:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 9:
+        return int(value.strip())
+    return None
+
+
+def _node_layout(data: dict) -> dict:
+    """num_gpus = num_nodes x gpus_per_node, from what the raw plan gives (before validation).
+
+    * num_gpus alone (the one-number form, as before nodes existed): one node of num_gpus GPUs;
+    * num_nodes and gpus_per_node: num_gpus is their product (and must equal it when given too);
+    * num_gpus with one of the other two: the third is num_gpus divided by it (it must divide);
+    * gpus_per_node alone: one node of that many GPUs; num_nodes > 1 alone: an error (how many GPUs in each?).
+
+    One node is stored with gpus_per_node null (the node is the num_gpus GPUs), so a one-node plan reads as it did
+    before nodes existed. A value that is not a whole number is left to its field's own check; a contradiction is an
+    error naming num_gpus, num_nodes and gpus_per_node."""
+    raw = {name: data.get(name) for name in ("num_gpus", "num_nodes", "gpus_per_node")}
+    given = {name: _whole(v) for name, v in raw.items() if v is not None}
+    if any(v is None or v < 1 for v in given.values()):
+        return data  # not a positive whole number: the field says so
+    gpus, nodes, per_node = given.get("num_gpus"), given.get("num_nodes"), given.get("gpus_per_node")
+    if nodes is None and per_node is not None and gpus is not None and gpus != per_node:
+        if gpus % per_node:
+            raise PlanError.about("num_gpus", f"num_gpus {gpus} is not a whole number of nodes of gpus_per_node "
+                                              f"{per_node}; give num_nodes and gpus_per_node (num_gpus is their "
+                                              "product)")
+        nodes = gpus // per_node
+    if nodes is None or nodes == 1:
+        if per_node is None:
+            return data  # num_gpus alone, or nothing: one node, as before nodes existed
+        if gpus is not None and per_node != gpus:
+            raise PlanError.about("gpus_per_node", _one_node_mismatch(per_node, gpus))
+        return {**data, "num_gpus": per_node, "gpus_per_node": None}
+    if per_node is None:
+        if gpus is None:
+            raise PlanError.about("gpus_per_node", f"num_nodes {nodes} needs the GPUs in each node: give gpus_per_node "
+                                                   "(or num_gpus, all of them)")
+        if gpus % nodes:
+            raise PlanError.about("num_gpus", f"num_gpus {gpus} cannot be split evenly over num_nodes {nodes}; give "
+                                              "num_nodes and gpus_per_node (num_gpus is their product)")
+        per_node = gpus // nodes
+    total = nodes * per_node
+    if gpus is not None and gpus != total:
+        raise PlanError.about("num_gpus", f"num_gpus {gpus} is not num_nodes {nodes} x gpus_per_node {per_node} "
+                                          f"({total}); give num_gpus alone (one node), or num_nodes and gpus_per_node")
+    if total > MAX_NUM_GPUS:
+        raise PlanError.about("num_gpus", f"num_nodes {nodes} x gpus_per_node {per_node} is {total} GPUs; at most "
+                                          f"{MAX_NUM_GPUS}")
+    return {**data, "num_gpus": total, "num_nodes": nodes, "gpus_per_node": per_node}
+
+
+def _one_node_mismatch(per_node: int, gpus: int) -> str:
+    return (f"gpus_per_node {per_node} on one node (num_nodes 1) is not num_gpus {gpus}; give num_nodes with "
+            "gpus_per_node, or num_gpus alone")
 
 
 def _takes_number(annotation) -> bool:
@@ -301,11 +379,25 @@ class TrainingPlan(BaseModel):
         None, ge=1, le=MAX_SEQ_LEN, description="grpo, vLLM: the context vLLM allocates its KV cache for."
     )
     # --- hardware and distribution ---
-    num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS, description="GPUs training together; the estimate is per GPU.")
+    num_gpus: int = Field(
+        1, ge=1, le=MAX_NUM_GPUS,
+        description="GPUs training together, on all nodes (num_nodes x gpus_per_node); the estimate is per GPU. Given "
+                    "alone: one node of num_gpus GPUs.")
+    num_nodes: int = Field(
+        1, ge=1, le=MAX_NUM_GPUS,
+        description="Machines (nodes) training together, each with gpus_per_node GPUs; more than 1 makes a multi-node "
+                    "recipe (launch.sh per node, slurm.sbatch).")
+    gpus_per_node: int | None = Field(
+        None, ge=1, le=MAX_NUM_GPUS,
+        description="GPUs in each node when num_nodes > 1 (num_gpus is num_nodes x gpus_per_node); null: all num_gpus "
+                    "on one node.")
     sharding: Sharding = Field(
         "none",
-        description="none (one GPU), ddp, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op. Left unset with "
-                    "num_gpus > 1, the estimate picks the cheapest that fits (ddp, then zero2, zero3) and says so.",
+        description="none (one GPU), ddp, zero1, zero2, zero3, zero3_hpz (ZeRO-3 with ZeRO++'s hierarchical "
+                    "partitioning: a second copy of the weights partitioned inside each node), fsdp_full_shard, "
+                    "fsdp_shard_grad_op, fsdp_hybrid_shard (FSDP HYBRID_SHARD: sharded inside a node, replicated "
+                    "across nodes). Left unset with num_gpus > 1, the estimate picks the cheapest that fits (ddp, then "
+                    "zero2, zero3) and says so.",
     )
     offload_optimizer: bool = Field(False, description="Keep optimizer states on the CPU (ZeRO/FSDP offload).")
     offload_params: bool = Field(
@@ -350,19 +442,22 @@ class TrainingPlan(BaseModel):
     @classmethod
     def _gpu_count_in_name(cls, data):
         """'2x RTX 4090', '8xH100', 'Kaggle T4 x2': the count goes to num_gpus, the card to gpu. A count that
-        contradicts num_gpus is an error naming both."""
-        if not isinstance(data, dict) or not isinstance(data.get("gpu"), str):
+        contradicts num_gpus is an error naming both. Then the nodes: num_gpus = num_nodes x gpus_per_node
+        (:func:`_node_layout`)."""
+        if not isinstance(data, dict):
             return data
+        if not isinstance(data.get("gpu"), str):
+            return _node_layout(data)
         from .gpu_names import split_gpu_count
 
         count, name = split_gpu_count(data["gpu"])
         if count is None:
-            return data
+            return _node_layout(data)
         given = data.get("num_gpus")
         if given is not None and not isinstance(given, bool) and given != count:
             raise PlanError.about("num_gpus", f"gpu {data['gpu']!r} names {count} GPUs but num_gpus is {given}; "
                                               "give the count once")
-        return {**data, "gpu": name, "num_gpus": count}
+        return _node_layout({**data, "gpu": name, "num_gpus": count})
 
     @field_validator("lora_alpha", "lora_dropout", "gpu_vram_gb", "learning_rate", "num_train_epochs", "beta",
                      "vllm_gpu_memory_utilization", "host_ram_gb", "headroom_percent")
@@ -423,14 +518,15 @@ class TrainingPlan(BaseModel):
             raise PlanError.about("load_in_4bit", "a 4-bit base with adapters is method 'qlora'; set method to 'qlora'")
         if four_bit and self.load_in_8bit:
             raise PlanError.about("load_in_8bit", "4-bit and 8-bit quantization cannot both be on; pick one")
+        self._check_nodes()
         if self.sharding == "none" and self.num_gpus > 1 and "sharding" in self.model_fields_set:
             raise PlanError.about("sharding",
-                f"{self.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
-                "fsdp_full_shard, fsdp_shard_grad_op); got 'none'"
+                f"{self.num_gpus} GPUs need a sharding strategy ({SHARDING_WORDS}); got 'none'"
             )
-        if self.offload_params and self.sharding not in ("zero3", "fsdp_full_shard"):
+        if self.offload_params and self.sharding not in PARAM_OFFLOAD_SHARDINGS:
             raise PlanError.about("offload_params",
-                f"parameter offload needs sharding 'zero3' or 'fsdp_full_shard'; got '{self.sharding}'"
+                f"parameter offload needs sharding {', '.join(repr(s) for s in PARAM_OFFLOAD_SHARDINGS)}; got "
+                f"'{self.sharding}'"
             )
         if self.offload_optimizer and self.sharding in ("none", "ddp"):
             raise PlanError.about("offload_optimizer",
@@ -454,6 +550,28 @@ class TrainingPlan(BaseModel):
         if self.gpu is not None and self.gpu_vram_gb is not None:
             raise PlanError.about("gpu", "give either gpu (a catalog name) or gpu_vram_gb (a size), not both")
         return self
+
+    def _check_nodes(self) -> None:
+        """num_gpus = num_nodes x gpus_per_node (what _node_layout derived; a value it could not read is checked
+        here), and the hybrid shardings only where there is a node to shard inside and nodes to span."""
+        per_node = self.gpus_per_node
+        if self.num_nodes > 1 and (per_node is None or self.num_gpus != self.num_nodes * per_node):
+            raise PlanError.about("num_gpus", f"num_gpus {self.num_gpus} is not num_nodes {self.num_nodes} x "
+                                              f"gpus_per_node {per_node}; give num_gpus alone (one node), or num_nodes "
+                                              "and gpus_per_node")
+        if self.num_nodes == 1 and per_node not in (None, self.num_gpus):
+            raise PlanError.about("gpus_per_node", _one_node_mismatch(per_node, self.num_gpus))
+        if self.sharding in HYBRID_SHARDINGS:
+            flat = "zero3" if self.sharding == "zero3_hpz" else "fsdp_full_shard"
+            what = ("partitions a second copy of the weights inside each node (ZeRO++ hpZ)"
+                    if self.sharding == "zero3_hpz" else "shards inside a node and replicates across nodes")
+            if self.num_nodes == 1:
+                raise PlanError.about("sharding", f"{self.sharding} {what}: it needs num_nodes > 1 (got one node of "
+                                                  f"{self.num_gpus} GPUs); on one node use {flat}")
+            if self.node_gpus == 1:
+                instead = "zero3" if self.sharding == "zero3_hpz" else "ddp or fsdp_full_shard"
+                raise PlanError.about("sharding", f"{self.sharding} {what}: with gpus_per_node 1 there is nothing to "
+                                                  f"shard inside a node; use {instead}")
 
     def _check_trainer_fields(self) -> None:
         """Fields of another trainer are refused, naming them and the trainers that have them."""
@@ -515,6 +633,24 @@ class TrainingPlan(BaseModel):
         return self.num_gpus > 1 and self.sharding == "none"
 
     @property
+    def node_gpus(self) -> int:
+        """The GPUs in one node: gpus_per_node, or num_gpus on one node."""
+        return self.gpus_per_node or self.num_gpus
+
+    @property
+    def shard_gpus(self) -> int:
+        """The GPUs that parameters, gradients and optimizer states are sharded over: every GPU, except under FSDP's
+        HYBRID_SHARD (the GPUs of one node; the nodes hold replicas)."""
+        return self.node_gpus if self.sharding == "fsdp_hybrid_shard" else self.num_gpus
+
+    def gpus_words(self) -> str:
+        """'8 GPUs', or '2 nodes of 8 GPUs (16 GPUs)' for several nodes."""
+        if self.num_nodes > 1:
+            per = f"{self.node_gpus} GPU{'s' if self.node_gpus != 1 else ''}"
+            return f"{self.num_nodes} nodes of {per} ({self.num_gpus} GPUs)"
+        return f"{self.num_gpus} GPU{'s' if self.num_gpus != 1 else ''}"
+
+    @property
     def dtype_unset(self) -> bool:
         """No dtype given: the GPU decides (bf16, or fp16 where it has none; estimator/defaults.py)."""
         return "dtype" not in self.model_fields_set
@@ -535,8 +671,29 @@ class TrainingPlan(BaseModel):
         data = self.model_dump()
         if self.sharding_unset and "sharding" not in changes:
             del data["sharding"]  # still left to the estimate to choose (estimator/estimate.py)
+        _relayout(data, self, set(changes) & {"num_gpus", "num_nodes", "gpus_per_node"})
         data.update(changes)
         return TrainingPlan(**data)
+
+
+def _relayout(data: dict, plan: TrainingPlan, changed: set[str]) -> None:
+    """Make room in ``data`` (the plan's dump) for a change of the GPU layout: what the change does not give is
+    derived again. num_gpus alone is one node of num_gpus (the one-number form); num_nodes alone keeps the node's
+    GPUs; gpus_per_node alone keeps the number of nodes; num_gpus with one of the two derives the other."""
+    if not changed:
+        return
+    if changed == {"num_gpus"}:
+        data.pop("num_nodes")
+        data.pop("gpus_per_node")
+        return
+    if "num_gpus" not in changed:
+        data.pop("num_gpus")
+        if "gpus_per_node" not in changed:
+            data["gpus_per_node"] = plan.node_gpus
+        return
+    for name in ("num_nodes", "gpus_per_node"):
+        if name not in changed:
+            data.pop(name)
 
 
 PLAN_FIELDS: tuple[str, ...] = tuple(TrainingPlan.model_fields)

@@ -671,12 +671,15 @@ def suggest(plan: TrainingPlan, keep: Iterable[str] = (), max_suggestions: int =
             "nothing fits on this GPU with the allowed changes: the least memory reachable is "
             f"{(result.min_reachable_bytes or 0) / 2**30:.2f} GiB of {original.gpu_usable_bytes / 2**30:.2f} GiB"  # type: ignore[operator]
             + (f"; the original plan fits a {result.smallest_gpu}" if result.smallest_gpu else "")
-            + (f", or {result.min_gpus} GPUs" + (f" ({result.min_gpus_nodes} nodes of "
-                                                  f"{result.min_gpus // result.min_gpus_nodes})"
-                                                  if (result.min_gpus_nodes or 1) > 1 else "")
-               + f" with {result.min_gpus_sharding}" if result.min_gpus else ""))
+            + (f", or {result.min_gpus} GPUs{_nodes_words(result.min_gpus, result.min_gpus_nodes)} with "
+               f"{result.min_gpus_sharding}" if result.min_gpus else ""))
     result.plans_evaluated = len(ev.cache)
     return result
+
+
+def _nodes_words(gpus: int, nodes: int | None) -> str:
+    """' (2 nodes of 8)' for a GPU count that takes several machines, else ''."""
+    return f" ({nodes} nodes of {gpus // nodes})" if nodes and nodes > 1 else ""
 
 
 def _checked_arguments(keep: Iterable[str], max_suggestions: int, training_tokens: int | None) -> list[str]:

@@ -24,6 +24,27 @@ Notation: P parameters, Pt trainable, n GPUs, a bytes of the compute dtype, L th
 * offload: DeepSpeed moves master weights, fp32 gradients and optimizer states (and with offload_params the
   parameters) to host memory; FSDP2's CPUOffloadPolicy moves sharded parameters, gradients and the optimizer
   step together.
+
+Several nodes (num_nodes N of gpus_per_node K GPUs, n = N·K): a rank does not know where its peers are, so ZeRO-1/2/3
+and FSDP full shard / shard-grad-op over N nodes hold on each GPU exactly what they hold over n GPUs of one machine
+(DeepSpeed's own estimators take ``num_nodes`` and ``num_gpus_per_node`` and divide by their product). Host memory
+is per node: what K ranks offload (DeepSpeed's ZeRO-3 estimator: its ``gpus_factor`` 1/num_nodes). The hybrid
+shardings use the node:
+
+* fsdp_hybrid_shard: FSDP HYBRID_SHARD, as FSDP2 does it (torch 2.13 ``fully_shard`` on a 2-D DeviceMesh
+  (replicate N, shard K); accelerate 1.15 builds it from ``parallelism_config`` dp_replicate_size N, dp_shard_size K):
+  parameters, gradients and optimizer states sharded over the K GPUs of a node and replicated across nodes, so one
+  GPU holds what fsdp_full_shard holds over K GPUs. The gradients are reduce-scattered inside the node and then
+  all-reduced across nodes in place (``foreach_reduce``'s all_reduce on the reduce-scatter output): nothing more
+  on the GPU. torch docs: FSDP ``ShardingStrategy.HYBRID_SHARD`` ("apply FULL_SHARD within a node, and replicate
+  parameters across nodes"); ``fully_shard(mesh=...)``: "a 2D mesh ... HSDP".
+* zero3_hpz: ZeRO-3 with ZeRO++'s hierarchical partitioning (hpZ; Wang et al. 2023, "ZeRO++: Extremely Efficient
+  Collective Communication for Giant Model Training", arXiv:2306.10209, section 3.2; DeepSpeed's ZeRO++ tutorial:
+  ``zero_hpz_partition_size`` = GPUs per node), as DeepSpeed 0.19 does it: the primary partition (a·P/n) stays
+  over all n GPUs, with the fp32 masters, gradients and optimizer states; each parameter also keeps a secondary
+  partition over the K GPUs of its node (``partition_parameters.py`` ``_partition_param_sec``: ``tensor_size //
+  num_ranks_in_param_group``, in the parameter's dtype, on the parameters' device: the CPU with offload_params),
+  from which backward all-gathers inside the node. One GPU: ZeRO-3 over n, plus a·P/K (and a·adapters/K).
 """
 
 from __future__ import annotations
@@ -31,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import memory as m
+from .plan import zero_stage
 from .resolved import ResolvedPlan
 
 # DeepSpeed ZeRO config defaults (deepspeed/runtime/zero/config.py, 0.19): accelerate's generated config
@@ -60,6 +82,9 @@ class Shares:
     # bytes change within a phase: its forward_start, forward_copy, backward_start, backward_end and
     # release_per_layer; see :func:`_fsdp_gathered` for when each of these is alive.
     fsdp: FsdpGathered | None = None
+    # alive at the end of backward only, freed before the optimizer step (FSDP2 HYBRID_SHARD: every unit's
+    # reduce-dtype all-reduce buffer; its per-block growth is in grad_factor)
+    backward_extra: int = 0
 
 
 def _fp32_trainable(r: ResolvedPlan) -> ResolvedPlan:
@@ -78,9 +103,15 @@ def shares(r: ResolvedPlan) -> Shares:
     kind = r.plan.sharding
     if kind == "ddp":
         return _ddp_shares(r)
-    if kind.startswith("zero"):
-        return _zero_shares(r, stage=int(kind[-1]))
+    stage = zero_stage(kind)
+    if stage is not None:
+        return _zero_shares(r, stage=stage)
     return _fsdp_shares(r)
+
+
+def _over(plan, n: int) -> str:
+    """'over 8 GPUs', or 'over 16 GPUs (2 nodes of 8)' for several nodes: for the notes."""
+    return f"over {n} GPUs" + (f" ({plan.num_nodes} nodes of {plan.node_gpus})" if plan.num_nodes > 1 else "")
 
 
 def _mixed(r: ResolvedPlan) -> bool:
@@ -96,8 +127,10 @@ def _ddp_shares(r: ResolvedPlan) -> Shares:
 
 
 def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
-    """DeepSpeed ZeRO-1/2/3: the module in the compute dtype, fp32 master, gradient and state partitions."""
+    """DeepSpeed ZeRO-1/2/3: the module in the compute dtype, fp32 master, gradient and state partitions (ZeRO++ hpZ:
+    and a secondary partition of the weights over the node). Host memory: what the node's k ranks offload."""
     plan, spec, n, a = r.plan, r.spec, r.plan.num_gpus, r.act_bytes
+    k = plan.node_gpus  # the ranks on one machine, whose offloaded states share its host RAM
     tb, pt, mixed = r.trainable_bytes_per_param, r.trainable_params, _mixed(r)
     weights = m.weight_bytes(r)
     grads_all = m.gradient_bytes(r)
@@ -117,18 +150,20 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
         g16 = 0  # ZeRO-3 reduces straight into the fp32 partition (DeepSpeed's estimator: 18P/n)
     host = 0
     if plan.offload_optimizer:
-        host += master * n + grads32 * n + states * n
+        host += master * k + grads32 * k + states * k
         master = grads32 = states = 0
         if stage == 2:
             g16 = 0
     gather = 0
     if stage == 3:
-        if plan.offload_params:
-            host += w16 + a16
+        # ZeRO++ hpZ: every parameter also has a secondary partition over the node's k GPUs (_partition_param_sec)
+        hpz = plan.sharding == "zero3_hpz"
+        if plan.offload_params:  # the node's k partitions on its host (hpZ's secondary too: its remote_device)
+            host += (w16 + a16) * k // n + ((w16 // k + a16 // k) * k if hpz else 0)
             w16 = a16 = 0
         else:
-            w16 //= n
-            a16 //= n
+            w16 = w16 // n + (w16 // k if hpz else 0)
+            a16 = a16 // n + (a16 // k if hpz else 0)
         gather = 2 * spec.largest_layer_params * a  # the largest layer's gathered params and its gradients (4L)
     bucket_bytes = DS_REDUCE_BUCKET_ELEMENTS * (4 if stage == 1 else a)
     if stage == 3:
@@ -139,7 +174,9 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
     return Shares(weights=w16, adapters=a16, qconst=m.quantization_constant_bytes(r) // (n if stage == 3 else 1),
                   master=master, states=states, grads=g16 + grads32, grad_factor=grad_factor, buckets=bucket_bytes,
                   gather_forward=gather, gather_backward=gather, tail_grads=0, host=host,
-                  note=f"DeepSpeed ZeRO-{stage} over {n} GPUs")
+                  note=(f"DeepSpeed ZeRO-3 with ZeRO++ hpZ {_over(plan, n)}: a secondary copy of the weights "
+                        f"partitioned over the {k} GPUs of each node" if plan.sharding == "zero3_hpz"
+                        else f"DeepSpeed ZeRO-{stage} {_over(plan, n)}"))
 
 
 @dataclass(frozen=True)
@@ -188,7 +225,7 @@ def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> FsdpGathered:
         layer_grad_unsharded = (r.adapter_params // max(spec.num_layers, 1)) * param_a
         tail_grads = 0
     untied_extra = 0 if spec.tie_word_embeddings else tail  # untied: the tail's own copy-out comes after the blocks
-    if r.plan.sharding == "fsdp_full_shard":
+    if r.plan.sharding in ("fsdp_full_shard", "fsdp_hybrid_shard"):  # reshard_after_forward=True
         # end of forward: the tail, the last block's all-gather output (tied); untied, the tail's copy-out as well
         forward = tail + layer_unsharded + untied_extra
         copy = tail + 3 * layer_unsharded  # block k's copy-out: its output and params, block k-1's output
@@ -213,8 +250,10 @@ def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> FsdpGathered:
 
 
 def _fsdp_shares(r: ResolvedPlan) -> Shares:
-    """FSDP2 as accelerate prepares it: fp32 trainable masters (mixed precision), everything sharded over n."""
-    plan, spec, n, tb = r.plan, r.spec, r.plan.num_gpus, r.trainable_bytes_per_param
+    """FSDP2 as accelerate prepares it: fp32 trainable masters (mixed precision), everything sharded over n
+    (HYBRID_SHARD: over the GPUs of one node). Host memory: what the node's k ranks offload."""
+    plan, spec, n, tb = r.plan, r.spec, r.plan.shard_gpus, r.trainable_bytes_per_param
+    k = plan.node_gpus
     mixed = _mixed(r)
     master_tb = 4 if mixed and r.quantization == "none" else tb
     param_a = r.act_bytes if mixed else r.weight_bytes_per_param  # all-gathered (param_dtype) bytes per param
@@ -227,14 +266,28 @@ def _fsdp_shares(r: ResolvedPlan) -> Shares:
     grads = (r.trainable_params * master_tb) // n
     states = m.optimizer_state_bytes(_fp32_trainable(r) if master_tb == 4 else r) // n
     grad_factor = (master_tb / tb / n) if tb else 0.0
+    ar_buffers = 0
+    if plan.sharding == "fsdp_hybrid_shard" and param_a != master_tb and tb:
+        # HSDP (torch 2.13 foreach_reduce): each unit's reduce-scatter output, in the reduce dtype, is all-reduced
+        # across the nodes and then cast into the sharded gradient; FSDPParamGroup._all_reduce_state keeps that
+        # buffer until finalize_backward, so every unit's is alive at the end of backward (a·Pt/n beside the
+        # gradients; measured under fake tensors: docs/memory_model.md)
+        ar_buffers = (r.trainable_params * param_a) // n
+        grad_factor += param_a / tb / n
     host = 0
     if plan.offload_params or plan.offload_optimizer:
-        host = (w_sh + a_sh + grads + states) * n
+        host = (w_sh + a_sh + grads + states) * k
         w_sh = a_sh = grads = states = 0
         grad_factor = 0.0
     g = _fsdp_gathered(r, param_a)
     return Shares(weights=w_sh, adapters=a_sh, qconst=m.quantization_constant_bytes(r) // n, master=0, states=states,
                   grads=grads, grad_factor=grad_factor, buckets=0, gather_forward=g.forward,
                   gather_backward=g.backward, tail_grads=g.tail_grads, host=host,
-                  note=f"FSDP2 {'FULL_SHARD' if plan.sharding == 'fsdp_full_shard' else 'SHARD_GRAD_OP'} over {n} GPUs",
-                  fsdp=g)
+                  note=_fsdp_note(plan, n), fsdp=g, backward_extra=ar_buffers)
+
+
+def _fsdp_note(plan, n: int) -> str:
+    if plan.sharding == "fsdp_hybrid_shard":
+        return (f"FSDP2 HYBRID_SHARD: sharded over the {n} GPUs of each node, replicated across {plan.num_nodes} "
+                "nodes")
+    return f"FSDP2 {'FULL_SHARD' if plan.sharding == 'fsdp_full_shard' else 'SHARD_GRAD_OP'} {_over(plan, n)}"

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from canifinetune.estimator.estimate import Estimate, estimate
-from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.plan import TrainingPlan, zero_stage
 
 from .examples import EXAMPLE_DATA_FILE, REWARD_FILE, REWARD_PY, example_jsonl
 from .schema import (
@@ -38,8 +38,12 @@ REQUIREMENTS_FILE = "requirements.txt"
 ESTIMATE_FILE = "ESTIMATE.txt"
 ESTIMATE_JSON_FILE = "estimate.json"
 LAUNCH_FILE = "launch.sh"
+SLURM_FILE = "slurm.sbatch"  # several nodes: one launch.sh per node under SLURM
+DEEPSPEED_FILE = "ds_config.json"  # zero3_hpz: ZeRO++'s zero_hpz_partition_size has no accelerate config key
 FILE_NAMES = (RECIPE_FILE, ACCELERATE_FILE, REQUIREMENTS_FILE, ESTIMATE_FILE, ESTIMATE_JSON_FILE, LAUNCH_FILE,
-              EXAMPLE_DATA_FILE, REWARD_FILE)
+              EXAMPLE_DATA_FILE, REWARD_FILE, SLURM_FILE, DEEPSPEED_FILE)
+# The head node's port when the launch gives none: torch.distributed's default MASTER_PORT
+DEFAULT_MASTER_PORT = 29500
 
 # What the runtime needs (the `train` extra), pinned to the versions the estimate's semantics follow; the line that
 # installs this project comes first (project_requirement).
@@ -79,9 +83,19 @@ class Recipe(BaseModel):
 
 
 def launch_argv(plan: TrainingPlan) -> list[str]:
-    """The launch command as argv. It names only fixed file names: no plan value is ever in it."""
+    """The launch command as argv. It names only fixed file names: no plan value is ever in it.
+
+    Several nodes: ``sh launch.sh``, run on every node with NODE_RANK and MASTER_ADDR (and MASTER_PORT) in its
+    environment; launch.sh passes them to accelerate launch (:func:`node_launch_script`)."""
     if plan.num_gpus == 1:
         return ["canifinetune", "train", RECIPE_FILE]
+    if plan.num_nodes > 1:
+        return ["sh", LAUNCH_FILE]
+    return accelerate_argv()
+
+
+def accelerate_argv() -> list[str]:
+    """accelerate launch with the recipe's config: one process per GPU of this machine (torchrun)."""
     return ["accelerate", "launch", "--config_file", ACCELERATE_FILE,
             "-m", "canifinetune.server.cli", "train", RECIPE_FILE]
 
@@ -109,6 +123,10 @@ def next_command(plan: TrainingPlan) -> list[str]:
 def next_step(plan: TrainingPlan) -> str:
     """``next_command`` with what it checks: the one next step the recipe's summary, the CLI and make_recipe print."""
     command = shlex.join(next_command(plan))
+    if plan.num_nodes > 1:
+        command += (f" on every node, with NODE_RANK (0 on the head node, to {plan.num_nodes - 1}) and MASTER_ADDR "
+                    f"(the head node's address) set, or sbatch {SLURM_FILE}"
+                    + (f" --probe {PROBE_STEPS}" if plan.trainer == "sft" else ""))
     if plan.trainer == "sft":
         return f"{command}   (measures {PROBE_STEPS} steps on your GPU and prints the peaks beside the estimate)"
     return (f"set max_steps: {PROBE_STEPS} in {RECIPE_FILE}, then {command}   (watch nvidia-smi against the estimate; "
@@ -120,11 +138,15 @@ def accelerate_config(plan: TrainingPlan) -> dict | None:
     if plan.num_gpus == 1:
         return None
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype]
+    # several nodes: one config for every node; launch.sh gives each its --machine_rank and the head node's
+    # --main_process_ip / --main_process_port (null here: there is no address to guess). num_processes counts all nodes
+    nodes: dict = ({"main_process_ip": None, "main_process_port": DEFAULT_MASTER_PORT} if plan.num_nodes > 1 else {})
     config: dict = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
         "machine_rank": 0,
-        "num_machines": 1,
+        "num_machines": plan.num_nodes,
+        **nodes,
         "num_processes": plan.num_gpus,
         "gpu_ids": "all",
         "main_training_function": "main",
@@ -143,8 +165,8 @@ def accelerate_config(plan: TrainingPlan) -> dict | None:
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = {
             "fsdp_version": 2,
-            # FSDP2: reshard after forward = FULL_SHARD; keep gathered until backward = SHARD_GRAD_OP
-            "fsdp_reshard_after_forward": plan.sharding == "fsdp_full_shard",
+            # FSDP2: reshard after forward = FULL_SHARD (and HYBRID_SHARD); keep gathered until backward = SHARD_GRAD_OP
+            "fsdp_reshard_after_forward": plan.sharding in ("fsdp_full_shard", "fsdp_hybrid_shard"),
             # FSDP offloads parameters, gradients and the optimizer step together
             "fsdp_offload_params": bool(plan.offload_params),
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -153,21 +175,62 @@ def accelerate_config(plan: TrainingPlan) -> dict | None:
             # gradient checkpointing comes from the recipe (TrainingArguments), as the estimate assumes
             "fsdp_activation_checkpointing": False,
         }
-    else:  # zero1 / zero2 / zero3
-        stage = int(plan.sharding[-1])
-        ds: dict = {
-            "zero_stage": stage,
-            "offload_optimizer_device": "cpu" if plan.offload_optimizer else "none",
-            "offload_param_device": "cpu" if plan.offload_params else "none",
-            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-            "gradient_clipping": 1.0,
-            "zero3_init_flag": stage == 3 and not plan.uses_adapters,
-        }
-        if stage == 3:
+        if plan.sharding == "fsdp_hybrid_shard":
+            # HYBRID_SHARD in FSDP2: a 2-D mesh, replicated over the nodes and sharded over each node's GPUs
+            # (accelerate 1.15 ParallelismConfig: dp_replicate_size x dp_shard_size = num_processes)
+            config["parallelism_config"] = {"parallelism_config_dp_replicate_size": plan.num_nodes,
+                                            "parallelism_config_dp_shard_size": plan.node_gpus}
+    else:  # zero1 / zero2 / zero3 / zero3_hpz
+        stage = zero_stage(plan.sharding)
+        if stage is None:  # every sharding is DDP, FSDP or ZeRO: a new one must be rendered, not guessed
+            raise RecipeError(f"sharding: {plan.sharding!r} has no accelerate config here; use ddp, zero1, zero2, "
+                              "zero3, zero3_hpz or an fsdp_* sharding")
+        ds: dict
+        if plan.sharding == "zero3_hpz":
+            # ZeRO++'s hpZ has no accelerate key: the DeepSpeed JSON carries the stage, hpZ and offload, and accelerate
+            # takes nothing else it would override (its mixed_precision stays unset: bf16/fp16 come from the JSON)
+            ds = {"deepspeed_config_file": DEEPSPEED_FILE}
+            del config["mixed_precision"]
+        else:
+            ds = {
+                "zero_stage": stage,
+                "offload_optimizer_device": "cpu" if plan.offload_optimizer else "none",
+                "offload_param_device": "cpu" if plan.offload_params else "none",
+                "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                "gradient_clipping": 1.0,
+            }
+        ds["zero3_init_flag"] = stage == 3 and not plan.uses_adapters
+        if stage == 3 and plan.sharding != "zero3_hpz":
             ds["zero3_save_16bit_model"] = True
+        if plan.num_nodes > 1:
+            ds["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node (not pdsh over ssh)
         config["distributed_type"] = "DEEPSPEED"
         config["deepspeed_config"] = ds
     return config
+
+
+def deepspeed_config(plan: TrainingPlan) -> dict | None:
+    """The DeepSpeed JSON for zero3_hpz (None otherwise): ZeRO-3 with ``zero_hpz_partition_size`` = the GPUs of a
+    node (DeepSpeed's ZeRO++ tutorial), the plan's offload, and "auto" for what transformers' Trainer fills from the
+    recipe (micro-batch, accumulation, clipping 1.0, bf16/fp16). Bucket sizes stay DeepSpeed's defaults, as the
+    estimate assumes (estimator/sharding.py)."""
+    if plan.sharding != "zero3_hpz":
+        return None
+    return {
+        "zero_optimization": {
+            "stage": 3,
+            "zero_hpz_partition_size": plan.node_gpus,
+            "offload_optimizer": {"device": "cpu" if plan.offload_optimizer else "none"},
+            "offload_param": {"device": "cpu" if plan.offload_params else "none"},
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+    }
 
 
 PROJECT = "canifinetune"
@@ -253,7 +316,7 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
 
     lines = [
         "canifinetune estimate for this recipe (per GPU"
-        + (f", {plan.num_gpus} GPUs" if plan.num_gpus > 1 else "") + ")",
+        + (f", {plan.gpus_words()}" if plan.num_gpus > 1 else "") + ")",
         f"trainer:          {TRAINER_TITLES[plan.trainer]}"
         + (f", reference model: {reference_of(plan)}" if plan.trainer in ("dpo", "kto", "grpo") else ""),
         f"model:            {est.model!r} ({est.model_source}); {est.params_total:,} parameters, "
@@ -271,7 +334,7 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
         f"verdict:          {est.verdict}: {est.verdict_reason}",
         f"calibration:      {est.calibration_version}",
         "",
-        "run (from this folder):  " + shlex.join(argv),
+        *_run_lines(plan, argv),
         "check it first:          " + next_step(plan),
     ]
     if plan.dataset is None:
@@ -288,6 +351,15 @@ def summary_text(plan: TrainingPlan, est: Estimate, argv: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run_lines(plan: TrainingPlan, argv: list[str]) -> list[str]:
+    if plan.num_nodes == 1:
+        return ["run (from this folder):  " + shlex.join(argv)]
+    return [f"run on every node:       NODE_RANK=<0 to {plan.num_nodes - 1}> MASTER_ADDR=<head node address> "
+            + shlex.join(argv) + f"   (or, under SLURM: sbatch {SLURM_FILE})",
+            f"nodes:                   {plan.num_nodes} of {plan.node_gpus} GPUs; the folder must be on every node "
+            "(a shared file system)"]
+
+
 def launch_script(argv: list[str], trainer: str = "sft") -> str:
     examples = "--dataset FILE, --probe 3" if trainer == "sft" else "--dataset FILE"  # --probe measures SFT only
     return (
@@ -296,6 +368,88 @@ def launch_script(argv: list[str], trainer: str = "sft") -> str:
         "set -eu\n"
         'cd "$(dirname "$0")"\n'
         f'exec {shlex.join(argv)} "$@"\n'
+    )
+
+
+def node_launch_script(plan: TrainingPlan) -> str:
+    """launch.sh for several nodes: run on every node with its machine rank and the head node's address (arguments or
+    NODE_RANK / MASTER_ADDR / MASTER_PORT), it starts accelerate launch there (torchrun: gpus_per_node processes, a
+    static rendezvous at MASTER_ADDR:MASTER_PORT). Only fixed names and the plan's node counts are in it."""
+    nodes, per_node = plan.num_nodes, plan.node_gpus
+    last = nodes - 1
+    others = "1" if last == 1 else f"1 to {last}"
+    examples = "--dataset FILE, --probe 3" if plan.trainer == "sft" else "--dataset FILE"
+    argv = accelerate_argv()
+    launch = (shlex.join(argv[:4]) + ' --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" '
+              '--main_process_port "$MASTER_PORT" ' + shlex.join(argv[4:]) + ' "$@"')
+    usage = "sh launch.sh NODE_RANK MASTER_ADDR [MASTER_PORT] [train arguments]"
+    return (
+        "#!/bin/sh\n"
+        f"# Trains this recipe on {nodes} nodes of {per_node} GPUs ({plan.num_gpus} processes).\n"
+        "# Run it on every node, at about the same time, with the node's own rank and the same head node,\n"
+        "# as arguments or in the environment:\n"
+        f"#   {usage}\n"
+        f"#   NODE_RANK=1 MASTER_ADDR=head-node MASTER_PORT={DEFAULT_MASTER_PORT} sh launch.sh [train arguments]\n"
+        f"# NODE_RANK: 0 on the head node, {others} on the others. MASTER_ADDR: the head node's address,\n"
+        f"# which every node reaches. MASTER_PORT: a free TCP port on the head node (default {DEFAULT_MASTER_PORT}).\n"
+        f"# accelerate launch starts {per_node} processes here (torchrun, static rendezvous at\n"
+        "# MASTER_ADDR:MASTER_PORT) and waits for every node. Under SLURM, sbatch slurm.sbatch runs this once per\n"
+        f"# node. Extra arguments (e.g. {examples}) pass through to canifinetune train.\n"
+        "set -eu\n"
+        'cd "$(dirname "$0")"\n'
+        'case "${1:-}" in\n'
+        "  ''|*[!0-9]*) ;;\n"
+        '  *) NODE_RANK=$1; shift\n'
+        "     case \"${1:-}\" in ''|-*) ;; *) MASTER_ADDR=$1; shift ;; esac\n"
+        "     case \"${1:-}\" in ''|*[!0-9]*) ;; *) MASTER_PORT=$1; shift ;; esac ;;\n"
+        "esac\n"
+        "NODE_RANK=${NODE_RANK:-}\n"
+        "MASTER_ADDR=${MASTER_ADDR:-}\n"
+        f"MASTER_PORT=${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}\n"
+        'case "$NODE_RANK" in\n'
+        f"  ''|*[!0-9]*) echo 'launch.sh: NODE_RANK must be a node rank (0 to {last}): {usage}' >&2; exit 2 ;;\n"
+        "esac\n"
+        f'if [ "${{#NODE_RANK}}" -gt 6 ] || [ "$NODE_RANK" -gt {last} ]; then\n'
+        f"  echo 'launch.sh: NODE_RANK must be 0 to {last} (the recipe trains on {nodes} nodes)' >&2; exit 2\n"
+        "fi\n"
+        'if [ -z "$MASTER_ADDR" ]; then\n'
+        f"  echo 'launch.sh: give MASTER_ADDR, the head node address: {usage}' >&2; exit 2\n"
+        "fi\n"
+        'case "$MASTER_PORT" in\n'
+        "  ''|*[!0-9]*) echo 'launch.sh: MASTER_PORT must be a TCP port number' >&2; exit 2 ;;\n"
+        "esac\n"
+        f"exec {launch}\n"
+    )
+
+
+def slurm_script(plan: TrainingPlan) -> str:
+    """slurm.sbatch for several nodes: one task per node (srun), each running launch.sh with its machine rank
+    ($SLURM_NODEID) and the head node (the allocation's first host, from scontrol). Fixed names and counts only."""
+    nodes, per_node = plan.num_nodes, plan.node_gpus
+    return (
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=canifinetune\n"
+        f"#SBATCH --nodes={nodes}\n"
+        "#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --gpus-per-node={per_node}\n"
+        "#SBATCH --output=slurm-%j.out\n"
+        f"# Trains this recipe on {nodes} nodes of {per_node} GPUs. Submit it from the recipe's folder, on a file\n"
+        "# system every node sees:   cd my-run && sbatch slurm.sbatch [train arguments]\n"
+        "# srun starts one task per node; each runs launch.sh with its machine rank ($SLURM_NODEID) and the head\n"
+        "# node (the first host of the allocation), and launch.sh starts accelerate launch with\n"
+        f"# {per_node} processes there. Add your cluster's own lines above (#SBATCH --partition, --account, --time,\n"
+        f"# --cpus-per-task, --mem; or --gres=gpu:{per_node} where --gpus-per-node is not available).\n"
+        "set -eu\n"
+        f"if [ ! -f {LAUNCH_FILE} ] || [ ! -f {RECIPE_FILE} ]; then\n"
+        "  echo 'slurm.sbatch: submit it from the recipe folder (cd to it, then sbatch slurm.sbatch)' >&2; exit 2\n"
+        "fi\n"
+        ': "${SLURM_JOB_NODELIST:?run it with sbatch, which sets SLURM_JOB_NODELIST}"\n'
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+        "# a port of its own for each job, so two jobs sharing a head node do not collide\n"
+        "MASTER_PORT=${MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}\n"
+        "export MASTER_ADDR MASTER_PORT\n"
+        f"srun --nodes={nodes} --ntasks-per-node=1 sh -c "
+        "'exec sh launch.sh \"$SLURM_NODEID\" \"$MASTER_ADDR\" \"$MASTER_PORT\" \"$@\"' launch.sh \"$@\"\n"
     )
 
 
@@ -358,7 +512,9 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     acc_yaml = None
     if acc is not None:
         acc_yaml = (
-            f"# accelerate config for {plan.num_gpus} GPUs, sharding {plan.sharding} (made by canifinetune)\n"
+            f"# accelerate config for {plan.gpus_words()}, sharding {plan.sharding} (made by canifinetune)\n"
+            + (f"# the same on every node: {LAUNCH_FILE} passes --machine_rank, --main_process_ip and "
+               "--main_process_port (NODE_RANK, MASTER_ADDR, MASTER_PORT)\n" if plan.num_nodes > 1 else "")
             + yaml.safe_dump(acc, sort_keys=False, default_flow_style=False)
         )
     reqs = "\n".join(requirements(plan)) + "\n"
@@ -369,7 +525,12 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     files[REQUIREMENTS_FILE] = reqs
     files[ESTIMATE_FILE] = summary
     files[ESTIMATE_JSON_FILE] = est.model_dump_json(indent=2) + "\n"
-    files[LAUNCH_FILE] = launch_script(argv, plan.trainer)
+    files[LAUNCH_FILE] = node_launch_script(plan) if plan.num_nodes > 1 else launch_script(argv, plan.trainer)
+    if plan.num_nodes > 1:
+        files[SLURM_FILE] = slurm_script(plan)
+    ds_json = deepspeed_config(plan)
+    if ds_json is not None:
+        files[DEEPSPEED_FILE] = json.dumps(ds_json, indent=2) + "\n"
     files.update(extra_files)
     return Recipe(
         plan=plan,

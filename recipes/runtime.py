@@ -72,20 +72,26 @@ def check_plan_for_machine(plan: TrainingPlan, machine: Machine) -> None:
             # need an accelerator; the memory figures are the estimate's, not this run's
             if machine.world_size != plan.num_gpus:
                 problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs; on the CPU (--device cpu) start "
-                                f"{plan.num_gpus} processes with the recipe's launch command (this process runs "
-                                f"{machine.world_size})")
+                                f"{plan.num_gpus} processes with the recipe's launch command"
+                                + (" on every node" if plan.num_nodes > 1 else "")
+                                + f" (this process runs {machine.world_size})")
         elif not machine.cuda:
             problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs and this machine has no CUDA GPU; "
                             "set num_gpus: 1 and sharding: none (and make the recipe again) to train here")
-        elif plan.num_gpus > machine.device_count:
+        elif plan.num_nodes > 1 and plan.node_gpus > machine.device_count:
+            problems.append(f"gpus_per_node: the recipe trains on {plan.gpus_words()} and this machine has "
+                            f"{machine.device_count}; set gpus_per_node to {machine.device_count} or fewer and make "
+                            "the recipe again")
+        elif plan.num_nodes == 1 and plan.num_gpus > machine.device_count:
             problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs and this machine has "
                             f"{machine.device_count}; set num_gpus to {machine.device_count} or fewer and make the "
                             "recipe again")
         elif machine.world_size != plan.num_gpus:
             problems.append(f"num_gpus: the recipe trains on {plan.num_gpus} GPUs but this process runs "
                             f"{machine.world_size} of them; start it with the recipe's launch command "
-                            "(accelerate launch --config_file accelerate_config.yaml -m canifinetune.server.cli train "
-                            "recipe.yaml)")
+                            + ("(sh launch.sh NODE_RANK MASTER_ADDR on every node)" if plan.num_nodes > 1 else
+                               "(accelerate launch --config_file accelerate_config.yaml -m canifinetune.server.cli "
+                               "train recipe.yaml)"))
     if plan.dtype == "bf16" and machine.cuda and not machine.bf16:
         problems.append(f"dtype: this GPU ({machine.gpu_name}) has no bf16; set dtype: fp16 in the recipe "
                         "(and estimate again: fp16 needs the same memory)")
@@ -382,6 +388,11 @@ def prepare(
     ``token_ids`` replaces the dataset (the probe trains on synthetic full-length samples)."""
     machine = Machine.detect(device)
     check_plan_for_machine(plan, machine)
+    if machine.cpu_run and plan.sharding == "fsdp_hybrid_shard":
+        # accelerate 1.15's ParallelismConfig (the recipe's HYBRID_SHARD mesh, from its launcher's environment) refuses
+        # the CPU's MULTI_CPU state, and accelerate applies FSDP only under an accelerator anyway: a CPU dry run of the
+        # launch trains as data parallelism, like the other FSDP recipes
+        os.environ.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)
     base = recipe_dir if recipe_dir is not None else Path.cwd()
     out = output_dir if output_dir is not None else checked_output_dir(plan, base)  # before anything loads
     config, source = model_source(plan, recipe_dir)
@@ -426,8 +437,7 @@ def prepare(
         raise SampleTooLongError(f"dataset: a prepared sample is {longest} tokens, longer than seq_len {plan.seq_len}")
     notes = []
     if machine.cpu_run and plan.num_gpus > 1 and plan.sharding != "ddp":
-        notes.append(f"sharding {plan.sharding}: on the CPU accelerate trains it as data parallelism over "
-                     f"{plan.num_gpus} processes (gloo); FSDP and DeepSpeed need GPUs")
+        notes.append(_cpu_engine_note(plan, trainer))
     if truncated:
         notes.append(f"{truncated} samples were cut at seq_len {plan.seq_len} (truncation: true)")
     if (plan.packing or plan.padding_free) and plan.attn_implementation != "flash_attention_2":
@@ -438,6 +448,21 @@ def prepare(
                      "estimate does not count; attn_implementation: flash_attention_2 needs none")
     return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=tokenizer, output_dir=out,
                     samples=len(ids), truncated=truncated, notes=notes)
+
+
+def _cpu_engine_note(plan: TrainingPlan, trainer) -> str:
+    """What a sharded recipe runs as on the CPU (--device cpu), read from the Trainer's accelerator: DeepSpeed's ZeRO
+    engine does run there (its CPU accelerator, over gloo: accelerate 1.15, DeepSpeed 0.19.8); accelerate applies its
+    FSDP plugin only under an accelerator, so an FSDP recipe trains as data parallelism."""
+    where = (f"over {plan.num_gpus} processes" + (f" on {plan.num_nodes} nodes" if plan.num_nodes > 1 else "")
+             + " (gloo)")
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        plugin = trainer.accelerator.state.deepspeed_plugin
+        hpz = (plugin.deepspeed_config.get("zero_optimization") or {}).get("zero_hpz_partition_size", 1)
+        hpz_words = f" with ZeRO++ hpZ (zero_hpz_partition_size {hpz})" if isinstance(hpz, int) and hpz > 1 else ""
+        return f"sharding {plan.sharding}: on the CPU DeepSpeed ZeRO-{plugin.zero_stage}{hpz_words} runs it {where}"
+    return (f"sharding {plan.sharding}: on the CPU accelerate trains it as data parallelism {where}; FSDP needs "
+            "GPUs")
 
 
 def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Path, *, recipe_dir: Path | None,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from canifinetune.estimator.bounded_io import read_regular_file
 from canifinetune.estimator.errors import RecipeError as RecipeError  # declared in errors.py (the one error tree)
 from canifinetune.estimator.errors import describe_validation_error
-from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.plan import SHARDING_WORDS, TrainingPlan
 
 RECIPE_VERSION = 1
 RECIPE_FILE = "recipe.yaml"
@@ -162,9 +162,8 @@ def parse_recipe(text: str, where: str = RECIPE_FILE) -> RecipeFile:
     except ValidationError as exc:
         raise RecipeError(describe_validation_error(exc)) from None
     if recipe.plan.sharding_unset:  # the estimate chooses one for a plan; a recipe trains exactly what it says
-        raise RecipeError(f"sharding: {recipe.plan.num_gpus} GPUs need a sharding strategy (ddp, zero1, zero2, zero3, "
-                          "fsdp_full_shard, fsdp_shard_grad_op); set it in the plan (`canifinetune recipe` writes the "
-                          "one the estimate chose)")
+        raise RecipeError(f"sharding: {recipe.plan.num_gpus} GPUs need a sharding strategy ({SHARDING_WORDS}); set it "
+                          "in the plan (`canifinetune recipe` writes the one the estimate chose)")
     return recipe
 
 

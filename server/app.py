@@ -198,7 +198,8 @@ _HTML = r"""<!DOCTYPE html>
     return [el("div", { "class": "lead" }, [badge(est.verdict), el("span", { "class": "number " + l.cls, text: l.text })]),
       methodRow(est),
       title ? el("h1", { text: title }) : null,
-      el("div", { "class": "reason muted", text: est.verdict_reason || "" })].concat(chosenNodes(est));
+      el("div", { "class": "reason muted", text: est.verdict_reason || "" })].concat(chosenNodes(est)).concat(
+      est.speed ? [el("div", { "class": "chosen muted", text: est.speed })] : []);
   }
 
   // Axis ticks at round values: the scale ends on the last tick, so every label sits at its value.

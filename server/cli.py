@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="estimate the peak GPU memory of a plan and judge it against a GPU")
     _add_plan_arguments(est)
     est.add_argument("--json", action="store_true", help="print the estimate as JSON (the MCP tool's structure)")
+    est.add_argument("--training-tokens", type=_number(int, "training_tokens"), default=None, dest="training_tokens",
+                     help="tokens to train on: adds the approximate time and GPU-hours to train (also from "
+                          "--max-steps, or --dataset FILE.jsonl with --num-train-epochs)")
     est.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
 
     models = sub.add_parser("models", help="search the built-in model catalog")
@@ -166,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth-token", default=None, metavar="TOKEN",
                        help="HTTP: every request must send 'Authorization: Bearer TOKEN' (default: the environment "
                             "variable CANIFINETUNE_AUTH_TOKEN; required when --host is not a loopback address)")
+    serve.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                       help="HTTP: accept only requests whose Host is NAME (any port) or this machine's; repeatable. "
+                            "Bound beyond this machine (with --auth-token) any Host name is accepted by default")
     serve.add_argument("--port", type=_number(int, "port"), default=8765, help="HTTP port (default 8765)")
     serve.add_argument("--offline", action="store_true",
                        help="the tools never reach the Hugging Face Hub (catalog, local folders and the local cache "
@@ -202,7 +208,10 @@ def _cmd_estimate(args) -> int:
     from .text import format_estimate
 
     plan = _plan_from_args(args)
-    result = estimate_with_tiers(plan, _resolve_model(plan, args))
+    if args.training_tokens is not None and not 1 <= args.training_tokens <= 10**15:
+        raise UsageError(f"--training-tokens: must be a positive number of tokens, at most 1e15; got "
+                         f"{args.training_tokens}")
+    result = estimate_with_tiers(plan, _resolve_model(plan, args), training_tokens=args.training_tokens)
     from .config_face import cli_json, cli_text
 
     if args.json:
@@ -278,14 +287,22 @@ def _cmd_serve(args) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port: must be between 1 and 65535; got {args.port}")
     if args.http:
-        from .mcp_server import AUTH_TOKEN_ENV, check_http_exposure
+        from canifinetune.estimator.errors import CanIFinetuneError
+
+        from .mcp_server import AUTH_TOKEN_ENV, allowed_host_name, check_http_exposure
 
         token = args.auth_token if args.auth_token is not None else (os.environ.get(AUTH_TOKEN_ENV) or None)
         problem = check_http_exposure(args.host, token)
         if problem is not None:
             raise UsageError(problem)
-        run_http(args.host, args.port, offline=args.offline, auth_token=token)
+        try:
+            allowed = [allowed_host_name(name) for name in args.allowed_host or ()]
+        except CanIFinetuneError as exc:
+            raise UsageError(str(exc)) from None
+        run_http(args.host, args.port, offline=args.offline, auth_token=token, allowed_hosts=allowed)
     else:
+        if args.allowed_host:
+            raise UsageError("--allowed-host: only with --http (stdio has no Host header)")
         run_stdio(offline=args.offline)
     return EXIT_OK
 

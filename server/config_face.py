@@ -19,8 +19,7 @@ from canifinetune.estimator.configs import (
     ConfigError,
     ConfigReport,
     LoadedConfig,
-    apply_edits,
-    config_edits,
+    edited_copies,
     load_configs,
     suggestion_edits,
 )
@@ -69,9 +68,14 @@ def format_report(report: ConfigReport) -> str:
     for w in report.not_modelled:
         lines.append(f"  warning: {safe_text(w.key + ': ' if w.key else '', 80)}{safe_text(w.message, 600)}")
     if report.ignored:
-        names = ", ".join(safe_text(k, 60) for k in report.ignored_keys[:12])
-        more = ", ..." if report.ignored > 12 else ""
-        lines.append(f"  ignored: {report.ignored} keys that do not change GPU memory ({names}{more})")
+        lines.append(f"  ignored: {report.ignored} keys that do not change GPU memory:")
+        by_reason: dict[str, list[str]] = {}
+        for key in report.ignored_keys:
+            by_reason.setdefault(report.ignored_reasons.get(key, "no memory"), []).append(key)
+        for reason, keys in by_reason.items():
+            lines.append(f"    {', '.join(safe_text(k, 60) for k in keys)} ({safe_text(reason, 200)})")
+        if report.ignored > len(report.ignored_keys):
+            lines.append(f"    ... and {report.ignored - len(report.ignored_keys)} more")
     return "\n".join(lines)
 
 
@@ -109,12 +113,21 @@ def _safe_target(target: Path, inputs: list[Path], force: bool) -> None:
         raise ConfigError(f"--write-config {safe_text(target, 200)}: already exists; give --force to replace it")
 
 
-def _write(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".canifinetune-", dir=target.parent)
+def _original_mode(name: str) -> int:
+    """The permission bits of the user's file (an edited copy gets the same); 0o644 when it cannot be read."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        return os.stat(name).st_mode & 0o777
+    except OSError:
+        return 0o644
+
+
+def _write(target: Path, data: bytes, mode: int) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".canifinetune-", dir=target.parent)  # mkstemp makes it 0600
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)  # the original's permissions, not mkstemp's 0600
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -123,18 +136,31 @@ def _write(target: Path, text: str) -> None:
 
 def write_edited(loaded: LoadedConfig, plan, out: str, force: bool) -> list[Path]:
     """Write the files edited to say ``plan``: OUT itself for one edited file, OUT/<name> for several.
-    Never an input file; an existing file only with ``force``. Returns the paths written."""
-    edited = apply_edits(loaded, config_edits(loaded, plan))
+    Every copy is read back first by the same readers and must give ``plan``'s values (edited_copies); two edited
+    files of the same name, an input file or an existing file without ``force`` are refused before anything is
+    written. Each copy keeps its original's permissions, line endings and byte-order mark. Returns the paths
+    written."""
+    edited = edited_copies(loaded, plan)
     if not edited:
         return []
     inputs = [Path(r.doc.name) for r in loaded.readings]
     base = Path(out)
     folder = len(edited) > 1 or base.is_dir()
     targets = {name: (base / Path(name).name if folder else base) for name in edited}
+    seen: dict[Path, str] = {}
+    for name, target in targets.items():
+        if target in seen:
+            raise ConfigError(f"--write-config {safe_text(base, 200)}: {safe_text(seen[target], 200)} and "
+                              f"{safe_text(name, 200)} would both be written as {safe_text(target, 200)}, one over the "
+                              "other; nothing written: give the files different names")
+        seen[target] = name
     for target in targets.values():
         _safe_target(target, inputs, force)
+    docs = {r.doc.name: r.doc for r in loaded.readings}
     for name, target in targets.items():
-        _write(target, edited[name])
+        doc = docs[name]
+        data = ("\ufeff" if doc.bom else "") + edited[name]
+        _write(target, data.encode("utf-8"), _original_mode(name))
     return list(targets.values())
 
 
@@ -233,17 +259,94 @@ def plan_from_config(arguments: dict[str, Any], data: dict[str, Any]):
     return loaded.plan
 
 
+MCP_IGNORED_SHOWN = 12
+
+
+def compact_report(report: ConfigReport) -> dict:
+    """The config account as the MCP tools send it, once per answer: the file's format, each key used with the plan
+    field it set (the values are the plan's, in the answer), the arguments that replaced the file's values, the
+    defaults it leaves to the framework, the keys not modelled (each with its warning) and the ignored ones."""
+    used: dict[str, str | None] = {}
+    for use in report.used:
+        used[use.key if len(report.files) == 1 else f"{use.file}:{use.key}"] = use.field
+    return {
+        "files": [{"name": f.name, "format": f.format, "defaults_from": f.defaults_from} for f in report.files],
+        "framework": report.framework,
+        "used": used,
+        "overrides": [o.model_dump(mode="json") for o in report.overrides],
+        "defaults": report.defaults,
+        "not_modelled": [{"key": w.key, "message": w.message} for w in report.not_modelled],
+        "ignored": report.ignored,
+        "ignored_keys": report.ignored_keys[:MCP_IGNORED_SHOWN],
+    }
+
+
+def compact_edits(groups) -> list[dict]:
+    """Each suggestion as edits to the file (its format is the config's, said once in ``config.files``)."""
+    return [{"rank": g.rank, "edits": [{k: v for k, v in e.model_dump(mode="json").items()
+                                        if k != "format" and not (k == "note" and v is None)} for e in g.edits]}
+            for g in groups]
+
+
+def summary_line(report: ConfigReport) -> str:
+    """'config: axolotl file, 12 keys used, 2 not modelled (warned), 5 ignored; details in structured content'."""
+    formats = ", ".join(dict.fromkeys(f.format for f in report.files))
+    parts = [f"{len(report.used)} keys used"]
+    if report.overrides:
+        parts.append(f"{len(report.overrides)} replaced by arguments")
+    parts.append(f"{len(report.not_modelled)} not modelled (warned)")
+    parts.append(f"{report.ignored} ignored")
+    files = "file" if len(report.files) == 1 else f"{len(report.files)} files"
+    return f"config: {formats} {files}, " + ", ".join(parts) + "; details in structured content"
+
+
+def _file_value(value: Any) -> str:
+    """A value as the file writes it: 'lora', true, 8192."""
+    import json
+
+    if isinstance(value, str):
+        return _value(value)
+    try:
+        return safe_text(json.dumps(value), 120)
+    except (TypeError, ValueError):
+        return _value(value)
+
+
+def _edit_words(e) -> str:
+    if not e.key:
+        return f"({', '.join(e.fields)}) {safe_text(e.note or '', 200)}"
+    old = "(not set)" if e.old is None else _file_value(e.old)
+    return f"{safe_text(e.key, 80)}: {old} -> {_file_value(e.new)}"
+
+
 def mcp_structured(structured: dict, result=None) -> dict:
-    """The structured content, with `config` (and `config_edits` for a search) when the call gave a config."""
+    """The structured content, with `config` (and `config_edits` for a search) when the call gave a config: the
+    account once, compact (:func:`compact_report`)."""
     loaded = _LOADED.get()
-    return structured if loaded is None else with_config(structured, loaded, result)
+    if loaded is None:
+        return structured
+    out = dict(structured)
+    out["config"] = compact_report(loaded.report)
+    if result is not None:
+        out["config_edits"] = compact_edits(suggestion_edits(loaded, result))
+    return out
 
 
 def mcp_text(text: str, result=None) -> str:
+    """The tool's text with the config in one line (the account is in the structured content), the warnings about
+    keys that are not modelled, and for a search the first suggestion as edits to the file."""
     loaded = _LOADED.get()
     if loaded is None:
         return text
-    extra = format_report(loaded.report)
+    report = loaded.report
+    lines = [summary_line(report)]
+    lines += [f"warning: {safe_text(w.key + ': ' if w.key else '', 80)}{safe_text(w.message, 600)}"
+              for w in report.not_modelled]
     if result is not None and result.suggestions:
-        extra += "\n" + format_edits(suggestion_edits(loaded, result))
-    return text + "\n\n" + extra
+        first = suggestion_edits(loaded, result)[0]
+        edits = "; ".join(_edit_words(e) for e in first.edits) or "no change to the file"
+        lines.append(f"as edits to your config, #{first.rank}: {edits} (all: config_edits)")
+    head, sep, last = text.rpartition("\n")
+    if sep and last.startswith("next"):  # the next step stays the last line
+        return "\n".join([head, *lines, last])
+    return "\n".join([text, *lines])

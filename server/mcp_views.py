@@ -187,6 +187,39 @@ def compact_schema(schema: dict, *, arguments: bool) -> dict:
                 walk(item)
 
     walk(schema)
+    if not arguments:
+        validation_only(schema)
+    return schema
+
+
+# Keywords that describe a value without constraining it: a client validating structured content needs none of them.
+_ANNOTATIONS = ("description", "default", "examples", "title")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+
+
+def validation_only(schema: Any) -> Any:
+    """An output schema as tools/list sends it, in place: what a client needs to validate the structured content
+    (types, required fields, enums, references), without prose or annotations (descriptions, defaults, examples,
+    titles; docs/mcp.md describes the fields) and without ``additionalProperties: true`` (JSON Schema's default).
+    Property names are never touched: a field named ``description`` stays."""
+    if not isinstance(schema, dict):
+        return schema
+    for key in _ANNOTATIONS:
+        schema.pop(key, None)
+    if schema.get("additionalProperties") is True:
+        schema.pop("additionalProperties")
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for sub in schema[key].values():
+                validation_only(sub)
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for sub in schema[key]:
+                validation_only(sub)
+    for key in _SCHEMA_VALUES:
+        validation_only(schema.get(key))
     return schema
 
 
@@ -381,6 +414,7 @@ class EstimateView(Budget):
     chosen_defaults: list[str] = []
     # typed loosely to keep tools/list small: each {method, verdict, budget_bytes, used_fraction} or {method, refused}
     tiers: list[dict[str, Any]] | None = Field(None, description="full, lora, qlora on this GPU: verdict, budget")
+    speed: str | None = Field(None, description="approximate tokens/s and time to train, a range")
     model: str
     model_source: str = Field(description="catalog, local, hub-cache, hub or model_config")
     params_source: str = "config"
@@ -485,6 +519,10 @@ def estimate_view(est, explain: bool = True) -> dict:
     tiers = tiers_view(est)
     if tiers is not None:
         extra["tiers"] = tiers
+    if est.speed is not None:
+        from canifinetune.estimator.tiers import speed_line
+
+        extra["speed"] = speed_line(est.speed)
     return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, **extra, "model": est.model,
             "model_source": est.model_source, "params_source": est.params_source, "method": est.method,
             "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,

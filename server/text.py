@@ -40,6 +40,15 @@ def tier_lines(est: Estimate) -> list[str]:
     return [tier_line(est.tiers, _on(est).removeprefix("the "))]
 
 
+def speed_lines(est: Estimate) -> list[str]:
+    """The one speed line (tokens/s and, with a token budget, the time to train), when the face computed it."""
+    if est.speed is None:
+        return []
+    from canifinetune.estimator.tiers import speed_line
+
+    return [speed_line(est.speed)]
+
+
 def breakdown_lines(est: Estimate) -> list[str]:
     """One line per component with a bar proportional to its share of the budget."""
     scale = max(est.budget_bytes, est.gpu_usable_bytes or 0, 1)
@@ -62,6 +71,7 @@ def format_estimate(est: Estimate, next_move: str | None = None) -> str:
         f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
         f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}",
         next((a for a in est.assumptions if a.startswith("stack: ")), f"stack: {plan.stack.title}"),
+        *speed_lines(est),
         f"peak allocated {gib(est.peak_allocated_bytes)} ({est.peak_phase}) | reserved {gib(est.peak_reserved_bytes)} "
         f"| process {gib(est.total_bytes)} | with margin {gib(est.budget_bytes)}"
         + (f" of {gib(est.gpu_usable_bytes)} ({est.used_fraction:.0%})" if est.gpu_usable_bytes else ""),
@@ -94,6 +104,8 @@ def changes_summary(changes) -> str:
 
 def _on(est: Estimate) -> str:
     gpu = est.gpu.name if est.gpu else "GPU"
+    if est.plan.num_nodes > 1:
+        return f"{est.plan.num_nodes} nodes of {est.plan.node_gpus} x {gpu}"
     return f"{est.plan.num_gpus} x {gpu}" if est.plan.num_gpus > 1 else f"the {gpu}"
 
 
@@ -192,7 +204,7 @@ def plan_line(est: Estimate) -> str:
     return (f"{est.model} ({est.params_total / 1e9:.3g}B params, {est.model_source}), {plan.method}, "
             f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
             f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}"
-            + (f", {plan.num_gpus} GPUs {plan.sharding}" if plan.num_gpus > 1 else ""))
+            + (f", {plan.gpus_words()} {plan.sharding}" if plan.num_gpus > 1 else ""))
 
 
 def stack_line(est: Estimate) -> str:
@@ -209,7 +221,7 @@ def format_estimate_brief(est: Estimate, next_move: str | None = None) -> str:
     """estimate_memory's text: verdict, need vs have, the plan, the stack, the three largest parts, warnings,
     the next step (the whole breakdown is in the structured content; `canifinetune estimate` prints it)."""
     lines = [verdict_line(est), *chosen_lines(est), need_vs_have(est), *tier_lines(est), plan_line(est),
-             stack_line(est), top_parts(est)]
+             stack_line(est), *speed_lines(est), top_parts(est)]
     lines += [f"warning: {w}" for w in est.warnings]
     lines.append(f"next: {next_move or default_next_move(est)}")
     return "\n".join(lines)

@@ -352,16 +352,23 @@ def test_yaml_set_nested_and_inline():
     from canifinetune.estimator.configs.edits import yaml_set
 
     text = "a: 1\nfsdp_config:\n  fsdp_offload_params: false  # keep\n  other: x\nb: [1, 2]\n"
-    out = yaml_set(text, "fsdp_config.fsdp_offload_params", True, {})
+    out = yaml_set(text, "fsdp_config.fsdp_offload_params", True)
     assert "  fsdp_offload_params: true  # keep\n  other: x" in out
-    out = yaml_set(out, "fsdp_config.new_key", 3, {})
+    out = yaml_set(out, "fsdp_config.new_key", 3)
     assert "  new_key: 3\nb: [1, 2]" in out
-    out = yaml_set(out, "lora_target_modules", ["q_proj", "v_proj"], {})
+    out = yaml_set(out, "lora_target_modules", ["q_proj", "v_proj"])
     assert out.endswith("lora_target_modules: [q_proj, v_proj]\n")
-    flow = yaml_set("z: {stage: 2}\n", "z.stage", 3, {"z": {"stage": 2}})
+    flow = yaml_set("z: {stage: 2}\n", "z.stage", 3)
     assert flow == "z: {stage: 3}\n"
-    blocks = yaml_set("targets:\n- q\n- v\nnext: 1\n", "targets", ["o"], {})
+    blocks = yaml_set("targets:\n- q\n- v\nnext: 1\n", "targets", ["o"])
     assert blocks == "targets: [o]\nnext: 1\n"
+    # issue 22.5/22.6: a document end, an indented or a flow top-level mapping, CRLF and an empty value
+    assert yaml_set("a: 1\n...\n", "b", 2) == "a: 1\nb: 2\n...\n"
+    assert yaml_set("  a: 1\n  b: 2\n", "c", 3) == "  a: 1\n  b: 2\n  c: 3\n"
+    assert yaml_set("# c\n{a: 1}\n", "b", 2) == "# c\n{a: 1, b: 2}\n"
+    assert yaml_set("a: 1\r\nb:\r\n  c: 2\r\n", "b.d", 3) == "a: 1\r\nb:\r\n  c: 2\r\n  d: 3\r\n"
+    assert yaml_set("a:  # why\nb: 2\n", "a", "x") == "a: x  # why\nb: 2\n"
+    assert yaml_set("a: |\n  x\n  y\nb: 1\n", "a", "z") == "a: z\nb: 1\n"
 
 
 # ------------------------------------------------------------------------------------------- hostile files
@@ -687,3 +694,17 @@ def test_cli_config_format(capsys, tmp_path):
     odd.write_text("foo: 1\n")
     code, out, err = run_cli(capsys, "estimate", "--config", str(odd))
     assert code == 2 and "--config-format" in err
+
+
+@pytest.mark.parametrize("text,name", [
+    ("base_model: Qwen/Qwen2.5-0.5B\nfp16: true\nbf16: false\nflash_attention: true\n", "ax.yml"),
+    ('{"output_dir": "o", "fp16": true}', "args.json"),
+])
+def test_fp16_in_a_full_fine_tune_file_is_mixed_precision(text, name):
+    """Trainer's fp16=True is AMP over fp32 parameters (it refuses fp16 gradients); LLaMA-Factory and Axolotl train
+    through it: the plan is fp16 with fp32 masters, never the pure fp16 the plan refuses (issue 21.6)."""
+    from canifinetune.estimator.configs import load_configs
+
+    loaded = load_configs([(name, text)], overrides={"model": "Qwen/Qwen2.5-0.5B", "method": "full"})
+    assert (loaded.plan.dtype, loaded.plan.precision) == ("fp16", "mixed")
+    assert any(u.key == "fp16" and u.field == "precision" for u in loaded.report.used)

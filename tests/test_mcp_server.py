@@ -180,8 +180,10 @@ async def test_estimate_fits_structured_and_text():
     assert lines[1].startswith("need ") and "have 23.88 GiB usable" in lines[1] and lines[1].endswith("free")
     assert lines[2].startswith("full / LoRA / QLoRA on RTX 4090: ")
     assert lines[4].startswith("stack: ")
+    # the approximate speed in one line (issue 25), in the text and the structured content alike
+    assert lines[5].startswith("speed on RTX 4090: ~") and "tokens/s" in lines[5] and est.speed == lines[5]
     top = sorted((p for p in est.breakdown if p.name != "safety_margin"), key=lambda p: -p.bytes)[:3]
-    assert lines[5].startswith("largest: ") and all(p.name in lines[5] for p in top)
+    assert lines[6].startswith("largest: ") and all(p.name in lines[6] for p in top)
     assert lines[-1].startswith("next:") and "make_recipe" in lines[-1]
 
 

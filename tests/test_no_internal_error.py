@@ -269,3 +269,154 @@ def test_no_recipe_yaml_reaches_an_internal_error(text):
         path.write_text(text, encoding="utf-8", errors="surrogatepass")
         with contextlib.suppress(RecipeError):
             load_recipe(path)
+
+
+# ------------------------------------------------------------------------------------------------ training configs
+
+
+def _config_keys() -> dict[str, list[str]]:
+    """Each format's keys as its reader knows them (read, warned about, ignored), and nested ones it reads."""
+    from canifinetune.estimator.configs.combine import READERS
+
+    nested = {"axolotl": ["fsdp_config.reshard_after_forward", "fsdp_config.offload_params", "fsdp_config.fsdp_version",
+                          "fsdp_config.activation_checkpointing"],
+              "accelerate": ["deepspeed_config.zero_stage", "deepspeed_config.offload_optimizer_device",
+                             "fsdp_config.fsdp_sharding_strategy", "fsdp_config.fsdp_offload_params",
+                             "fsdp_config.fsdp_version", "fsdp_config.fsdp_reshard_after_forward"],
+              "deepspeed": ["zero_optimization.stage", "zero_optimization.offload_optimizer.device",
+                            "zero_optimization.offload_param.device", "bf16.enabled", "optimizer.type"],
+              "trl": ["model_init_kwargs.dtype", "fsdp_config.reshard_after_forward"],
+              "transformers": ["fsdp_config.cpu_offload"]}
+    from canifinetune.estimator.configs.detect import MARKERS
+
+    out = {}
+    for fmt, module in READERS.items():
+        out[fmt] = sorted({*module.READS, *module.NOT_MODELLED, *list(module.IGNORED)[:40], *nested.get(fmt, []),
+                           *MARKERS[fmt]})
+    return out
+
+
+CONFIG_KEYS_BY_FORMAT = _config_keys()
+CONFIG_MODEL_KEYS = {"axolotl": "base_model", "llama_factory": "model_name_or_path", "trl": "model_name_or_path",
+                     "peft": "base_model_name_or_path"}
+config_scalar = st.one_of(
+    st.sampled_from([True, False, None, 0, 1, 2, 8, -1, 4096, 0.5, 1e-4, "auto", "true", "lora", "qlora", "full",
+                     "all-linear", "all", "cpu", "none", "nvme", "bf16", "fp16", "bfloat16", "FULL_SHARD",
+                     "SHARD_GRAD_OP", "DEEPSPEED", "FSDP", "MULTI_GPU", "full_shard auto_wrap offload", "sft", "pt",
+                     "dpo", "grpo", "sigmoid", "dapo", "colocate", "server", "fa2", "sdpa", "eager", "q_proj,v_proj",
+                     "ds_z3_offload_config.json", "zero3_bf16_cpuoffload_all.json", "Qwen/Qwen2.5-0.5B", "x" * 300]),
+    extreme_numbers, nasty_text, st.floats(allow_nan=True, allow_infinity=True),
+)
+config_value = st.recursive(config_scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["stage", "device", "enabled", "type", "x",
+                                                                  "fsdp_version", "offload_params"]), inner,
+                                                 max_size=3)), max_leaves=6)
+HOSTILE_CONFIG_TEXT = [
+    "a: &x [1, 2]\nb: *x\n", "base: &b {lora_r: 8}\nother:\n  <<: *b\n", "a: !!python/object/apply:os.system [id]\n",
+    "a: !Ref x\n", "a: " + "[" * 3000 + "\n", "a: " + "{b: " * 40 + "1" + "}" * 40 + "\n",
+    "".join("  " * i + f"k{i}:\n" for i in range(60)) + "  " * 60 + "v: 1\n", "sequence_len: " + "9" * 5000 + "\n",
+    "%YAML 9.9\n---\na: 1\n", "a: 1\n---\nb: 2\n", "- a\n- b\n", "", "   \n", "? [a]\n: b\n", "a: 1\na: 2\n",
+    '{"a": ' + "[" * 5000 + "]" * 5000 + "}", '{"per_device_train_batch_size": NaN}', '{"a": 1,}', "{\"a\": 1e999}",
+    "base_model: m\n...\nadapter: lora\n", "\ufeffbase_model: m\n", "base_model: m\r\nadapter: lora\r\n",
+]
+CONTROL_CHARS = ["\x00", "\x07", "\x08", "\x0b", "\x0c", "\x1b", "\x7f", "\x85", "\x9b", "\u2028", "\ufffe", "\ud800"]
+
+
+@st.composite
+def config_files(draw):
+    """(file name, bytes, format given or None, overrides): a generated config of any format, or a hostile one."""
+    fmt = draw(st.sampled_from(sorted(CONFIG_KEYS_BY_FORMAT)))
+    if draw(st.integers(0, 9)) == 9:  # (hypothesis starts from 0: the generated files first)
+        text = draw(st.sampled_from(HOSTILE_CONFIG_TEXT))
+        as_json = text.lstrip().startswith("{")
+    else:
+        data: dict = {}
+        if fmt in CONFIG_MODEL_KEYS and not draw(st.booleans()):
+            data[CONFIG_MODEL_KEYS[fmt]] = draw(st.sampled_from(["Qwen/Qwen2.5-0.5B", "acme/never", "./x", ""]))
+        for key in draw(st.lists(st.sampled_from(CONFIG_KEYS_BY_FORMAT[fmt]), max_size=8)):
+            node = data
+            *parents, last = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+            node[last] = draw(config_value)
+        as_json = draw(st.booleans())
+        try:
+            text = json.dumps(data) if as_json else yaml.safe_dump(data, allow_unicode=True)
+        except (ValueError, yaml.YAMLError):
+            text = "{}" if as_json else "a: 1\n"
+    if draw(st.integers(0, 7)) == 7:  # a control character somewhere
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.sampled_from(CONTROL_CHARS)) + text[at:]
+    encoding = draw(st.sampled_from(["utf-8"] * 6 + ["utf-8-sig", "utf-16", "latin-1"]))
+    raw = text.encode(encoding, "replace") if encoding != "utf-8" else text.encode("utf-8", "surrogatepass")
+    given = draw(st.sampled_from([fmt, fmt, fmt, None, "megatron", "ds"]))
+    overrides = {} if draw(st.integers(0, 3)) == 3 else {"model": "Qwen/Qwen2.5-0.5B"}
+    overrides |= draw(st.fixed_dictionaries({}, optional={
+        "trainer": st.sampled_from(["sft", "dpo", "grpo", "kto"]), "num_gpus": st.sampled_from([1, 2]),
+        "seq_len": st.sampled_from([256, 2048])}))
+    return ("c.json" if as_json else "c.yaml"), raw, given, overrides
+
+
+@settings(max_examples=250, **SETTINGS)
+@given(case=config_files())
+@example(case=("c.yaml", b"base_model: m\x07\n", None, {}))
+@example(case=("c.yaml", "base_model: m\n".encode("utf-16"), None, {}))
+@example(case=("c.yaml", b"base_model: caf\xe9\n", None, {}))
+@example(case=("c.yaml", b"model_name_or_path: Qwen/Qwen2.5-0.5B\nnum_generations: 64\nuse_vllm: true\n", None,
+               {"trainer": "dpo"}))
+@example(case=("c.yaml", b"base_model: Qwen/Qwen2.5-0.5B\nfsdp: 7\nfsdp_version: 9\ndeepspeed: 7\n", None, {}))
+def test_no_training_config_reaches_an_internal_error_in_load_configs(case):
+    """load_configs (and the edits of what it reads): a plan, or the project's own ConfigError; nothing else."""
+    from canifinetune.estimator.configs import ConfigError, apply_edits, config_edits, load_configs
+    from canifinetune.estimator.configs.edits import edited_copies
+
+    name, raw, fmt, overrides = case
+    try:
+        cfg = load_configs([(name, raw)], formats=[fmt], overrides=overrides)
+    except ConfigError as exc:
+        text = str(exc)
+        assert "\n" not in text and len(text) <= 1000, text
+        return
+    for change in ({"batch_size": 1}, {"seq_len": 128, "gradient_checkpointing": True}):
+        try:
+            plan = cfg.plan.replace(**change)
+        except (ValueError, CanIFinetuneError):
+            continue
+        edits = config_edits(cfg, plan)
+        try:
+            apply_edits(cfg, edits)
+            edited_copies(cfg, plan)
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(case=config_files(), command=st.sampled_from(["estimate", "estimate", "suggest", "recipe"]))
+@example(case=("c.yaml", b"base_model: m\x00\n", None, {}), command="estimate")
+@example(case=("c.yaml", b"base_model: Qwen/Qwen2.5-7B\nadapter: lora\nlora_r: 16\nsequence_len: 4096\n...\n", None,
+               {"gpu": "RTX 3060"}), command="suggest")
+@example(case=("c.yaml", b"# c\r\n{base_model: Qwen/Qwen2.5-7B, micro_batch_size: 8}\r\n", None, {"gpu": "T4"}),
+         command="suggest")
+@example(case=("c.yaml", b"model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nnum_generations: 64\n"
+                         b"generation_batch_size: 64\nuse_vllm: true\n", None, {"gpu": "RTX 4090"}), command="suggest")
+@example(case=("c.yaml", b"\xff\xfeb\x00a\x00", None, {}), command="estimate")
+def test_no_training_config_reaches_an_internal_error_on_the_command_line(case, command):
+    name, raw, fmt, overrides = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(raw)
+        argv = [command, "--config", str(path), "--offline"]
+        if fmt is not None:
+            argv += ["--config-format", fmt]
+        for key, value in overrides.items():
+            argv += ["--" + key.replace("_", "-"), str(value)]
+        if command == "suggest":
+            argv += ["--max-suggestions", "2", "--write-config", str(Path(tmp) / "out")]
+            argv += [] if "gpu" in overrides else ["--gpu", "T4"]  # suggest needs a GPU to fit
+        if command == "recipe":
+            argv += ["--out", str(Path(tmp) / "r")]
+        code, err = _run_cli(argv)
+    assert code in (0, 2, 3, 4), (argv, raw[:200], code, err)
+    assert "internal error" not in err, (argv, raw[:200], err)
+    if code == 2:
+        assert err.count("\n") == 1 and len(err) <= 1100, err

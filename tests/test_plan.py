@@ -85,3 +85,70 @@ def test_qlora_implies_4bit_and_targets_are_normalised():
     plan = TrainingPlan(model="m", method="qlora", target_modules=["v_proj", "q_proj", "q_proj"])
     assert plan.quantized_4bit and plan.target_modules == ["q_proj", "v_proj"]
     assert not TrainingPlan(model="m").quantized_4bit
+
+
+# ---------------------------------------------------------------------------------------------- nodes (issue 27)
+
+
+@pytest.mark.parametrize("given, layout", [
+    ({"num_gpus": 8}, (8, 1, None)),  # the one-number form: one node of 8
+    ({"num_nodes": 2, "gpus_per_node": 8}, (16, 2, 8)),
+    ({"num_nodes": 2, "gpus_per_node": 8, "num_gpus": 16}, (16, 2, 8)),
+    ({"num_nodes": 4, "num_gpus": 32}, (32, 4, 8)),
+    ({"gpus_per_node": 8, "num_gpus": 32}, (32, 4, 8)),
+    ({"gpus_per_node": 4}, (4, 1, None)),  # one node of 4
+    ({"num_nodes": 1, "gpus_per_node": 4, "num_gpus": 4}, (4, 1, None)),
+    ({"num_nodes": "2", "gpus_per_node": "8"}, (16, 2, 8)),  # as a command line or a chat gives them
+    ({"gpu": "8x H100", "num_nodes": 2}, (8, 2, 4)),  # a count in the name is num_gpus, all of them
+])
+def test_num_gpus_is_nodes_times_gpus_per_node(given, layout):
+    plan = TrainingPlan(model="m", **given)
+    assert (plan.num_gpus, plan.num_nodes, plan.gpus_per_node) == layout
+    assert plan.node_gpus == layout[0] // layout[1]
+
+
+@pytest.mark.parametrize("given, field, fragment", [
+    ({"num_nodes": 2, "gpus_per_node": 8, "num_gpus": 12}, "num_gpus", "num_nodes 2 x gpus_per_node 8"),
+    ({"num_nodes": 3, "num_gpus": 16}, "num_gpus", "num_nodes 3"),
+    ({"gpus_per_node": 3, "num_gpus": 8}, "num_gpus", "gpus_per_node 3"),
+    ({"num_nodes": 2}, "gpus_per_node", "num_nodes 2"),
+    ({"num_nodes": 1, "gpus_per_node": 4, "num_gpus": 8}, "gpus_per_node", "num_gpus 8"),
+    ({"num_nodes": 64, "gpus_per_node": 32}, "num_gpus", "2048"),
+    ({"num_nodes": 2.0, "gpus_per_node": 8, "num_gpus": 4}, "num_gpus", "gpus_per_node 8"),
+    ({"num_nodes": 0, "gpus_per_node": 8}, "num_nodes", ""),
+])
+def test_a_contradiction_between_the_three_is_an_error_naming_them(given, field, fragment):
+    text = error_text(model="m", **given)
+    assert text.startswith(f"{field}:") and fragment in text, text
+
+
+def test_the_hybrid_shardings_need_nodes_of_several_gpus():
+    assert "on one node use zero3" in error_text(model="m", num_gpus=8, sharding="zero3_hpz")
+    assert "on one node use fsdp_full_shard" in error_text(model="m", num_gpus=8, sharding="fsdp_hybrid_shard")
+    assert "gpus_per_node 1" in error_text(model="m", num_nodes=4, gpus_per_node=1, sharding="fsdp_hybrid_shard")
+    plan = TrainingPlan(model="m", num_nodes=2, gpus_per_node=8, sharding="zero3_hpz", offload_optimizer=True,
+                        offload_params=True)
+    assert plan.shard_gpus == 16 and plan.replace(sharding="fsdp_hybrid_shard").shard_gpus == 8
+    # several GPUs still leave the sharding to the estimate when it is not given
+    assert TrainingPlan(model="m", num_nodes=2, gpus_per_node=8).sharding_unset
+
+
+def test_replace_derives_what_a_layout_change_leaves_out():
+    plan = TrainingPlan(model="m", num_nodes=2, gpus_per_node=8, sharding="zero3")
+    assert plan.replace(num_gpus=4).model_dump(include={"num_gpus", "num_nodes", "gpus_per_node"}) == {
+        "num_gpus": 4, "num_nodes": 1, "gpus_per_node": None}  # the one-number form: one node
+    assert (plan.replace(num_nodes=4).num_gpus, plan.replace(num_nodes=4).gpus_per_node) == (32, 8)
+    assert (plan.replace(gpus_per_node=4).num_gpus, plan.replace(gpus_per_node=4).num_nodes) == (8, 2)
+    assert plan.replace(num_gpus=32, num_nodes=2).gpus_per_node == 16
+    one = TrainingPlan(model="m", num_gpus=8)
+    assert one.replace(num_nodes=2).num_gpus == 16 and one.replace(num_nodes=2).sharding_unset
+    assert one.replace(seq_len=512).sharding_unset
+
+
+def test_the_cli_takes_nodes_from_the_plan_fields():
+    from canifinetune.server.cli import _plan_from_args, build_parser
+
+    args = build_parser().parse_args(["estimate", "--model", "m", "--num-nodes", "2", "--gpus-per-node", "8",
+                                      "--sharding", "fsdp_hybrid_shard"])
+    plan = _plan_from_args(args)
+    assert (plan.num_gpus, plan.num_nodes, plan.gpus_per_node, plan.sharding) == (16, 2, 8, "fsdp_hybrid_shard")

@@ -40,6 +40,10 @@ FSDP_CASES = [
     dict(model=QWEN, method="lora", num_gpus=2, sharding="fsdp_full_shard"),
     dict(model=SMOL, method="full", num_gpus=4, sharding="fsdp_shard_grad_op"),
     dict(model=QWEN, method="lora", num_gpus=8, sharding="fsdp_shard_grad_op", target_modules="all-linear"),
+    # HYBRID_SHARD (FSDP2 on a (nodes, GPUs per node) mesh): the full fine-tune peaks at the end of backward with
+    # every unit's bf16 all-reduce buffer beside the fp32 sharded gradients; LoRA at the start of forward
+    dict(model=SMOL, method="full", num_nodes=2, gpus_per_node=2, sharding="fsdp_hybrid_shard"),
+    dict(model=QWEN, method="lora", num_nodes=2, gpus_per_node=4, sharding="fsdp_hybrid_shard"),
 ]
 COMMON = dict(seq_len=256, batch_size=2)
 LOW, HIGH = -2.0, 15.0
@@ -130,6 +134,108 @@ def test_zero_model_states_match_deepspeed(model, n, stage, offload_opt, offload
     assert abs(ours_gpu - ds_gpu) <= 0.01 * max(ds_gpu, 1) + 2**20, (ours_gpu, ds_gpu)
     if offload_opt and not offload_params and 4 * n <= 16:  # DeepSpeed counts max(4n, 16): 4n are loading copies
         assert abs(ours_host - ds_cpu) <= 0.01 * ds_cpu, (ours_host, ds_cpu)
+
+
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (2, 4), (4, 2), (2, 8)])
+@pytest.mark.parametrize("stage,offload_opt,offload_params", [
+    (2, False, False), (2, True, False), (3, False, False), (3, True, False), (3, True, True)])
+def test_zero_across_nodes_matches_deepspeed(nodes, per_node, stage, offload_opt, offload_params):
+    """DeepSpeed's estimators take num_nodes and num_gpus_per_node: the GPU figure depends on their product only (a
+    plan of N nodes of K GPUs is per GPU the plan of N.K GPUs), and ZeRO-3's host figure is per node (its gpus_factor
+    1/num_nodes), as ours is. ZeRO-2's host figure is the whole cluster's (max(4 x total GPUs, 16) x P): ours per node
+    times the nodes, where 4 x total <= 16."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if offload_params and stage != 3:
+        pytest.skip("not a DeepSpeed combination")
+    plan = TrainingPlan(model=QWEN, method="full", precision="mixed", optim="adamw_torch", num_nodes=nodes,
+                        gpus_per_node=per_node, sharding=f"zero{stage}", offload_optimizer=offload_opt,
+                        offload_params=offload_params)
+    total = resolve_model(QWEN).spec.total_params
+    ours_gpu, ours_host = _static_parts(plan)
+    flat_gpu, flat_host = _static_parts(plan.replace(num_gpus=nodes * per_node))  # one machine of N.K GPUs
+    assert ours_gpu == flat_gpu and abs(ours_host * nodes - flat_host) <= nodes, (ours_host, flat_host)
+    if stage == 2:
+        ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=offload_opt,
+                                                               additional_buffer_factor=1.0)
+        host_ok = not offload_opt or 4 * nodes * per_node > 16 or abs(ours_host * nodes - ds_cpu) <= 0.01 * ds_cpu
+    else:
+        ds_cpu, ds_gpu, _ = estimate_zero3_model_states_mem_needs(
+            total, 0, per_node, nodes, cpu_offload=offload_opt, cpu_offload_params=offload_params, zero_init=True,
+            additional_buffer_factor=1.0)
+        host_ok = not offload_opt or abs(ours_host - ds_cpu) <= 0.01 * ds_cpu
+    assert abs(ours_gpu - ds_gpu) <= 0.01 * max(ds_gpu, 1) + 2**20, (ours_gpu, ds_gpu)
+    assert host_ok, (ours_host, ds_cpu)
+
+
+@pytest.mark.parametrize("model,method", [(QWEN, "full"), (SMOL, "lora"), (QWEN, "qlora")])
+@pytest.mark.parametrize("sharding", ["ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"])
+def test_across_nodes_a_gpu_holds_what_it_holds_on_one_machine(model, method, sharding):
+    """A rank does not know where its peers are: N nodes of K GPUs are, per GPU, one machine of N.K (every part, every
+    phase); only the host memory is per node."""
+    if method == "qlora" and sharding.startswith("fsdp"):
+        pytest.skip("FSDP of a 4-bit base is not modelled")
+    one = estimate(TrainingPlan(model=model, method=method, num_gpus=16, sharding=sharding, gpu="H100 SXM"))
+    many = estimate(TrainingPlan(model=model, method=method, num_nodes=2, gpus_per_node=8, sharding=sharding,
+                                 gpu="H100 SXM"))
+    assert [(c.name, c.bytes) for c in many.breakdown] == [(c.name, c.bytes) for c in one.breakdown]
+    assert many.phases == one.phases and many.verdict == one.verdict
+    assert many.verdict_reason.startswith("per GPU (2 nodes of 8 x H100 SXM, 16 GPUs)")
+
+
+@pytest.mark.parametrize("model,method,dtype", [(QWEN, "full", "bf16"), (SMOL, "lora", "bf16"), (QWEN, "full", "fp32"),
+                                                (SMOL, "full", "bf16")])
+def test_hybrid_shard_is_full_shard_over_one_node(model, method, dtype):
+    """HYBRID_SHARD over N nodes of K: everything as FULL_SHARD over K GPUs, plus, when the all-reduce runs in another
+    dtype than the sharded gradients (bf16 over fp32 masters), every unit's all-reduce buffer at the end of backward
+    (a.Pt/K; torch 2.13 keeps each FSDPParamGroup's until finalize_backward)."""
+    kw = dict(model=model, method=method, dtype=dtype, seq_len=512, batch_size=2)
+    hybrid = TrainingPlan(**kw, num_nodes=4, gpus_per_node=2, sharding="fsdp_hybrid_shard")
+    flat = TrainingPlan(**kw, num_gpus=2, sharding="fsdp_full_shard")
+    r_h, r_f = (resolve(p, resolve_model(model).spec) for p in (hybrid, flat))
+    s_h, s_f = shares(r_h), shares(r_f)
+    for part in ("weights", "adapters", "qconst", "states", "grads", "gather_forward", "gather_backward", "host"):
+        assert getattr(s_h, part) == getattr(s_f, part), part
+    e_h, e_f = estimate(hybrid), estimate(flat)
+    assert e_h.phases["forward"] == e_f.phases["forward"] and e_h.phases["optimizer"] == e_f.phases["optimizer"]
+    expected = (r_h.trainable_params * r_h.act_bytes) // 2 if dtype != "fp32" else 0  # fp32 masters, bf16 reduce
+    assert s_h.backward_extra == expected
+    more = e_h.phases["backward"] - e_f.phases["backward"]
+    assert 0 <= more <= expected, (more, expected)
+    if method == "full" and expected:  # a full fine-tune's backward ends with every gradient: the buffers show
+        assert more > 0
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("offload", [False, True])
+def test_hpz_adds_the_secondary_partition_to_zero3(method, offload):
+    """ZeRO++ hpZ over N nodes of K: ZeRO-3 over N.K GPUs, plus a secondary copy of the (compute-dtype) weights over
+    the node's K GPUs; with offload_params both partitions live on the host (per node: K ranks' worth)."""
+    kw = dict(model=QWEN, method=method, num_nodes=2, gpus_per_node=4, offload_optimizer=offload,
+              offload_params=offload)
+    spec = resolve_model(QWEN).spec
+    r = resolve(TrainingPlan(**kw, sharding="zero3_hpz"), spec)
+    hpz, z3 = shares(r), shares(resolve(TrainingPlan(**kw, sharding="zero3"), spec))
+    a = 2  # bf16: DeepSpeed casts the module, frozen and trainable alike
+    secondary = (spec.total_params * a) // 4 + (0 if r.full else (r.adapter_params * a) // 4)
+    if offload:
+        assert hpz.weights + hpz.adapters == 0 and hpz.host - z3.host == 4 * secondary  # the node's 4 ranks
+    else:
+        assert (hpz.weights + hpz.adapters) - (z3.weights + z3.adapters) == secondary
+    for part in ("master", "states", "grads", "buckets", "gather_forward"):
+        assert getattr(hpz, part) == getattr(z3, part), part
+    # against DeepSpeed's ZeRO-3 estimator for what it covers: the same states over N.K GPUs, and a.P/K more on the GPU
+    if method == "full" and not offload:
+        pytest.importorskip("deepspeed")
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+        plan = TrainingPlan(**{**kw, "precision": "mixed", "optim": "adamw_torch"}, sharding="zero3_hpz")
+        ours_gpu, _ = _static_parts(plan)
+        _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(spec.total_params, 0, 4, 2, cpu_offload=False,
+                                                             cpu_offload_params=False, additional_buffer_factor=1.0)
+        assert abs(ours_gpu - (ds_gpu + spec.total_params * a // 4)) <= 0.01 * ds_gpu + 2**20
 
 
 def test_sharding_per_gpu_shrinks_with_more_gpus():

@@ -790,7 +790,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res['verdicts']['rates']}")
     if args.doc != "-":
         text = render(*sections[0]) if len(sections) == 1 else render_all(sections)
-        Path(args.doc).write_text(text, encoding="utf-8")
+        doc = Path(args.doc)
+        old = doc.read_text(encoding="utf-8") if doc.exists() else ""
+        kept = old.find("\n## Throughput\n")  # bench_throughput_validation.py --doc writes that section: keep it
+        if kept >= 0:
+            end = old.find("\n## ", kept + 1)
+            text = text.rstrip("\n") + "\n\n" + old[kept + 1:end + 1 if end >= 0 else None].rstrip("\n") + "\n"
+        doc.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -62,7 +62,7 @@ def shard_like_accelerate(model, plan, mesh):
         for p in model.parameters():
             if p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
-    reshard = plan.sharding == "fsdp_full_shard"
+    reshard = plan.sharding in ("fsdp_full_shard", "fsdp_hybrid_shard")
     kwargs = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": reshard}
     layer_names = _decoder_layer_classes(model)
     wrapped = 0
@@ -136,7 +136,10 @@ def measure(plan, config: dict, steps: int = 2) -> dict:
     n = plan.num_gpus
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=n, store=FakeStore())
-    mesh = init_device_mesh("cpu", (n,))  # before FakeTensorMode: the mesh calls .tolist()
+    if plan.sharding == "fsdp_hybrid_shard":  # HSDP: replicated over the nodes, sharded over each node's GPUs
+        mesh = init_device_mesh("cpu", (plan.num_nodes, plan.node_gpus), mesh_dim_names=("dp_replicate", "dp_shard"))
+    else:
+        mesh = init_device_mesh("cpu", (n,))  # before FakeTensorMode: the mesh calls .tolist()
     ac = model_setup.autocast_dtype(plan)
     with gpu_routing(True), classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False):
         model = model_setup.build_model(plan, config)

@@ -3,7 +3,7 @@ into a TrainingPlan (with that framework's defaults), say what was used and what
 as edits to the same file. Pure Python: pyyaml and json only. docs/configs.md describes every format."""
 
 from .combine import LoadedConfig, load_configs
-from .edits import apply_edits, config_edits
+from .edits import apply_edits, config_edits, edited_copies
 from .parse import MAX_CONFIG_BYTES
 from .types import (
     CONFIG_FORMATS,
@@ -17,8 +17,8 @@ from .types import (
 )
 
 __all__ = ["CONFIG_FORMATS", "MAX_CONFIG_BYTES", "ConfigEdit", "ConfigError", "ConfigOverride", "ConfigReport",
-           "ConfigWarning", "KeyUse", "LoadedConfig", "SuggestionEdits", "apply_edits", "config_edits", "load_configs",
-           "suggestion_edits"]
+           "ConfigWarning", "KeyUse", "LoadedConfig", "SuggestionEdits", "apply_edits", "config_edits", "edited_copies",
+           "load_configs", "suggestion_edits"]
 
 
 def suggestion_edits(loaded: LoadedConfig, result) -> list[SuggestionEdits]:

@@ -3,8 +3,24 @@ mixed_precision, deepspeed_config and fsdp_config."""
 
 from __future__ import annotations
 
-from .reading import Reading
+from .reading import Reading, fsdp_offload_edits, reasons
 
+SCHEMA = "accelerate 1.15's config (ClusterConfig)"
+READS = ("distributed_type", "compute_environment", "num_processes", "mixed_precision", "deepspeed_config",
+         "fsdp_config", "num_machines", "dynamo_config", "use_cpu")
+NOT_MODELLED: dict[str, str | None] = {
+    "dynamo_config": None, "use_cpu": None,  # read: see read()
+    "fp8_config": "fp8 training is not modelled",
+    "parallelism_config": "the parallelism config (tensor/context parallel) is not modelled",
+    "megatron_lm_config": "Megatron-LM is not estimated",
+}
+IGNORED = reasons(
+    ("where and how the processes start: no tensors", "machine_rank main_process_ip main_process_port "
+     "main_training_function rdzv_backend same_network enable_cpu_affinity mpirun_config command_file commands"),
+    ("which GPUs (num_processes counts them)", "gpu_ids"),
+    ("TPU settings: not a CUDA GPU", "downcast_bf16 tpu_env tpu_name tpu_use_cluster tpu_use_sudo tpu_vm tpu_zone"),
+    ("debugging checks: no kept tensors", "debug"),
+)
 FSDP_STRATEGIES = {"FULL_SHARD": "fsdp_full_shard", "1": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op",
                    "2": "fsdp_shard_grad_op"}
 PRECISIONS = {"bf16": "bf16", "fp16": "fp16", "no": None, "fp8": None}
@@ -77,6 +93,18 @@ def read(r: Reading) -> None:
         else:
             r.use("mixed_precision", None, precision)
     r.mark("deepspeed_config", "fsdp_config", "num_machines", "mixed_precision")
+    dynamo = r.get("dynamo_config")
+    if isinstance(dynamo, dict) and str(dynamo.get("dynamo_backend", "NO")).upper() != "NO":
+        r.warn("dynamo_config", "torch.compile (dynamo) is not modelled")
+    if r.boolean("use_cpu", False):
+        r.warn("use_cpu", "training on the CPU: a GPU estimate does not apply")
+    for key, message in NOT_MODELLED.items():
+        if message is not None and r.get(key) not in (None, False, 0, "", [], {}):
+            r.warn(key, message)
+
+
+# The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
+FIELDS = ("sharding", "offload_params", "offload_optimizer", "num_gpus", "dtype")
 
 
 def edits(changes: dict, old: dict, r: Reading) -> list[tuple]:
@@ -86,11 +114,11 @@ def edits(changes: dict, old: dict, r: Reading) -> list[tuple]:
     if "num_gpus" in changes:
         out.append(("num_processes", changes["num_gpus"], ["num_gpus"]))
     if "sharding" in changes or "offload_optimizer" in changes or "offload_params" in changes:
-        out.extend(_sharding_edits(kind, sharding, changes, r))
+        out.extend(_sharding_edits(kind, sharding, changes, r, old))
     return out
 
 
-def _sharding_edits(kind: str, sharding: str, changes: dict, r: Reading) -> list[tuple]:
+def _sharding_edits(kind: str, sharding: str, changes: dict, r: Reading, new: dict) -> list[tuple]:
     out: list[tuple] = []
     fields = [f for f in ("sharding", "offload_optimizer", "offload_params") if f in changes]
     if sharding == "ddp":
@@ -116,6 +144,6 @@ def _sharding_edits(kind: str, sharding: str, changes: dict, r: Reading) -> list
         out.append(("fsdp_config.fsdp_sharding_strategy",
                     "FULL_SHARD" if sharding == "fsdp_full_shard" else "SHARD_GRAD_OP", ["sharding"]))
     if "offload_params" in changes or "offload_optimizer" in changes:
-        out.append(("fsdp_config.fsdp_offload_params", bool(changes.get("offload_params")),
-                    ["offload_params", "offload_optimizer"]))
+        out += fsdp_offload_edits("fsdp_config.fsdp_offload_params", bool(new["offload_params"]), new,
+                                  ["offload_params", "offload_optimizer"])
     return out

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from .reading import Reading, read_optim
+from ..errors import safe_text
+from .reading import Reading, fsdp_offload_edits, read_optim, reasons
+from .transformers_args import deepspeed_path, fsdp_words
 
+SCHEMA = "axolotl 0.18.0's keys as canifinetune knows them (docs/configs.md)"
 DEFAULTS = {  # what Axolotl 0.18.0 does when the key is absent
     "method": "full", "lora_dropout": 0.0, "seq_len": 512, "batch_size": 1, "gradient_accumulation_steps": 1,
     "gradient_checkpointing": False, "optim": "adamw_torch_fused", "dtype": "bf16", "packing": False,
@@ -42,7 +45,65 @@ NOT_MODELLED = {
                              "counted: an upper bound)",
     "tiled_mlp": "ALST tiled MLP is not modelled (whole-sequence MLP activations are counted: an upper bound)",
 }
+NOT_MODELLED.update({
+    "ddp_bucket_cap_mb": "DDP's gradient bucket size is not modelled",
+    "overrides_of_model_config": "changes to the model's config.json are not read (the model's own config is "
+                                 "estimated)",
+    "bfloat16": "loading the base in bf16 without mixed precision: estimated with bf16/fp16's dtype",
+    "float16": "loading the base in fp16 without mixed precision: estimated with bf16/fp16's dtype",
+    "float32": "loading the base in fp32: estimated with bf16/fp16's dtype",
+    "label_smoothing_factor": "label smoothing's fp32 log-softmax over the logits is not modelled",
+    "optim_args": "optimizer arguments are not read (the optimizer's states are estimated with its defaults)",
+    "optim_target_modules": "GaLore/APOLLO target modules: the projected optimizer states are not modelled",
+    "auto_find_batch_size": "the batch size found at run time is not modelled; micro_batch_size is estimated",
+})
 SUPPORTED_RL = (None, "", False)
+READS = ("base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout",
+         "lora_target_modules", "lora_target_linear", "lora_modules_to_save", "peft_use_dora", "sequence_len",
+         "micro_batch_size", "batch_size", "gradient_accumulation_steps", "sample_packing", "pad_to_sequence_len",
+         "optimizer", "gradient_checkpointing", "flash_attention", "sdp_attention", "eager_attention", "bf16", "fp16",
+         "cut_cross_entropy", "deepspeed", "fsdp", "fsdp_version", "fsdp_config", "plugins", "rl")
+# Axolotl keys that do not change GPU memory, each with why (axolotl 0.18.0 src/axolotl/utils/schemas; the keys of
+# its examples and docs: a key not listed here, read or warned about gets a warning naming it)
+IGNORED = reasons(
+    ("the datasets and their preparation (CPU)", "datasets test_datasets dataset_prepared_path push_dataset_to_hub "
+     "dataset_processes dataset_num_proc dataset_exact_deduplication dataset_keep_in_memory shuffle_merged_datasets "
+     "shuffle_before_merging_datasets val_set_size pretraining_dataset streaming skip_prepare_dataset "
+     "dataset_shard_num dataset_shard_idx train_on_inputs chat_template chat_template_jinja default_system_message "
+     "is_preprocess remove_unused_columns group_by_length curriculum_sampling excess_length_strategy "
+     "sample_packing_eff_est sample_packing_bin_size sample_packing_group_size sample_packing_sequentially "
+     "pretrain_multipack_attn pretrain_multipack_buffer_size multipack_real_batches dataloader_num_workers "
+     "dataloader_pin_memory dataloader_prefetch_factor dataloader_drop_last"),
+    ("the tokenizer and its special tokens", "tokenizer_type tokenizer_config tokenizer_use_fast tokenizer_legacy "
+     "tokenizer_padding_side tokenizer_save_jinja_files special_tokens tokens added_tokens_overrides"),
+    ("which classes load the model: the same weights", "model_type base_model_config model_config_type "
+     "revision_of_model trust_remote_code is_llama_derived_model is_mistral_derived_model is_qwen_derived_model "
+     "is_falcon_derived_model processor_type"),
+    ("the optimization schedule: no memory", "num_epochs max_steps warmup_steps warmup_ratio learning_rate "
+     "lr_scheduler lr_scheduler_kwargs cosine_min_lr_ratio cosine_constant_lr_ratio lr_div_factor "
+     "lr_quadratic_warmup weight_decay adam_beta1 adam_beta2 adam_beta3 adam_epsilon adam_epsilon2 max_grad_norm "
+     "embedding_lr embedding_lr_scale loraplus_lr_ratio loraplus_lr_embedding lr_groups"),
+    ("logging and tracking only", "logging_steps wandb_project wandb_entity wandb_watch wandb_name wandb_run_id "
+     "wandb_log_model wandb_mode use_wandb mlflow_tracking_uri mlflow_experiment_name mlflow_run_name "
+     "hf_mlflow_log_artifacts use_mlflow comet_api_key comet_workspace comet_project_name comet_experiment_key "
+     "comet_mode comet_online comet_experiment_config use_comet use_tensorboard include_tokens_per_second "
+     "profiler_steps"),
+    ("checkpoints and the Hub", "output_dir save_steps saves_per_epoch save_strategy save_total_limit "
+     "save_safetensors save_only_model save_first_step resume_from_checkpoint auto_resume_from_checkpoints "
+     "hub_model_id hub_strategy hub_revision hf_use_auth_token"),
+    ("adapters to continue from: the same shapes as lora_r says", "lora_model_dir"),
+    ("when evaluation runs and what it reports (evaluation is not estimated; eval_batch_size is warned about)",
+     "eval_steps evals_per_epoch eval_strategy eval_table_size eval_max_new_tokens do_causal_lm_eval "
+     "eval_causal_lm_metrics early_stopping_patience load_best_model_at_end metric_for_best_model "
+     "greater_is_better eval_sample_packing do_bench_eval bench_dataset bench_split"),
+    ("randomness and process setup: no tensors", "seed local_rank ddp_timeout ddp_broadcast_buffers "
+     "ddp_find_unused_parameters strict"),
+    ("TF32 matmul mode: the same tensors", "tf32"),
+    ("use_reentrant and the like: the same saved tensors", "gradient_checkpointing_kwargs"),
+    ("NEFTune's noise: one embedding-sized tensor, freed at once", "neftune_noise_alpha"),
+    ("the LoRA scaling and layout: the same adapters", "lora_fan_in_fan_out peft_use_rslora peft_layers_pattern"),
+)
+FSDP_VERSIONS = (1, 2)
 
 
 def _method(r: Reading) -> None:
@@ -101,7 +162,7 @@ def _precision(r: Reading) -> None:
                    "it; estimated as bf16 (give --dtype fp16 for a T4 or V100)")
     elif r.boolean("bf16") is False:
         r.use("bf16", "dtype", False, "fp32")
-    r.mark("bf16", "fp16", "tf32", "bfloat16", "float16", "float32")
+    r.mark("bf16", "fp16")
 
 
 def _attention(r: Reading) -> None:
@@ -114,26 +175,39 @@ def _attention(r: Reading) -> None:
 
 
 def _distribution(r: Reading) -> None:
-    ds = r.get("deepspeed")
-    if isinstance(ds, str) and ds.strip():
-        r.use("deepspeed", None, ds)
-        r.refs.append(("deepspeed", ds))
-    elif isinstance(ds, dict):
-        r.warn("deepspeed", "an inline DeepSpeed config is not read; save it as a JSON file and pass it as another "
-                            "--config")
-    fsdp = r.get("fsdp")
-    version = r.get("fsdp_version", r.get("fsdp_config.fsdp_version"))
-    if fsdp or version or r.get("fsdp_config"):
-        words = " ".join(fsdp) if isinstance(fsdp, list) else str(fsdp or "")
-        reshard = r.get("fsdp_config.reshard_after_forward", r.get("fsdp_config.fsdp_reshard_after_forward"))
-        grad_op = "shard_grad_op" in words or reshard is False
-        r.use("fsdp" if fsdp else "fsdp_config", "sharding", fsdp or r.get("fsdp_config"),
-              "fsdp_shard_grad_op" if grad_op else "fsdp_full_shard")
-        offload = r.get("fsdp_config.offload_params", r.get("fsdp_config.fsdp_offload_params")) or "offload" in words
-        if offload:
-            r.use("fsdp_config", "offload_params", True)
-            r.use("fsdp_config", "offload_optimizer", True)
-        r.mark("fsdp_config", "fsdp_version")
+    deepspeed_path(r)
+    fsdp, config = r.get("fsdp"), r.get("fsdp_config")
+    if config is not None and not isinstance(config, dict):
+        raise r.fail("fsdp_config", f"expected a mapping of FSDP settings (reshard_after_forward, offload_params, "
+                                    f"...); got {safe_text(repr(config), 80)}")
+    version_key = "fsdp_version" if r.has("fsdp_version") else "fsdp_config.fsdp_version"
+    version = r.get(version_key)
+    if version is not None and (isinstance(version, bool) or version not in FSDP_VERSIONS):
+        raise r.fail(version_key, f"expected 1 or 2 (FSDP1 or FSDP2); got {safe_text(repr(version), 40)}")
+    words = [] if fsdp in (None, False, "", []) else fsdp_words(r, "fsdp")
+    if not words and not config:
+        if version is not None:
+            r.warn(version_key, "fsdp_version without fsdp_config: Axolotl does not shard; add fsdp_config to shard")
+        return
+    strategy = str(_fsdp_setting(r, "sharding_strategy") or "").upper()
+    if strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "3", "4", "5"):
+        raise r.fail("fsdp_config", f"sharding strategy {strategy} is not estimated; FULL_SHARD and SHARD_GRAD_OP are")
+    reshard = _fsdp_setting(r, "reshard_after_forward", boolean=True)
+    grad_op = "shard_grad_op" in words or reshard is False or strategy in ("SHARD_GRAD_OP", "2")
+    key = "fsdp" if words else "fsdp_config"
+    r.use(key, "sharding", fsdp if words else config, "fsdp_shard_grad_op" if grad_op else "fsdp_full_shard")
+    if "offload" in words or _fsdp_setting(r, "offload_params", boolean=True):
+        r.use(key, "offload_params", True)
+        r.use(key, "offload_optimizer", True)
+    if _fsdp_setting(r, "activation_checkpointing", boolean=True):
+        r.use("fsdp_config", "gradient_checkpointing", True)  # FSDP's own checkpointing of each wrapped block
+    r.mark("fsdp_config", "fsdp_version")
+
+
+def _fsdp_setting(r: Reading, name: str, boolean: bool = False):
+    """An fsdp_config setting, with or without the 'fsdp_' prefix (checked true/false when ``boolean``)."""
+    key = f"fsdp_config.{name}" if r.has(f"fsdp_config.{name}") else f"fsdp_config.fsdp_{name}"
+    return r.boolean(key) if boolean else r.get(key)
 
 
 def read(r: Reading) -> None:
@@ -195,7 +269,13 @@ def _plugins(r: Reading) -> None:
 SIMPLE = {"model": "base_model", "lora_r": "lora_r", "seq_len": "sequence_len", "batch_size": "micro_batch_size",
           "gradient_accumulation_steps": "gradient_accumulation_steps", "optim": "optimizer",
           "gradient_checkpointing": "gradient_checkpointing", "use_dora": "peft_use_dora",
-          "modules_to_save": "lora_modules_to_save", "packing": "sample_packing", "lora_dropout": "lora_dropout"}
+          "modules_to_save": "lora_modules_to_save", "packing": "sample_packing", "lora_dropout": "lora_dropout",
+          "lora_alpha": "lora_alpha"}
+# The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
+FIELDS = ("model", "method", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout", "target_modules",
+          "modules_to_save", "use_dora", "seq_len", "batch_size", "gradient_accumulation_steps", "packing", "optim",
+          "gradient_checkpointing", "attn_implementation", "dtype", "loss_implementation", "sharding",
+          "offload_params", "offload_optimizer")
 ATTENTION_KEYS = {"flash_attention_2": "flash_attention", "sdpa": "sdp_attention", "eager": "eager_attention"}
 CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 SHIPPED_DS = {("zero1", False, False): "deepspeed_configs/zero1.json",
@@ -226,8 +306,20 @@ def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
         out.append(("cut_cross_entropy", True, ["loss_implementation"],
                     "Axolotl's Cut Cross Entropy plugin never builds the full logits, as the chunked loss estimated "
                     "here"))
+    elif "loss_implementation" in changes and r.get("cut_cross_entropy"):
+        out.append(("cut_cross_entropy", False, ["loss_implementation"]))
     if "dtype" in changes:
-        out.append(("fp16" if changes["dtype"] == "fp16" else "bf16", changes["dtype"] != "fp32", ["dtype"]))
+        out.extend(_dtype_edits(changes["dtype"], r))
+    return out
+
+
+def _dtype_edits(dtype: str, r: Reading) -> list[tuple]:
+    """fp16: true wins; then bf16 true/auto is bf16 and bf16: false is fp32 (as the reader reads them)."""
+    if dtype == "fp16":
+        return [("fp16", True, ["dtype"])]
+    out: list[tuple] = [("bf16", dtype == "bf16", ["dtype"])]
+    if r.get("fp16"):
+        out.append(("fp16", False, ["dtype"]))
     return out
 
 
@@ -236,8 +328,10 @@ def _method_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
     out: list[tuple] = [("adapter", None if method == "full" else method, ["method"])]
     if method == "qlora":
         out.append(("load_in_4bit", True, ["method"]))
-        if r.get("load_in_8bit"):
-            out.append(("load_in_8bit", False, ["load_in_8bit"]))
+    elif r.get("load_in_4bit"):  # a 4-bit base makes it qlora (or, without an adapter, an error)
+        out.append(("load_in_4bit", False, ["method"]))
+    if r.get("load_in_8bit") or new.get("load_in_8bit"):
+        out.append(("load_in_8bit", bool(new.get("load_in_8bit")) and method == "lora", ["load_in_8bit"]))
     if method != "full" and not r.has("lora_r"):
         out += [("lora_r", new["lora_r"], ["lora_r"]), ("lora_alpha", new["lora_alpha"], ["lora_alpha"])]
         if not r.has("lora_target_linear") and not r.has("lora_target_modules") and new.get("target_modules"):
@@ -247,11 +341,13 @@ def _method_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
     return out
 
 
-def _attention_edits(impl: str, r: Reading) -> list[tuple]:
-    out: list[tuple] = [(ATTENTION_KEYS[impl], True, ["attn_implementation"])]
+def _attention_edits(impl: str | None, r: Reading) -> list[tuple]:
+    """The key of ``impl`` on, every other attention key off (None: transformers' default, every key off)."""
+    mine = ATTENTION_KEYS.get(impl) if impl else None
+    out: list[tuple] = [(mine, True, ["attn_implementation"])] if mine else []
     for other in ("flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention",
                   "s2_attention"):
-        if other != ATTENTION_KEYS[impl] and r.get(other):
+        if other != mine and r.get(other):
             out.append((other, False, ["attn_implementation"]))
     return out
 
@@ -268,7 +364,8 @@ def distribution_edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
         return [("deepspeed", name, fields, f"write {name}: Axolotl's {sharding}.json with "
                  '"offload_optimizer": {"device": "cpu", "pin_memory": true} in zero_optimization')]
     if sharding.startswith("fsdp"):
-        return [("fsdp_version", 2, fields),
-                ("fsdp_config.reshard_after_forward", sharding == "fsdp_full_shard", fields),
-                ("fsdp_config.offload_params", bool(new["offload_params"]), fields)]
+        return [("fsdp_version", 2, [f for f in fields if f == "sharding"] or fields[:1]),
+                ("fsdp_config.reshard_after_forward", sharding == "fsdp_full_shard", ["sharding"]),
+                *fsdp_offload_edits("fsdp_config.offload_params", bool(new["offload_params"]), new,
+                                    [f for f in fields if f != "sharding"] or ["offload_params"])]
     return [(None, None, fields, "plain data parallel needs no key: launch with one process per GPU")]

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from ..errors import describe_validation_error, raised_field, safe_text
 from ..plan import TrainingPlan
 from . import accelerate, axolotl, deepspeed, detect, llama_factory, parse, peft_adapter, transformers_args, trl
-from .reading import Reading, deepspeed_from_name
+from .reading import MAX_IGNORED_NAMES, Reading, deepspeed_from_name
 from .types import FORMAT_VERSIONS, LAUNCHER_FORMATS, ConfigError, ConfigFile, ConfigOverride, ConfigReport, KeyUse
 
 READERS = {"axolotl": axolotl, "llama_factory": llama_factory, "trl": trl, "transformers": transformers_args,
@@ -33,6 +33,7 @@ class LoadedConfig:
     plan: TrainingPlan
     report: ConfigReport
     file_values: dict[str, Any] = field(default_factory=dict)  # the plan the files alone give (defaults + keys)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the flags (tool arguments) given beside the files
 
     def reading(self, fmt: str) -> Reading | None:
         return next((r for r in self.readings if r.format == fmt), None)
@@ -42,7 +43,8 @@ class LoadedConfig:
         return next((r for r in self.readings if r.format not in LAUNCHER_FORMATS), None)
 
 
-def _read_files(files: list[tuple[str, bytes | str]], formats: list[str | None]) -> list[Reading]:
+def _read_files(files: list[tuple[str, bytes | str]], formats: list[str | None],
+                trainer: str | None = None) -> list[Reading]:
     if not files:
         raise ConfigError("no config file given")
     if len(files) > MAX_FILES:
@@ -53,10 +55,13 @@ def _read_files(files: list[tuple[str, bytes | str]], formats: list[str | None])
         doc = parse.parse(name, raw)
         fmt = detect.check_format(name, fmt) if fmt else detect.detect(doc)
         reading = Reading(doc, fmt)
+        reading.trainer = trainer
+        module = READERS[fmt]
         try:
-            READERS[fmt].read(reading)
+            module.read(reading)
         except (TypeError, AttributeError) as exc:  # a value of a shape no framework accepts (a mapping for a number)
             raise ConfigError(f"{name}: a value has a shape {fmt} configs never have ({safe_text(exc, 200)})") from None
+        reading.finish(module.READS, module.IGNORED, module.NOT_MODELLED, module.SCHEMA)
         readings.append(reading)
     _check_combination(readings)
     return readings
@@ -145,6 +150,19 @@ def _distribution(values: dict[str, Any], readings: list[Reading], overrides: di
         values["sharding"] = "ddp"
 
 
+def _fp16_full_is_mixed(values: dict[str, Any], overrides: dict[str, Any], readings: list[Reading]) -> None:
+    """fp16 in a training file is mixed precision for a full fine-tune: transformers' Trainer (fp16=True) scales
+    fp16 gradients of fp32 parameters and refuses fp16 ones, LLaMA-Factory upcasts the trainable parameters to fp32
+    (model/adapter.py _setup_full_tuning) and Axolotl trains through the same Trainer; so fp32 master weights with
+    fp16 compute (precision 'mixed'), never pure fp16 weights, which cannot be trained."""
+    merged = {**values, **overrides}
+    if merged.get("dtype") != "fp16" or merged.get("method") != "full" or "precision" in merged:
+        return
+    values["precision"] = "mixed"
+    first = next((r for r in readings if r.format not in LAUNCHER_FORMATS), readings[0])
+    first.use("fp16", "precision", first.get("fp16", True), "mixed")
+
+
 def _no_model(readings: list[Reading]) -> ConfigError:
     r = next((r for r in readings if r.format not in LAUNCHER_FORMATS), readings[0])
     key = MODEL_KEYS.get(r.format)
@@ -169,7 +187,8 @@ def load_configs(files: list[tuple[str, bytes | str]], formats: list[str | None]
                  overrides: dict[str, Any] | None = None) -> LoadedConfig:
     """Read ``files`` ((name, content) pairs) into a plan; ``overrides`` (flags) win over the files."""
     overrides = dict(overrides or {})
-    readings = _read_files(files, list(formats or []))
+    trainer = overrides.get("trainer")
+    readings = _read_files(files, list(formats or []), trainer if isinstance(trainer, str) else None)
     _resolve_refs(readings)
     framework, defaults = _defaults(readings)
     fields = _merge(readings)
@@ -177,19 +196,22 @@ def load_configs(files: list[tuple[str, bytes | str]], formats: list[str | None]
     if "model" not in fields and "model" not in overrides:
         raise _no_model(readings)
     file_values = {**defaults, "framework": framework, **fields}
+    _fp16_full_is_mixed(file_values, overrides, readings)
     plan = _plan({**file_values, **overrides}, readings)
     report = _report(readings, framework, defaults, fields, overrides, file_values)
-    return LoadedConfig(readings, plan, report, file_values)
+    return LoadedConfig(readings, plan, report, file_values, overrides)
 
 
 def _report(readings, framework, defaults, fields, overrides, file_values) -> ConfigReport:
     used: list[KeyUse] = [u for r in readings for u in r.used]
-    ignored = [(f"{r.doc.name}:{k}" if len(readings) > 1 else k)[:120] for r in readings for k in r.ignored()]
+    ignored = [((f"{r.doc.name}:{k}" if len(readings) > 1 else k)[:120], why)
+               for r in readings for k, why in r.ignored_keys]
     overridden = [ConfigOverride(field=k, file_value=file_values[k], value=v)
                   for k, v in overrides.items() if k in file_values]
     return ConfigReport(
         files=[ConfigFile(name=r.doc.name, format=r.format, defaults_from=FORMAT_VERSIONS[r.format]) for r in readings],
         framework=framework, used=used,
         defaults={k: v for k, v in defaults.items() if k not in fields and k not in overrides},
-        not_modelled=[w for r in readings for w in r.warnings], ignored=len(ignored), ignored_keys=ignored[:40],
+        not_modelled=[w for r in readings for w in r.warnings], ignored=len(ignored),
+        ignored_keys=[k for k, _ in ignored[:MAX_IGNORED_NAMES]], ignored_reasons=dict(ignored[:MAX_IGNORED_NAMES]),
         overrides=[o for o in overridden if o.file_value != o.value], plan_fields=dict(fields))

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .reading import Reading
+from .reading import Reading, reasons
 
+SCHEMA = "DeepSpeed's JSON config (deepspeed 0.19 runtime/config.py)"
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-NOT_MODELLED = {
+READS = ("zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+         "bf16", "fp16", "activation_checkpointing", "optimizer")
+NOT_MODELLED: dict[str, str | None] = {
+    "optimizer": None,  # read: see _optimizer()
+    "amp": "apex AMP is not modelled",
+    "data_types": "DeepSpeed's gradient-accumulation dtype is not modelled",
+    "communication_data_type": "the dtype of the gradient all-reduce buffers is not modelled",
+    "pipeline": "pipeline parallelism is not modelled",
+    "sequence_parallel_size": "sequence parallelism is not modelled",
+    "compression_training": "compression training is not modelled",
+    "torch_autocast": "DeepSpeed's torch autocast is not modelled",
+    "compile": "DeepSpeed's torch.compile is not modelled",
+    "elasticity": "elastic batch sizes are not modelled",
     "activation_checkpointing": "DeepSpeed's own activation checkpointing (partition_activations, cpu_checkpointing) "
                                 "is not modelled; the trainer's gradient_checkpointing is",
     "zero_optimization.zero_quantized_weights": "ZeRO++ quantized weights are not modelled",
@@ -64,18 +77,54 @@ def _batch(r: Reading) -> None:
             r.use(key, None, value)
 
 
+IGNORED = reasons(
+    ("the learning-rate schedule: no memory", "scheduler"),
+    ("gradient clipping and scaling: no kept tensors", "gradient_clipping prescale_gradients "
+     "gradient_predivide_factor"),
+    ("logging, monitoring and profiling only", "steps_per_print wall_clock_breakdown flops_profiler tensorboard wandb "
+     "csv_monitor comms_logger monitor_config memory_breakdown dump_state"),
+    ("which optimizers DeepSpeed accepts: the optimizer itself is what is estimated", "zero_allow_untested_optimizer "
+     "zero_force_ds_cpu_optimizer"),
+    ("checkpoints written to disk", "checkpoint"),
+    ("NVMe I/O settings (host side)", "aio"),
+    ("the autotuner: a separate run", "autotuning"),
+    ("sparse embedding gradients: not used by the trainers estimated", "sparse_gradients"),
+    ("data sampling (curriculum lengths at most seq_len: the estimate is their upper bound)", "curriculum_learning "
+     "data_efficiency"),
+)
+
+
+def _optimizer(r: Reading) -> None:
+    kind = r.get("optimizer.type")
+    if kind is None:
+        return
+    if str(kind).lower() in ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam"):
+        r.use("optimizer.type", None, kind)  # Adam's two fp32 states, as the trainer's adamw is estimated
+    else:
+        r.warn("optimizer", f"DeepSpeed's optimizer '{kind}' is not modelled; estimated with the trainer's optim")
+
+
 def read(r: Reading) -> None:
     _stage(r)
     _batch(r)
+    _optimizer(r)
     for key, message in NOT_MODELLED.items():
         value = r.get(key)
-        if value not in (None, False, 0, {}):
+        if message is not None and value not in (None, False, 0, {}):
+            if isinstance(value, dict) and value.get("enabled") is False:
+                r.mark(key)  # {"enabled": false}: off
+                continue
             if key == "activation_checkpointing" and not any(
                     value.get(k) for k in ("partition_activations", "cpu_checkpointing") if isinstance(value, dict)):
                 r.mark(key)
                 continue
             r.warn(key, message)
     r.mark("bf16", "fp16", "zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+# The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
+FIELDS = ("sharding", "offload_params", "offload_optimizer", "batch_size",
+          "gradient_accumulation_steps", "dtype")
 
 
 def edits(changes: dict, old: dict) -> list[tuple[str, Any, list[str]]]:

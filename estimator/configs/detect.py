@@ -16,7 +16,11 @@ MARKERS: dict[str, tuple[str, ...]] = {
                       "plot_loss", "disable_gradient_checkpointing", "additional_target"),
     "trl": ("use_peft", "max_length", "max_seq_length", "lora_target_modules", "dataset_name", "packing",
             "padding_free", "use_bnb_nested_quant", "dataset_text_field", "completion_only_loss",
-            "assistant_only_loss", "activation_offloading", "model_init_kwargs", "dataset_train_split"),
+            "assistant_only_loss", "activation_offloading", "model_init_kwargs", "dataset_train_split",
+            # the other TRL trainers' own keys (trl/trainer/*_config.py): a DPO or GRPO file is TRL's too
+            "num_generations", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "generation_batch_size",
+            "steps_per_generation", "max_completion_length", "precompute_ref_log_probs", "desirable_weight",
+            "undesirable_weight", "center_rewards_coefficient", "reward_funcs"),
     "peft": ("peft_type", "base_model_name_or_path", "target_modules", "task_type", "fan_in_fan_out",
              "init_lora_weights", "inference_mode", "r"),
     "accelerate": ("compute_environment", "distributed_type", "num_processes", "mixed_precision", "machine_rank",

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any
 
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from ..errors import safe_text
 from ..plan import TrainingPlan
 from . import accelerate, deepspeed, parse
-from .combine import READERS, LoadedConfig
+from .combine import READERS, LoadedConfig, load_configs
 from .reading import Reading
-from .types import ConfigEdit
+from .types import ConfigEdit, ConfigError
 
 NOT_IN_CONFIGS = ("model", "gpu", "gpu_vram_gb", "dataset", "output_dir", "truncation", "learning_rate", "max_steps",
                   "num_train_epochs", "framework")
 DISTRIBUTION = ("sharding", "offload_optimizer", "offload_params")
+ADAPTER_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "use_dora")
+FOUR_BIT_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant")
 
 
 def _changes(loaded: LoadedConfig, plan: TrainingPlan) -> dict[str, Any]:
@@ -22,8 +28,10 @@ def _changes(loaded: LoadedConfig, plan: TrainingPlan) -> dict[str, Any]:
     base = TrainingPlan.model_fields
     out = {}
     for name in base:
-        if name in NOT_IN_CONFIGS:
-            continue
+        if name in NOT_IN_CONFIGS and not (name == "model" and "model" in loaded.report.plan_fields):
+            continue  # the model only where a file names one (--model over it: the copy names the flag's)
+        if (plan.method == "full" and name in ADAPTER_FIELDS) or (plan.method != "qlora" and name in FOUR_BIT_FIELDS):
+            continue  # settings the plan's method does not use: no reader reads them back, nothing to write
         # what the files alone say (a flag the files cannot hold is written too, or said in a note)
         file_value = loaded.file_values[name] if name in loaded.file_values else base[name].default
         new = getattr(plan, name)
@@ -76,11 +84,13 @@ def config_edits(loaded: LoadedConfig, plan: TrainingPlan) -> list[ConfigEdit]:
     edits = _distribution_edits(loaded, changes, new)
     main = loaded.training
     rest = {k: v for k, v in changes.items() if k not in DISTRIBUTION and k != "num_gpus"}
+    ds, acc = loaded.reading("deepspeed"), loaded.reading("accelerate")
     if main is not None and rest:
         edits += [_edit(main, item) for item in READERS[main.format].edits(rest, new, main)]
-        ds = loaded.reading("deepspeed")
-        if ds is not None:
-            edits += _deepspeed_batch(ds, rest)
+    if ds is not None and rest:
+        edits += _deepspeed_batch(ds, rest)
+    if main is None and "dtype" in rest:  # launchers alone (with --model): their precision is the plan's
+        edits += _launcher_dtype(ds, acc, rest["dtype"])
     covered = {f for e in edits for f in e.fields}
     target = main or loaded.readings[0]
     for name in ("gpu", "gpu_vram_gb"):
@@ -96,12 +106,26 @@ def config_edits(loaded: LoadedConfig, plan: TrainingPlan) -> list[ConfigEdit]:
 
 
 def _deepspeed_batch(ds: Reading, rest: dict) -> list[ConfigEdit]:
+    """The DeepSpeed file's own batch numbers ("auto" defers to the trainer and stays)."""
     out = []
     for key, name in (("train_micro_batch_size_per_gpu", "batch_size"),
                       ("gradient_accumulation_steps", "gradient_accumulation_steps")):
         if name in rest and isinstance(ds.get(key), int) and not isinstance(ds.get(key), bool):
             out.append(_edit(ds, (key, rest[name], [name])))
     return out
+
+
+def _launcher_dtype(ds: Reading | None, acc: Reading | None, dtype: str) -> list[ConfigEdit]:
+    """The precision of a DeepSpeed or accelerate file given without a training config."""
+    if ds is not None and dtype in ("bf16", "fp16"):
+        other = "fp16" if dtype == "bf16" else "bf16"
+        out = [_edit(ds, (f"{dtype}.enabled", True, ["dtype"]))]
+        if ds.get(f"{other}.enabled") is True:
+            out.append(_edit(ds, (f"{other}.enabled", False, ["dtype"])))
+        return out
+    if acc is not None and dtype in ("bf16", "fp16"):
+        return [_edit(acc, ("mixed_precision", dtype, ["dtype"]))]
+    return []
 
 
 def _dedupe(edits: list[ConfigEdit]) -> list[ConfigEdit]:
@@ -139,84 +163,97 @@ def yaml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
-_KEY = re.compile(r"( *)([\"']?)(.+?)\2 *:(?:\s|$)")
+def _content_end(text: str, node: Any) -> int:
+    """One past the last character of ``node``'s own text (a block collection's trailing line breaks, and a block
+    scalar's, are not its content)."""
+    if isinstance(node, (MappingNode, SequenceNode)) and not node.flow_style and node.value:
+        last = node.value[-1]
+        end = _content_end(text, last[1] if isinstance(node, MappingNode) else last)
+    else:
+        end = node.end_mark.index
+    while end > node.start_mark.index and text[end - 1] in "\r\n":
+        end -= 1
+    return end
 
 
-def _key_line(line: str, key: str, indent: int) -> bool:
-    m = _KEY.match(line)
-    return m is not None and len(m.group(1)) == indent and m.group(3) == key
+def _after_line(text: str, index: int) -> int:
+    """The start of the line after the one holding ``index`` (the text's end when it is the last line)."""
+    eol = text.find("\n", index)
+    return len(text) if eol < 0 else eol + 1
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
+def _colon_after(text: str, key: Node) -> int:
+    """The index just past the ':' that follows a block mapping's key."""
+    i = key.end_mark.index
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i >= len(text) or text[i] != ":":
+        raise ConfigError(f"key '{safe_text(key.value, 60)}' is not written as 'key: value'")
+    return i + 1
 
 
-def _extent(lines: list[str], i: int, indent: int) -> int:
-    """One past the last line of the value of the key on line ``i``."""
-    last, j = i, i + 1
-    while j < len(lines):
-        stripped = lines[j].strip()
-        if stripped and not stripped.startswith("#"):
-            item = stripped == "-" or stripped.startswith("- ")
-            if _indent(lines[j]) > indent or (_indent(lines[j]) == indent and item):
-                last = j
-            else:
-                break
-        j += 1
-    return last + 1
+def _splice(text: str, start: int, end: int, new: str) -> str:
+    return text[:start] + new + text[end:]
 
 
-def _inline_comment(line: str) -> str:
-    value = line.split(":", 1)[1] if ":" in line else ""
-    m = re.search(r"\s+#.*$", value)
-    quoted = '"' in value or "'" in value
-    return m.group(0) if m and not quoted else ""
+def _replace_value(text: str, key: Node, value_node: Any, value: Any) -> str:
+    """``key``'s value written again as ``value``, on the key's line; comments around it stay."""
+    flow = yaml_value(value)
+    if isinstance(value_node, ScalarNode) and value_node.value == "" and value_node.style is None:
+        at = _colon_after(text, key)  # an empty value: 'key:' (maybe with a comment after it)
+        return _splice(text, at, at, " " + flow)
+    if isinstance(value_node, ScalarNode) or value_node.flow_style:
+        return _splice(text, value_node.start_mark.index, _content_end(text, value_node), flow)
+    # a block list or mapping below the key: it becomes one flow value on the key's line
+    return _splice(text, _colon_after(text, key), _content_end(text, value_node), " " + flow)
 
 
-def _child_indent(lines: list[str], start: int, end: int, parent: int) -> int | None:
-    for j in range(start, end):
-        stripped = lines[j].strip()
-        if stripped and not stripped.startswith("#"):
-            return _indent(lines[j]) if _indent(lines[j]) > parent else None
-    return None
+def _insert_key(text: str, mapping: MappingNode, parts: list[str], value: Any, newline: str) -> str:
+    """A key ``mapping`` (a block mapping) does not have, added after its last entry, at the column of its keys."""
+    column = mapping.value[0][0].start_mark.column
+    at = _after_line(text, _content_end(text, mapping))
+    if at == len(text) and not text.endswith("\n"):
+        text, at = text + newline, len(text) + len(newline)
+    return _splice(text, at, at, newline.join(_nested(parts, value, column)) + newline)
+
+
+def _rewrite_flow(text: str, node: Any, current: Any, parts: list[str], value: Any) -> str:
+    """A flow mapping (``{a: 1}``) written again with ``parts`` set to ``value``."""
+    merged = _set_in(copy.deepcopy(current) if isinstance(current, dict) else {}, parts, value)
+    return _splice(text, node.start_mark.index, _content_end(text, node), yaml_value(merged))
 
 
 def _nested(parts: list[str], value: Any, indent: int) -> list[str]:
-    out = [" " * (indent + 2 * k) + f"{p}:" for k, p in enumerate(parts[:-1])]
-    return [*out, " " * (indent + 2 * (len(parts) - 1)) + f"{parts[-1]}: {yaml_value(value)}"]
+    out = [" " * (indent + 2 * k) + f"{yaml_key(p)}:" for k, p in enumerate(parts[:-1])]
+    return [*out, " " * (indent + 2 * (len(parts) - 1)) + f"{yaml_key(parts[-1])}: {yaml_value(value)}"]
 
 
-def yaml_set(text: str, key: str, value: Any, data: dict) -> str:
-    """``text`` with the (dotted) ``key`` set to ``value``: the line is replaced, comments elsewhere are kept."""
-    lines, parts = text.splitlines(), key.split(".")
-    start, end, indent = 0, len(lines), 0
+def yaml_key(key: str) -> str:
+    return key if _PLAIN.fullmatch(key) and key.lower() not in _RESERVED else json.dumps(key)
+
+
+def yaml_set(text: str, key: str, value: Any, name: str = "config") -> str:
+    """``text`` with the (dotted) ``key`` set to ``value``. Located by the parsed document's own marks, so only the
+    value changes: the key order, the comments, the indentation, the line endings and a document-end marker stay;
+    a missing key is added at the end of its mapping, a flow mapping is written again as one."""
+    doc = parse.parse_yaml(name, text)
+    node: Any = doc.node  # a MappingNode (a flow or block one), then the value nodes below it
+    data: Any = doc.data
+    parts = key.split(".")
     for depth, part in enumerate(parts):
-        i = next((j for j in range(start, end) if _key_line(lines[j], part, indent)), None)
-        if i is None:
-            at = end
-            while depth and at > start and (not lines[at - 1].strip() or lines[at - 1].strip().startswith("#")):
-                at -= 1
-            lines[at:at] = _nested(parts[depth:], value, indent)
-            break
-        stop = _extent(lines, i, indent)
-        if depth == len(parts) - 1:
-            head = lines[i][indent:].split(":", 1)[0]
-            lines[i:stop] = [" " * indent + head + ": " + yaml_value(value) + _inline_comment(lines[i])]
-            break
-        child = _child_indent(lines, i + 1, stop, indent)
-        if child is None:  # an inline (flow) or empty value: write the whole mapping again, merged
-            current = _lookup(data, parts[: depth + 1])
-            merged = _set_in(dict(current) if isinstance(current, dict) else {}, parts[depth + 1:], value)
-            lines[i:stop] = [" " * indent + part + ": " + yaml_value(merged)]
-            break
-        start, end, indent = i + 1, stop, child
-    return "\n".join(lines) + "\n"
-
-
-def _lookup(data: Any, parts: list[str]) -> Any:
-    for part in parts:
+        if node.flow_style:
+            return _rewrite_flow(text, node, data, parts[depth:], value)
+        found = next(((k, v) for k, v in node.value if isinstance(k, ScalarNode) and k.value == part), None)
+        if found is None:
+            return _insert_key(text, node, parts[depth:], value, doc.newline)
+        key_node, value_node = found
         data = data.get(part) if isinstance(data, dict) else None
-    return data
+        if depth == len(parts) - 1:
+            return _replace_value(text, key_node, value_node, value)
+        if not isinstance(value_node, MappingNode) or not value_node.value:  # a scalar, a list or {}: a mapping now
+            return _replace_value(text, key_node, value_node, _set_in({}, parts[depth + 1:], value))
+        node = value_node
+    return text
 
 
 def _set_in(data: dict, parts: list[str], value: Any) -> dict:
@@ -230,15 +267,18 @@ def _set_in(data: dict, parts: list[str], value: Any) -> dict:
 
 
 def json_text(text: str, data: dict, edits: list[tuple[str, Any]]) -> str:
-    """The JSON file with the edits (dotted key, new value) applied, in its own indentation (key order kept)."""
-    import copy
-
+    """The JSON file with the edits (dotted key, new value) applied, in its own indentation, key order and line
+    endings."""
     data = copy.deepcopy(data)
     for key, new in edits:
         _set_in(data, key.split("."), new)
     rows = [line for line in text.splitlines()[1:] if line.strip()]
-    indent = _indent(rows[0]) if rows and _indent(rows[0]) else 2
-    return json.dumps(data, indent=indent) + "\n"
+    indent = len(rows[0]) - len(rows[0].lstrip(" ")) if rows else 0
+    newline = "\r\n" if "\r\n" in text else "\n"
+    out = json.dumps(data, indent=indent or 2, ensure_ascii=False)
+    # a character the file held escaped ("\u0085", "\ud800") stays escaped: the reader refuses it raw
+    out = parse.CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", out)
+    return out.replace("\n", newline) + (newline if text.endswith("\n") or not text.strip() else "")
 
 
 def apply_edits(loaded: LoadedConfig, edits: list[ConfigEdit]) -> dict[str, str]:
@@ -253,6 +293,37 @@ def apply_edits(loaded: LoadedConfig, edits: list[ConfigEdit]) -> dict[str, str]
             continue
         text = r.doc.text
         for key, new in mine:
-            text = yaml_set(text, key, new, parse.parse(r.doc.name, text).data)
+            try:
+                text = yaml_set(text, key, new, r.doc.name)
+            except ConfigError as exc:  # the edited text, not the user's file: say so
+                raise ConfigError(safe_text(
+                    f"{r.doc.name}: the edit {key}: {yaml_value(new)} could not be written into a copy of this file "
+                    f"({exc}); nothing written: make the edits shown by hand", 900)) from None
         out[r.doc.name] = text
     return out
+
+
+def edited_copies(loaded: LoadedConfig, plan: TrainingPlan) -> dict[str, str]:
+    """The edited text of each file ``plan`` changes (as :func:`apply_edits`), each read back first by the same
+    readers, with the same formats and the flags the edits do not replace: every plan field an edit with a key
+    carries must come back as ``plan`` has it. Otherwise a ConfigError says what did not, and nothing should be
+    written."""
+    edits = config_edits(loaded, plan)
+    edited = apply_edits(loaded, edits)
+    if not edited:
+        return edited
+    carried = sorted({f for e in edits if e.key for f in e.fields})
+    files: list[tuple[str, bytes | str]] = [(r.doc.name, edited.get(r.doc.name, r.doc.text)) for r in loaded.readings]
+    overrides = {k: v for k, v in loaded.overrides.items() if k not in carried}
+    names = ", ".join(edited)
+    try:
+        again = load_configs(files, formats=[r.format for r in loaded.readings], overrides=overrides)
+    except ConfigError as exc:
+        raise ConfigError(safe_text(f"the edited copy of {names} does not read back: {exc}; nothing written: make "
+                                    "the edits shown by hand", 900)) from None
+    wrong = [f"{f} is {getattr(again.plan, f)!r}, not {getattr(plan, f)!r}" for f in carried
+             if _norm(getattr(again.plan, f)) != _norm(getattr(plan, f))]
+    if wrong:
+        raise ConfigError(safe_text(f"the edited copy of {names} reads back differently ({'; '.join(wrong)}); nothing "
+                                    "written: make the edits shown by hand", 900))
+    return edited

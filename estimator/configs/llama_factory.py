@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .reading import Reading, read_optim
+from . import transformers_args
+from .reading import Reading, read_optim, reasons
+
+SCHEMA = "LLaMA-Factory 0.9.6.dev0's keys as canifinetune knows them (docs/configs.md)"
 
 DEFAULTS = {  # what LLaMA-Factory 0.9.6.dev0 does when the key is absent
     "method": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
@@ -20,10 +23,56 @@ NOT_MODELLED = {
     "pure_bf16": "pure bf16 training (no fp32 copies of trainable weights) is not modelled; estimated with fp32 "
                  "trainables",
     "neat_packing": "neat packing is modelled as packing", "shift_attn": "shifted-sparse attention is not modelled",
-    "use_llama_pro": "LLaMA Pro's expanded blocks are not modelled", "pissa_init": None, "use_rslora": None,
-    "freeze_vision_tower": None, "train_mm_proj_only": "training the projector only is not modelled",
-    "enable_thinking": None, "torch_compile": "torch.compile's memory is not modelled",
-    "use_dft_loss": None, "use_kt": "KTransformers is not modelled", "moe_aux_loss_coef": None,
+    "use_llama_pro": "LLaMA Pro's expanded blocks are not modelled",
+    "train_mm_proj_only": "training the projector only is not modelled",
+    "torch_compile": "torch.compile's memory is not modelled", "use_kt": "KTransformers is not modelled",
+    "use_dft_loss": "the DFT loss (probability-weighted tokens) is not modelled; estimated as the plain loss",
+    "mixture_of_depths": "mixture-of-depths is not modelled", "resize_vocab": "a resized vocabulary is not modelled",
+    "use_muon": "the Muon optimizer is not modelled", "pissa_init": "PiSSA's SVD of the weights at the start is not "
+                                                                    "modelled (the training step is)",
+    "gradient_checkpointing": "LLaMA-Factory decides checkpointing by disable_gradient_checkpointing; this key is "
+                              "not read",
+    "fsdp": "LLaMA-Factory takes FSDP from an accelerate config; pass it as another --config",
+    "fsdp_config": "LLaMA-Factory takes FSDP from an accelerate config; pass it as another --config",
+    **{k: v for k, v in transformers_args.NOT_MODELLED.items() if k not in ("torch_compile",)},
+}
+READS = ("model_name_or_path", "stage", "finetuning_type", "quantization_bit", "quantization_method",
+         "quantization_type", "double_quantization", "lora_rank", "lora_alpha", "lora_dropout", "lora_target",
+         "additional_target", "use_dora", "cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps",
+         "disable_gradient_checkpointing", "flash_attn", "optim", "bf16", "fp16", "deepspeed", "packing")
+# LLaMA-Factory keys that do not change GPU memory, each with why (src/llamafactory/hparams: model_args.py,
+# data_args.py, finetuning_args.py, generating_args.py, training_args.py), and transformers' TrainingArguments
+IGNORED = {
+    **{k: v for k, v in transformers_args.IGNORED.items() if k not in READS},
+    **reasons(
+        ("the datasets and their preparation (CPU)", "dataset eval_dataset dataset_dir media_dir template "
+         "train_on_prompt mask_history streaming buffer_size mix_strategy interleave_probs overwrite_cache "
+         "preprocessing_batch_size preprocessing_num_workers max_samples ignore_pad_token_for_loss val_size "
+         "eval_on_each_dataset tool_format default_system enable_thinking tokenized_path data_shared_file_system "
+         "image_max_pixels image_min_pixels video_max_pixels video_min_pixels video_fps video_maxlen"),
+        ("the tokenizer and its special tokens", "use_fast_tokenizer split_special_tokens new_special_tokens "
+         "add_tokens add_special_tokens"),
+        ("where the weights come from: the same model", "cache_dir model_revision hf_hub_token ms_hub_token "
+         "om_hub_token trust_remote_code low_cpu_mem_usage adapter_name_or_path adapter_folder print_param_status "
+         "use_reentrant_gc"),
+        ("inference settings (training is estimated)", "infer_backend infer_dtype offload_folder use_cache "
+         "vllm_maxlen vllm_gpu_util vllm_enforce_eager do_sample temperature top_p top_k num_beams max_length "
+         "max_new_tokens repetition_penalty length_penalty skip_special_tokens predict_with_generate "
+         "generation_max_length generation_num_beams generation_config eval_num_beams"),
+        ("RoPE scaling of positions: the same tensors (cutoff_len sets the length)", "rope_scaling"),
+        ("the LoRA scaling and start: the same adapters", "use_rslora pissa_iter pissa_convert create_new_adapter "
+         "loraplus_lr_ratio loraplus_lr_embedding"),
+        ("a loss weight: the same tensors", "moe_aux_loss_coef"),
+        ("multimodal towers (a language model is estimated)", "freeze_vision_tower freeze_multi_modal_projector "
+         "freeze_language_model"),
+        ("what is reported and when training stops", "plot_loss compute_accuracy include_effective_tokens_per_second "
+         "early_stopping_steps disable_shuffling use_swanlab swanlab_project swanlab_workspace swanlab_run_name "
+         "swanlab_mode swanlab_api_key swanlab_logdir swanlab_lark_webhook_url swanlab_lark_secret"),
+        ("transformers 4 TrainingArguments: the schedule, logging and saving (no memory)", "overwrite_output_dir "
+         "warmup_ratio evaluation_strategy logging_dir save_safetensors sortish_sampler"),
+        ("Ray's workers: where the processes run", "use_ray ray_run_name ray_storage_path ray_storage_filesystem "
+         "ray_num_workers resources_per_worker placement_strategy ray_init_kwargs"),
+    ),
 }
 ATTENTION = {"auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
 
@@ -117,14 +166,9 @@ def read(r: Reading) -> None:
             r.use("flash_attn", "attn_implementation", flash, ATTENTION[flash])
     read_optim(r, "optim")
     _precision(r)
-    ds = r.text("deepspeed")
-    if ds:
-        r.use("deepspeed", None, ds)
-        r.refs.append(("deepspeed", ds))
+    transformers_args.deepspeed_path(r)
     for key, message in NOT_MODELLED.items():
-        if message is None:
-            r.mark(key)
-        elif r.get(key) not in (None, False, 0, "", []):
+        if message is not None and r.get(key) not in (None, False, 0, "", [], {}):
             r.warn(key, message)
 
 
@@ -132,7 +176,13 @@ def read(r: Reading) -> None:
 
 SIMPLE = {"model": "model_name_or_path", "lora_r": "lora_rank", "seq_len": "cutoff_len",
           "batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
-          "optim": "optim", "use_dora": "use_dora", "packing": "packing", "lora_dropout": "lora_dropout"}
+          "optim": "optim", "use_dora": "use_dora", "packing": "packing", "lora_dropout": "lora_dropout",
+          "lora_alpha": "lora_alpha", "bnb_4bit_quant_type": "quantization_type"}
+# The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
+FIELDS = ("model", "method", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "lora_r",
+          "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "use_dora", "seq_len", "batch_size",
+          "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation", "optim", "dtype", "packing",
+          "sharding", "offload_params", "offload_optimizer")
 SHIPPED_DS = {"ddp": "examples/deepspeed/ds_z0_config.json", "zero2": "examples/deepspeed/ds_z2_config.json",
               "zero3": "examples/deepspeed/ds_z3_config.json"}
 
@@ -152,15 +202,27 @@ def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:
         method = new["method"]
         out.append(("finetuning_type", "full" if method == "full" else "lora", ["method"]))
         bits = 4 if method == "qlora" else 8 if new.get("load_in_8bit") else None
+        four = ["bnb_4bit_quant_type", "bnb_4bit_use_double_quant"] if bits == 4 else []  # with LF's defaults below
         if bits != r.get("quantization_bit"):
-            out.append(("quantization_bit", bits, ["method", "load_in_8bit"]))
+            out.append(("quantization_bit", bits, ["method", "load_in_8bit", *four]))
         if bits == 4 and r.get("double_quantization", True) != new["bnb_4bit_use_double_quant"]:
             out.append(("double_quantization", new["bnb_4bit_use_double_quant"], ["bnb_4bit_use_double_quant"]))
+        if bits == 4 and r.get("quantization_type", "nf4") != new["bnb_4bit_quant_type"]:
+            out.append(("quantization_type", new["bnb_4bit_quant_type"], ["bnb_4bit_quant_type"]))
+    elif "bnb_4bit_use_double_quant" in changes and new["method"] == "qlora":
+        out.append(("double_quantization", changes["bnb_4bit_use_double_quant"], ["bnb_4bit_use_double_quant"]))
     if "attn_implementation" in changes:
-        flash = {v: k for k, v in ATTENTION.items() if v}[changes["attn_implementation"]]
+        flash = {v: k for k, v in ATTENTION.items()}[changes["attn_implementation"]]
         out.append(("flash_attn", flash, ["attn_implementation"]))
     if "dtype" in changes:
-        out.append(("fp16" if changes["dtype"] == "fp16" else "bf16", changes["dtype"] != "fp32", ["dtype"]))
+        dtype = changes["dtype"]
+        if dtype == "fp32":
+            out.append((None, None, ["dtype"], "LLaMA-Factory has no fp32 key: with bf16 and fp16 off it infers the "
+                                               "dtype from the model"))
+        else:
+            out.append((dtype, True, ["dtype"]))
+            if r.get("fp16" if dtype == "bf16" else "bf16"):
+                out.append(("fp16" if dtype == "bf16" else "bf16", False, ["dtype"]))
     return out
 
 

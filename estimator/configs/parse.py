@@ -4,6 +4,7 @@ nesting, no duplicate keys. Every failure is one :class:`ConfigError` naming the
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,13 @@ class Doc:
     data: dict
     syntax: str  # "yaml" or "json"
     lines: dict[str, int] = field(default_factory=dict)
+    node: Any = None  # YAML: the composed top-level mapping node (its marks locate every key for the edits)
+    bom: bool = False  # the file began with a UTF-8 byte-order mark (an edited copy keeps it)
+
+    @property
+    def newline(self) -> str:
+        """The file's line ending: an edited copy keeps it."""
+        return "\r\n" if "\r\n" in self.text else "\n"
 
     def line(self, key: str) -> int | None:
         return self.lines.get(key)
@@ -39,19 +47,46 @@ class Doc:
         return f"{self.name} line {line}" if line else self.name
 
 
+# Characters no training config holds: C0 controls but tab, line feed and carriage return; DEL; the C1 block (NEL
+# too: YAML reads it as a line break, so lines would be counted differently); the Unicode line and paragraph
+# separators; lone surrogates; the noncharacters U+FFFE and U+FFFF. PyYAML refuses most of them in its reader's
+# constructor, JSON inside strings only: both are refused here first, with the line and the character.
+CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+_CONTROL_NAMES = {0x00: "NUL", 0x07: "BEL", 0x08: "backspace", 0x0B: "vertical tab", 0x0C: "form feed",
+                  0x1B: "ESC", 0x7F: "DEL", 0x85: "NEL", 0x2028: "line separator", 0x2029: "paragraph separator",
+                  0xFFFE: "noncharacter", 0xFFFF: "noncharacter"}
+
+
+def check_characters(name: str, text: str) -> None:
+    """Refuse a control character (or another character no config holds), naming the file, the line and it."""
+    bad = CONTROL.search(text)
+    if bad is None:
+        return
+    code = ord(bad.group())
+    what = _CONTROL_NAMES.get(code) or ("a lone surrogate" if 0xD800 <= code <= 0xDFFF else "a control character")
+    line = text.count("\n", 0, bad.start()) + 1
+    column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+    raise ConfigError(f"{name} line {line}: character U+{code:04X} ({what}) at column {column}; a training config "
+                      "is plain text: remove it")
+
+
 def decode(name: str, raw: bytes | str) -> str:
-    """The file's text: at most MAX_CONFIG_BYTES, UTF-8 (a BOM is dropped)."""
+    """The file's text: at most MAX_CONFIG_BYTES, UTF-8 (a BOM is dropped), without control characters."""
     size = len(raw.encode("utf-8", "surrogatepass")) if isinstance(raw, str) else len(raw)
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{name}: {size} bytes; a training config is at most {MAX_CONFIG_BYTES // 1024} KB")
     if isinstance(raw, str):
-        return raw.lstrip("\ufeff")
-    try:
-        return raw.decode("utf-8").lstrip("\ufeff")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{name} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
-                          "UTF-8") from None
+        text = raw.lstrip("\ufeff")
+    else:
+        try:
+            text = raw.decode("utf-8").lstrip("\ufeff")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            bom = " (a UTF-16 byte-order mark)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+            raise ConfigError(f"{name} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}{bom}); save the "
+                              "file as UTF-8") from None
+    check_characters(name, text)
+    return text
 
 
 class _Loader(yaml.SafeLoader):
@@ -118,12 +153,18 @@ def parse_yaml(name: str, text: str) -> Doc:
     if run:  # PyYAML's scanner looks ~1024 characters ahead inside flow brackets: refuse the runs before it does
         raise ConfigError(f"{name} line {text.count(chr(10), 0, run.start()) + 1}: nested deeper than {MAX_DEPTH} "
                           "levels; this is not a training config")
-    loader = _Loader(text, name)
+    check_characters(name, text)
+    loader = None
     try:
+        loader = _Loader(text, name)  # PyYAML's reader checks the characters here: inside the try
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except ConfigError:
         raise
+    except yaml.reader.ReaderError as exc:  # a character check_characters let through (defence in depth)
+        row = text.count("\n", 0, max(0, exc.position)) + 1
+        code = ord(exc.character) if isinstance(exc.character, str) else int(exc.character)
+        raise ConfigError(f"{name} line {row}: character U+{code:04X} is not accepted in YAML; remove it") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.context_mark or exc.problem_mark  # where the unclosed or broken construct starts
         line = f" line {mark.line + 1}" if mark else ""
@@ -132,10 +173,11 @@ def parse_yaml(name: str, text: str) -> Doc:
     except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
         raise ConfigError(f"{name}: not valid YAML: {safe_text(exc, 200)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: dict[str, int] = {}
     _node_lines(node, "", lines)
-    return Doc(name, text, _top_mapping(name, data), "yaml", lines)
+    return Doc(name, text, _top_mapping(name, data), "yaml", lines, node)
 
 
 def _top_mapping(name: str, data: Any) -> dict:
@@ -172,10 +214,20 @@ def _json_constant(name: str):
     return refuse
 
 
+def _json_float(name: str):
+    def finite(token: str) -> float:
+        value = float(token)
+        if not math.isfinite(value):  # 1e999: a number too large for a float
+            raise ConfigError(f"{name}: {safe_text(token, 40)} is too large a number; write a finite number")
+        return value
+    return finite
+
+
 def parse_json(name: str, text: str) -> Doc:
     _json_depth(name, text)
     try:
-        data = json.loads(text, object_pairs_hook=_json_pairs(name), parse_constant=_json_constant(name))
+        data = json.loads(text, object_pairs_hook=_json_pairs(name), parse_constant=_json_constant(name),
+                          parse_float=_json_float(name))
     except ConfigError:
         raise
     except json.JSONDecodeError as exc:
@@ -217,5 +269,8 @@ def parse(name: str, raw: bytes | str) -> Doc:
     if not text.strip():
         raise ConfigError(f"{name} line 1: the file is empty; a training config is a mapping of keys to values")
     if text.lstrip().startswith("{") or name.lower().endswith(".json"):
-        return parse_json(name, text)
-    return parse_yaml(name, text)
+        doc = parse_json(name, text)
+    else:
+        doc = parse_yaml(name, text)
+    doc.bom = raw.startswith(b"\xef\xbb\xbf") if isinstance(raw, bytes) else raw.startswith("\ufeff")
+    return doc

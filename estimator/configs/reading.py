@@ -11,6 +11,19 @@ from .types import ConfigError, ConfigFormat, ConfigWarning, KeyUse
 
 MAX_IGNORED_NAMES = 40
 MISSING = object()
+OFF: tuple[Any, ...] = (None, False, 0, "", [], {})  # a value that turns a setting off
+
+
+def reasons(*groups: tuple[str, str]) -> dict[str, str]:
+    """{key: reason} from (reason, "key key ...") pairs: the keys a format ignores, each with why it does not change
+    GPU memory."""
+    out: dict[str, str] = {}
+    for reason, keys in groups:
+        for key in keys.split():
+            if key in out:
+                raise ValueError(f"{key} is listed twice")
+            out[key] = reason
+    return out
 
 
 class Reading:
@@ -26,6 +39,8 @@ class Reading:
         self.warnings: list[ConfigWarning] = []
         self.seen: set[str] = set()
         self.refs: list[tuple[str, str]] = []  # (key, path) of other files this one names (deepspeed: ds.json)
+        self.ignored_keys: list[tuple[str, str]] = []  # (key, why it does not change GPU memory), after finish()
+        self.trainer: str | None = None  # the trainer given beside the file (--trainer, `trainer` in MCP)
 
     # ---- looking keys up
     def get(self, key: str, default: Any = None) -> Any:
@@ -62,13 +77,43 @@ class Reading:
         where = f" ({self.where(key)})" if key else ""
         self.warnings.append(ConfigWarning(file=self.doc.name, key=key, message=safe_text(message + where, 600)))
 
+    def ignore(self, key: str, why: str) -> None:
+        """A key that does not change GPU memory (decided from its value), with why."""
+        self.seen.add(key)
+        self.ignored_keys.append((key, why))
+
     def mark(self, *keys: str) -> None:
         """Keys that were read (to decide something) but set nothing by themselves."""
         for key in keys:
             self.seen.add(key.split(".")[0])
 
     def ignored(self) -> list[str]:
-        return [k for k in self.doc.data if k not in self.seen]
+        return [k for k, _ in self.ignored_keys]
+
+    def finish(self, reads: tuple[str, ...], ignored: dict[str, str], not_modelled: dict[str, str | None],
+               schema: str) -> None:
+        """Account for every top-level key the reader did not use or warn about: one of ``ignored`` (with its
+        reason), a key the reader read (``reads``) to decide something (listed as used, setting nothing), a
+        not-modelled key that is off, or a key ``schema`` does not have (one warning naming them all). Nothing is
+        left silent."""
+        done = ({u.key.split(".")[0] for u in self.used} | {w.key.split(".")[0] for w in self.warnings if w.key}
+                | {k for k, _ in self.ignored_keys})
+        unknown = []
+        for key, value in self.doc.data.items():
+            if key in done:
+                continue
+            if key in ignored:
+                self.ignored_keys.append((key, ignored[key]))
+            elif key in self.seen or key in reads:
+                self.use(key, None, value)  # read to decide (use_peft: false, load_in_8bit: false): sets nothing
+            elif key in not_modelled and value in OFF:
+                self.ignored_keys.append((key, f"{safe_text(repr(value), 20)}: off"))
+            else:
+                unknown.append(key)
+        if unknown:
+            shown = ", ".join(safe_text(k, 60) for k in unknown[:20]) + (", ..." if len(unknown) > 20 else "")
+            self.warn(None, f"{len(unknown)} key(s) that {schema} does not have, not read: {shown} (if one changes "
+                            "GPU memory, the estimate does not include it)")
 
     # ---- typed values
     def boolean(self, key: str, default: Any = None) -> Any:
@@ -172,3 +217,16 @@ def deepspeed_from_name(path: str) -> dict[str, Any] | None:
         if stage == 3:
             out["offload_params"] = params_only or "all" in base or (not optimizer_only and "cpuoffload" not in base)
     return out
+
+
+def fsdp_offload_edits(key: str, value, new: dict, fields: list[str]) -> list[tuple]:
+    """The edit of an FSDP key that offloads the parameters and, with them, the optimizer step (FSDP's CPU offload
+    does both): it carries offload_optimizer only where the suggestion offloads both or neither; otherwise the
+    optimizer is said in a note (the file cannot split them)."""
+    if bool(new["offload_optimizer"]) == bool(new["offload_params"]):
+        return [(key, value, fields)]
+    mine = [f for f in fields if f != "offload_optimizer"] or ["offload_params"]
+    where = "the CPU" if new["offload_params"] else "the GPU"
+    return [(key, value, mine),
+            (None, None, ["offload_optimizer"], f"FSDP offloads the optimizer step with the parameters: with this file "
+             f"it runs on {where}, not as suggested (offload_optimizer={bool(new['offload_optimizer'])})")]

@@ -67,6 +67,8 @@ class ConfigReport(BaseModel):
     not_modelled: list[ConfigWarning]
     ignored: int = Field(description="keys that do not change GPU memory (datasets, logging, saving, ...)")
     ignored_keys: list[str] = Field(default_factory=list, description="the first of them, by name")
+    ignored_reasons: dict[str, str] = Field(default_factory=dict, description="why each of ignored_keys does not "
+                                                                             "change GPU memory")
     overrides: list[ConfigOverride] = Field(default_factory=list)
     plan_fields: dict[str, Any] = Field(description="the plan fields the files set (before flags)")
 
