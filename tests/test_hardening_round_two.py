@@ -713,3 +713,28 @@ def test_a_key_that_changes_memory_is_never_listed_as_ignored(fmt):
         assert key not in cfg.report.ignored_keys, (fmt, key)
         assert any(w.key and w.key.split(".")[0] == key for w in cfg.report.not_modelled) or any(
             u.key.split(".")[0] == key for u in cfg.report.used), (fmt, key, report_text(cfg))
+
+
+# ---------------------------------------------------------------- issue 27 x configs: several machines in a file
+
+
+def test_accelerate_num_machines_is_nodes():
+    from canifinetune.estimator.configs import load_configs
+
+    acc = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\nnum_processes: 8\nnum_machines: 2\n"
+    loaded = load_configs([("acc.yaml", acc)], overrides={"model": MODEL})
+    assert (loaded.plan.num_gpus, loaded.plan.num_nodes, loaded.plan.gpus_per_node) == (8, 2, 4)
+    with pytest.raises(CanIFinetuneError, match="num_machines"):
+        load_configs([("acc.yaml", acc.replace("num_processes: 8", "num_processes: 7"))], overrides={"model": MODEL})
+
+
+@pytest.mark.parametrize("sharding", ["zero3_hpz", "fsdp_hybrid_shard"])
+def test_multi_node_shardings_as_config_edits_are_said_not_crashed(sharding, tmp_path):
+    """The shardings only a multi-node recipe expresses become one keyless edit naming the recipe's files."""
+    from canifinetune.estimator.configs import load_configs
+    from canifinetune.estimator.configs.edits import config_edits
+
+    acc = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\nnum_processes: 8\nnum_machines: 2\n"
+    loaded = load_configs([("acc.yaml", acc)], overrides={"model": MODEL})
+    edits = config_edits(loaded, loaded.plan.replace(sharding=sharding))
+    assert any(e.key is None and sharding in (e.note or "") for e in edits)

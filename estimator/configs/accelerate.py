@@ -82,6 +82,13 @@ def read(r: Reading) -> None:
     processes = r.integer("num_processes", None, 1, 1024)
     if processes is not None:
         r.use("num_processes", "num_gpus", processes)
+    machines = r.integer("num_machines", None, 1, 1024)
+    if machines is not None and machines > 1:  # num_processes counts every machine's processes (accelerate 1.15)
+        if processes is None or processes % machines:
+            raise r.fail("num_machines", f"{machines} machines need num_processes, a multiple of it (all machines' "
+                                         f"processes together); got {processes}")
+        r.use("num_machines", "num_nodes", machines)
+        r.use("num_machines", "gpus_per_node", machines, processes // machines)
     precision = r.text("mixed_precision")
     if precision is not None:
         mapped = PRECISIONS.get(precision.lower(), "unknown")
@@ -104,7 +111,7 @@ def read(r: Reading) -> None:
 
 
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
-FIELDS = ("sharding", "offload_params", "offload_optimizer", "num_gpus", "dtype")
+FIELDS = ("sharding", "offload_params", "offload_optimizer", "num_gpus", "dtype", "num_nodes", "gpus_per_node")
 
 
 def edits(changes: dict, old: dict, r: Reading) -> list[tuple]:

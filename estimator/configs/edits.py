@@ -40,6 +40,9 @@ def _changes(loaded: LoadedConfig, plan: TrainingPlan) -> dict[str, Any]:
     return out
 
 
+MULTI_NODE_ONLY = ("zero3_hpz", "fsdp_hybrid_shard")  # shardings only a multi-node recipe expresses
+
+
 def _norm(value: Any) -> Any:
     return sorted(value) if isinstance(value, list) else value
 
@@ -66,6 +69,11 @@ def _distribution_edits(loaded: LoadedConfig, changes: dict, new: dict) -> list[
                        f"{changes['num_gpus']}, or torchrun --nproc_per_node {changes['num_gpus']})")))
     if not moved:
         return out
+    if new["sharding"] in MULTI_NODE_ONLY:
+        # ZeRO++ hpZ and FSDP hybrid shard span nodes (issue 27); the training files' own keys cannot say them
+        return [*out, _edit(main or loaded.readings[0], (None, new["sharding"], sorted(moved),
+                f"sharding {new['sharding']} over {new.get('num_nodes')} nodes: no key of these files says it; "
+                "use the accelerate config (and ds_config.json) `canifinetune recipe` writes for it"))]
     if ds is not None and new["sharding"] in ("zero1", "zero2", "zero3", "ddp"):
         out += [_edit(ds, item) for item in deepspeed.edits(moved, new)]
         if acc is not None and str(acc.get("distributed_type", "")).upper() != "DEEPSPEED":
