@@ -221,7 +221,8 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
         loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head,
                                                                      m.lm_head_cast_bytes(r))
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
-    start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head
+    # the gradient-reduction buckets (DDP's reducer, ZeRO's) live from the first step on: counted at every moment
+    start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head + st.buckets
     return _Live(start, start_gather, (acts.saved_layers + acts.shared, loss_start, start_head, 0))
 
 
@@ -271,7 +272,8 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
 
 def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
     """The optimizer step: all gradients plus the step's temporaries (sharded with the states)."""
-    share = 1.0 if st.sh is None else (1 / r.plan.shard_gpus if st.sh.states else 0)
+    # DDP: every rank steps the whole model (its states are whole); a sharded engine steps its partition
+    share = 1.0 if st.sh is None or r.plan.sharding == "ddp" else (1 / r.plan.shard_gpus if st.sh.states else 0)
     opt_tmp = int(m.optimizer_step_temporary_bytes(r) * share)
     return PhasePeak(
         "optimizer",

@@ -137,9 +137,14 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
     quantized = r.quantization != "none"
     # DeepSpeed casts the module to the compute dtype (bf16/fp16 enabled), frozen and trainable alike
     w16 = weights if (quantized or not mixed) else spec.total_params * a
-    a16 = 0 if r.full else r.adapter_params * (a if mixed else tb)
+    # every trainable tensor beside the base: adapters, modules_to_save copies, DoRA magnitudes (issue 24: the copies
+    # were missing from each GPU's parameters)
+    a16 = 0 if r.full else r.trainable_params * (a if mixed else tb)
     g16_per = a if mixed else tb  # low-precision gradient bytes per trainable param
-    master = (pt * 4) // n if mixed else 0
+    # ZeRO-1/2 clone their fp32 master partition whatever the parameters' dtype (DeepSpeed 0.19.8 stage_1_and_2.py,
+    # ``single_partition_of_fp32_groups``: ``.detach().clone().to(dtype=master_weights_and_grads_dtype)``), so fp32
+    # plans hold it too; ZeRO-3 reuses an fp32 partition as its master (stage3.py ``_create_fp32_partitions``)
+    master = (pt * 4) // n if (mixed or stage in (1, 2)) else 0
     grads32 = (pt * 4) // n if mixed else 0
     states = m.optimizer_state_bytes(_fp32_trainable(r)) // n
     if stage == 1:
@@ -262,7 +267,7 @@ def _fsdp_shares(r: ResolvedPlan) -> Shares:
         a_sh = 0
     else:
         w_sh = m.weight_bytes(r) // n
-        a_sh = (r.adapter_params * master_tb) // n
+        a_sh = (r.trainable_params * master_tb) // n  # adapters, modules_to_save copies, DoRA magnitudes
     grads = (r.trainable_params * master_tb) // n
     states = m.optimizer_state_bytes(_fp32_trainable(r) if master_tb == 4 else r) // n
     grad_factor = (master_tb / tb / n) if tb else 0.0
