@@ -68,8 +68,8 @@ RANGE_SOURCE = ("10th and 90th percentiles of measured/model on the held-back th
                 "throughput_published.json (THROUGHPUT_RANGE_LOW, THROUGHPUT_RANGE_HIGH)")
 
 SHARDED_PARAMS = ("zero3", "fsdp_full_shard")
-SHARDED_GRADS = ("zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op")
-DEEPSPEED = ("zero1", "zero2", "zero3")
+SHARDED_GRADS = ("zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "zero3_hpz", "fsdp_hybrid_shard")
+DEEPSPEED = ("zero1", "zero2", "zero3", "zero3_hpz")
 # GPUs whose memory is HBM run GEMMs closer to their datasheet peak than the power-limited GDDR cards
 HBM_ARCHS = ("sm_60", "sm_70", "sm_80", "sm_90", "sm_100", "gfx90a", "gfx942")
 
@@ -319,6 +319,7 @@ class _Gpu:
     link: float  # bytes/s per direction between GPUs, at NCCL_BUS_EFFICIENCY
     link_is_pcie: bool
     gemm_efficiency: float
+    internode: float = 0.0  # bytes/s per direction per GPU between nodes, at NCCL_BUS_EFFICIENCY (several nodes)
 
 
 def gpu_class(entry: catalog.CatalogGPU) -> str:
@@ -348,7 +349,16 @@ def _gpu(plan: TrainingPlan) -> _Gpu:
     link_gbs = entry.interconnect_gbs or pcie
     return _Gpu(entry.name, assumed, tflops * 1e12,
                 entry.memory_bandwidth_gbs * 1e9 * constant("MEMORY_BANDWIDTH_UTILISATION"),
-                link_gbs * 1e9 * constant("NCCL_BUS_EFFICIENCY"), entry.interconnect_gbs is None, eff)
+                link_gbs * 1e9 * constant("NCCL_BUS_EFFICIENCY"), entry.interconnect_gbs is None, eff,
+                _internode_gbs(entry, plan) * 1e9 * constant("NCCL_BUS_EFFICIENCY"))
+
+
+def _internode_gbs(entry: catalog.CatalogGPU, plan: TrainingPlan) -> float:
+    """GB/s per direction per GPU between nodes: an InfiniBand port per GPU for datacenter cards, one Ethernet uplink
+    shared by the node's GPUs otherwise (INTERNODE_BANDWIDTH_GBS_PER_GPU, ..._PER_NODE_ETHERNET)."""
+    if entry.category == "datacenter":
+        return constant("INTERNODE_BANDWIDTH_GBS_PER_GPU")
+    return constant("INTERNODE_BANDWIDTH_GBS_PER_NODE_ETHERNET") / max(plan.node_gpus, 1)
 
 
 def _gemm_utilisation(g: _Gpu, tokens: float, hidden: int) -> float:
@@ -460,7 +470,7 @@ def _micro_step(plan: TrainingPlan, spec: ModelSpec, r: ResolvedPlan | None, g: 
     passes = passes_fwd + 1
     launch = spec.num_layers * passes * constant("LAUNCH_SECONDS_PER_LAYER_PASS")
     step.dispatch = launch * (constant("UNSLOTH_LAUNCH_FACTOR") if unsloth else 1.0)
-    if plan.sharding == "zero3":
+    if plan.sharding in ("zero3", "zero3_hpz"):
         step.zero3_hooks = spec.num_layers * passes * constant("DEEPSPEED_ZERO3_SECONDS_PER_LAYER_PASS")
 
 
@@ -537,7 +547,11 @@ def _communication(plan: TrainingPlan, spec: ModelSpec, trainable: tuple[float, 
     overlap = constant("COMM_OVERLAP_DEEPSPEED") if sharding in DEEPSPEED else constant("COMM_OVERLAP_FSDP")
     micro = 0.0
     per_step = 0.0
-    if n > 1:
+    if n > 1 and plan.num_nodes > 1:
+        micro, per_step = _across_nodes(plan, sharding, stored, tbytes, g)
+        step.notes.append(f"{plan.num_nodes} nodes: collectives that span them run at the inter-node link "
+                          f"({g.internode / 1e9:.1f} GB/s per GPU at NCCL's bus efficiency)")
+    elif n > 1:
         frac = (n - 1) / n
         if sharding in SHARDED_PARAMS:
             gathers = 2 + (1 if (sharding == "zero3" and plan.gradient_checkpointing) else 0)
@@ -559,6 +573,28 @@ def _communication(plan: TrainingPlan, spec: ModelSpec, trainable: tuple[float, 
         step.notes.append("offload_params: each GPU's shard of the weights crosses PCIe every pass")
     step.comm_micro = max(micro - overlap * compute, (1.0 - overlap) * micro) if micro else 0.0
     step.comm_step = max(per_step - overlap * compute, (1.0 - overlap) * per_step) if per_step else 0.0
+
+
+def _across_nodes(plan: TrainingPlan, sharding: str, stored: float, tbytes: float, g: _Gpu) -> tuple[float, float]:
+    """(per micro-step, per optimizer step) seconds of communication on several nodes. A collective over every GPU
+    runs at the slower of NVLink and the inter-node link (NCCL's rings cross nodes); FSDP's hybrid shard gathers and
+    reduce-scatters inside a node and all-reduces its shard across nodes; ZeRO++ hpZ gathers across nodes in forward
+    and from the node's secondary partition in backward (ZeRO++, arXiv 2306.10209, sec. 3.2)."""
+    n, k, nodes = plan.num_gpus, plan.node_gpus, plan.num_nodes
+    wide = min(g.link, g.internode) if g.internode else g.link
+    frac, inside, across = (n - 1) / n, (k - 1) / k if k > 1 else 0.0, (nodes - 1) / nodes
+    gathers = 2 + (1 if plan.gradient_checkpointing else 0)
+    if sharding == "fsdp_hybrid_shard":
+        micro = gathers * stored * inside / g.link + tbytes * inside / g.link
+        return micro, 2 * (tbytes / k) * across / (g.internode or g.link)
+    if sharding == "zero3_hpz":
+        micro = stored * frac / wide + (gathers - 1) * stored * inside / g.link + tbytes * frac / wide
+        return micro, 0.0
+    if sharding in SHARDED_PARAMS:
+        return gathers * stored * frac / wide + tbytes * frac / wide, 0.0
+    if sharding in ("zero2", "fsdp_shard_grad_op"):
+        return tbytes * frac / wide, stored * frac / wide
+    return 0.0, 2 * tbytes * frac / wide + (stored * frac / wide if sharding == "zero1" else 0.0)
 
 
 def _bound(step: _Step) -> str:
