@@ -127,9 +127,28 @@ def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0)
         log.close()
 
 
-async def run_clients(url: str, clients: int, calls: int, seed: int, call_timeout: float) -> dict:
+def raise_open_file_limit(needed: int) -> None:
+    """Raise this process's soft open-file limit to ``needed`` where the hard limit allows (each MCP client holds two
+    connections: a POST one and its GET stream)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard),
+                                                        hard))
+
+
+async def run_clients(url: str, clients: int, calls: int, seed: int, call_timeout: float,
+                      plan_for=None) -> dict:
+    """``clients`` sessions, all opened before the first call, each making its calls: ``plan_for(client_no)`` (default:
+    ``call_plan``, ``calls`` of the mix)."""
     import anyio
     from mcp import Client
+
+    raise_open_file_limit(4 * clients + 256)
 
     latencies: list[float] = []
     opened: list[float] = []
@@ -139,7 +158,7 @@ async def run_clients(url: str, clients: int, calls: int, seed: int, call_timeou
 
     async def one_client(no: int) -> None:
         nonlocal ready_count
-        plan = call_plan(no, calls, seed)
+        plan = plan_for(no) if plan_for is not None else call_plan(no, calls, seed)
         t0 = time.perf_counter()
         try:
             async with Client(url) as client:

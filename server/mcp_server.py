@@ -12,12 +12,15 @@ Run it with ``canifinetune serve`` (stdio) or ``canifinetune serve --http`` (str
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import functools
 import inspect
 import json
 import logging
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -251,8 +254,133 @@ def _resolve(name: str, offline: bool):
 def _model_for(plan: TrainingPlan, offline: bool, model_config: dict | None = None):
     """The plan's model: built from its model_config when the call gave one, else resolved by name."""
     if model_config is not None:
-        return resolved_from_config(plan.model, model_config)
-    return _resolve(plan.model, offline)
+        rm = resolved_from_config(plan.model, model_config)
+    else:
+        rm = _resolve(plan.model, offline)
+    _note_model(plan.model, rm, offline)
+    return rm
+
+
+# ------------------------------------------------------------------------------------------ the answer cache
+
+# The core is pure: a tool's answer is a function of its arguments and of the model's config. So a server keeps
+# its recent answers (an LRU keyed on the tool and the canonical JSON of its arguments), only for calls whose model
+# was read without the network: the catalog (while no local folder takes its name), a model_config, a local folder
+# (while its config.json and safetensors files are unchanged) or, on an offline server, the Hugging Face cache.
+ANSWER_CACHE_ENTRIES = 1024
+ANSWER_CACHE_BYTES = 16 * 1024 * 1024  # the answers' JSON, all together
+ANSWER_CACHE_MAX_ANSWER_BYTES = 256 * 1024  # a larger answer is not kept
+_CALL_MODELS: contextvars.ContextVar[list | None] = contextvars.ContextVar("canifinetune_call_models", default=None)
+
+
+def _files_fingerprint(where: str) -> tuple | None:
+    """What a local model's answer depends on: its folder's entries and the stat of its config.json and safetensors
+    files (a file given directly: its own); None when they cannot be read."""
+    import os
+
+    from canifinetune.estimator.model_sources import MAX_SAFETENSORS_FILES
+
+    path = Path(where)
+    try:
+        if path.is_dir():
+            files = [path / "config.json", *sorted(path.glob("*.safetensors"))[: MAX_SAFETENSORS_FILES + 1]]
+            head: int | None = os.stat(path).st_mtime_ns
+        else:
+            files, head = [path], None
+        stats = [os.stat(f) for f in files]
+    except OSError:
+        return None
+    return head, tuple((str(f), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                       for f, st in zip(files, stats, strict=True))
+
+
+def _note_model(name: str, rm, offline: bool) -> None:
+    """Record, for the answer cache, how this call's model was read (nothing outside a server's call_tool)."""
+    notes = _CALL_MODELS.get()
+    if notes is None:
+        return
+    if rm.source == "catalog":
+        notes.append(("not-local", name, None))
+    elif rm.source == "model_config" or (rm.source == "hub-cache" and offline):
+        notes.append(("pure", None, None))
+    elif rm.source == "local":
+        fingerprint = _files_fingerprint(rm.id)
+        notes.append(("files", rm.id, fingerprint) if fingerprint is not None else ("uncacheable", None, None))
+    else:  # the Hub, or the cache of an online server (which may ask the Hub): never kept
+        notes.append(("uncacheable", None, None))
+
+
+def _still_valid(note: tuple) -> bool:
+    from canifinetune.estimator.model_sources import is_local_name
+
+    kind, what, expected = note
+    if kind == "not-local":
+        return not is_local_name(what)
+    if kind == "files":
+        return _files_fingerprint(what) == expected
+    return kind == "pure"
+
+
+class AnswerCache:
+    """A bounded LRU of tool answers (CallToolResult), each with the checks that it still holds."""
+
+    def __init__(self, entries: int, max_bytes: int):
+        import threading
+        from collections import OrderedDict
+
+        self.entries, self.max_bytes, self.bytes = entries, max_bytes, 0
+        self._items: OrderedDict[str, tuple[CallToolResult, tuple, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @staticmethod
+    def key(tool: str, arguments: dict[str, Any]) -> str | None:
+        """The tool's name and the canonical JSON of its arguments, hashed; None for a call that is never kept."""
+        import hashlib
+
+        if tool == "make_recipe" and arguments.get("model_config") is not None:
+            return None  # its links name the model_config, kept by this call in a bounded store (mcp_views.py)
+        try:
+            canonical = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        except (TypeError, ValueError):
+            return None
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def get(self, key: str) -> CallToolResult | None:
+        with self._lock:
+            item = self._items.get(key)
+        if item is None:
+            return None
+        if not all(_still_valid(note) for note in item[1]):
+            self._drop(key)
+            return None
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: str, result: CallToolResult, notes: list) -> None:
+        if not notes or any(kind == "uncacheable" for kind, _, _ in notes):
+            return
+        size = len(result.model_dump_json(by_alias=True, exclude_none=True))
+        if size > ANSWER_CACHE_MAX_ANSWER_BYTES:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[2]
+            self._items[key] = (result, tuple(notes), size)
+            self.bytes += size
+            while self._items and (len(self._items) > self.entries or self.bytes > self.max_bytes):
+                self.bytes -= self._items.popitem(last=False)[1][2]
+
+    def _drop(self, key: str) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[2]
 
 
 def _estimate(plan: TrainingPlan, offline: bool, model_config: dict | None = None, tiers: bool = False) -> Estimate:
@@ -430,7 +558,10 @@ command and the plan's verdict. Same arguments as estimate_memory plus the run's
 
 class CanIFinetuneServer(MCPServer):
     """MCPServer whose argument errors name the field, the bad value and the nearest valid choice, and whose
-    protocol errors carry JSON-RPC codes (an unknown prompt or a bad prompt argument: -32602 invalid params)."""
+    protocol errors carry JSON-RPC codes (an unknown prompt or a bad prompt argument: -32602 invalid params); with
+    an ``answer_cache`` (build_server gives one), repeated identical calls are answered from it."""
+
+    answer_cache: AnswerCache | None = None
 
     async def get_prompt(self, name, arguments=None, context=None):
         from mcp import MCPError
@@ -474,8 +605,14 @@ class CanIFinetuneServer(MCPServer):
                             f"(arguments: {', '.join(known)}; other plan fields: {PLAN_SCHEMA_URI})")
         RAW_ARGUMENTS.set(frozenset(arguments))  # which arguments were sent (server/config_face.py)
         RAW_TEXTS.set({k: v for k in ("config", "model_config") if isinstance(v := arguments.get(k), str)})
+        cache = self.answer_cache
+        key = cache.key(name, arguments) if cache is not None else None
+        if cache is not None and key is not None and (kept := cache.get(key)) is not None:
+            return kept
+        notes: list = []
+        token = _CALL_MODELS.set(notes)  # how the call's model was read (_note_model), seen by its worker thread
         try:
-            return await super().call_tool(name, arguments, context)
+            result = await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
             cause = exc.__cause__ or exc
             logger.error("%s crashed: %r", name, cause)
@@ -488,6 +625,11 @@ class CanIFinetuneServer(MCPServer):
             if isinstance(inner, ToolError):  # our own message, without the SDK's prefix
                 raise ToolError(safe_text(inner)) from inner
             raise
+        finally:
+            _CALL_MODELS.reset(token)
+        if cache is not None and key is not None and isinstance(result, CallToolResult) and not result.is_error:
+            cache.put(key, result, notes)
+        return result
 
 
 def _catalog_gpus_json() -> str:
@@ -618,6 +760,7 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
                        tool_parameters(MEMORY_FIELDS, keep=True), SuggestView, SUGGEST_DOC))
     mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
                              instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
+    mcp.answer_cache = AnswerCache(ANSWER_CACHE_ENTRIES, ANSWER_CACHE_BYTES)
 
     mcp.add_tool(_tool_function("make_recipe", functools.partial(recipe_impl, offline=hub_offline),
                                 tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS), RecipeView, RECIPE_DOC),
@@ -714,17 +857,49 @@ def _quiet_logging(level: int = logging.WARNING) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def transport_security(host: str, port: int):
+def transport_security(host: str, port: int, allowed_hosts: Sequence[str] = (), any_host: bool = False):
+    """The Host/Origin check (DNS-rebinding protection): a request whose Host is not allowed gets 421, one whose
+    Origin is not gets 403.
+
+    Allowed: this machine's names (``127.0.0.1``, ``localhost``, ``[::1]``) and a specific bind address, with the port;
+    each of ``allowed_hosts`` (names an operator gives, ``--allowed-host``) with any port or none, and its
+    ``http(s)://`` origins. ``any_host``: a token-guarded network bind, where every request needs the bearer token,
+    which a DNS-rebinding page cannot supply: any Host name the client used is accepted, unless ``allowed_hosts``
+    restricts them."""
     from mcp.server.transport_security import TransportSecuritySettings
 
+    if any_host and not allowed_hosts:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     hosts = list(LOCAL_HOSTS)
     if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
         hosts.append(f"[{host}]" if ":" in host else host)
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=[f"{h}:{port}" for h in hosts] + list(hosts),
-        allowed_origins=[f"http://{h}:{port}" for h in hosts],
-    )
+    names = [f"{h}:{port}" for h in hosts] + list(hosts)
+    origins = [f"http://{h}:{port}" for h in hosts]
+    for name in allowed_hosts:
+        names += [name, f"{name}:*"]
+        origins += [f"{scheme}://{name}{port_part}" for scheme in ("http", "https") for port_part in ("", ":*")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=names, allowed_origins=origins)
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
+
+
+def allowed_host_name(value: str) -> str:
+    """An ``--allowed-host`` value as the Host check compares it: a DNS name or an IPv4 address as given, an IPv6
+    address in brackets; a CanIFinetuneError for anything else (a scheme, a path, a port, a wildcard)."""
+    import ipaddress
+
+    name = value.strip()
+    try:
+        return f"[{ipaddress.IPv6Address(name.strip('[]'))}]"
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(name):
+        raise CanIFinetuneError(f"--allowed-host: {safe_text(repr(value), 80)} is not a host name or address; give the "
+                                "name clients use to reach the server, without scheme, port or path (e.g. gpu-box.lan, "
+                                "192.168.1.20)")
+    return name.lower()
 
 
 def uvicorn_log_config() -> dict:
@@ -747,13 +922,16 @@ def run_stdio(offline: bool | None = None) -> None:
 
 
 # HTTP limits (docs/security.md): a client has this long to send a request's headers, headers are at most this
-# big, at most this many connections are open at once (more are closed at once), and at most this many
-# requests run at once (more get 503).
+# big, and at most this many connections are open at once (more are closed at once). Admission matches the
+# connection cap: HTTP/1.1 runs one request at a time per connection, so every open connection may have its request
+# in flight, and none is refused with 503 (an MCP SDK client holds two connections, a POST one and its GET stream,
+# and does not retry a 503). The tools' work runs on anyio's worker threads (40): further calls wait for one.
 HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_TIMEOUT_S = 5
 MAX_HEADER_BYTES = 64 * 1024
-MAX_CONNECTIONS = 512
-MAX_CONCURRENT_REQUESTS = 256
+MAX_CONNECTIONS = 2048
+MAX_CONCURRENT_REQUESTS = MAX_CONNECTIONS
+FD_RESERVE = 256  # open files beside the connections: the listening socket, logs, config files, the Hub
 AUTH_TOKEN_ENV = "CANIFINETUNE_AUTH_TOKEN"
 MIN_AUTH_TOKEN_CHARS = 16
 
@@ -770,21 +948,30 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def bearer_credentials(value: bytes) -> bytes | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header value; None for another scheme. The scheme is
+    case-insensitive (RFC 7235 section 2.1: ``bearer``, ``BEARER``), one or more spaces after it."""
+    scheme, _, rest = value.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    return rest.lstrip(b" ")
+
+
 def bearer_auth(app, token: str):
     """ASGI middleware: every HTTP request needs ``Authorization: Bearer <token>``; 401 otherwise."""
     import hmac
 
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     async def guarded(scope, receive, send):
         if scope.get("type") != "http":
             return await app(scope, receive, send)
-        given = b""
+        given = None
         for name, value in scope.get("headers") or ():
             if name.lower() == b"authorization":
-                given = value
+                given = bearer_credentials(value)
                 break
-        if hmac.compare_digest(given, expected):
+        if given and hmac.compare_digest(given, expected):
             return await app(scope, receive, send)
         body = b'{"error": "unauthorized: send Authorization: Bearer <token> (canifinetune serve --auth-token)"}'
         await send({"type": "http.response.start", "status": 401,
@@ -841,12 +1028,52 @@ def limited_h11_protocol(header_timeout: float = HEADER_TIMEOUT_S, max_connectio
     return LimitedH11Protocol
 
 
-def http_app(host: str, port: int, offline: bool | None = None, auth_token: str | None = None):
-    """The streamable-HTTP ASGI app: DNS-rebinding protection, body limit and, with a token, bearer auth."""
+def http_app(host: str, port: int, offline: bool | None = None, auth_token: str | None = None,
+             allowed_hosts: Sequence[str] = ()):
+    """The streamable-HTTP ASGI app: the Host/Origin check, body limit and, with a token, bearer auth. Bound beyond
+    this machine with a token, any Host name is served (the token is the guard) unless ``allowed_hosts`` names them."""
     mcp = build_server(offline)
-    app = mcp.streamable_http_app(transport_security=transport_security(host, port), host=host,
-                                  max_request_body_size=MAX_REQUEST_BODY_BYTES)
+    security = transport_security(host, port, allowed_hosts, any_host=bool(auth_token) and not is_loopback(host))
+    app = mcp.streamable_http_app(transport_security=security, host=host, max_request_body_size=MAX_REQUEST_BODY_BYTES)
     return bearer_auth(app, auth_token) if auth_token else app
+
+
+def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
+    """The connection cap this process can hold: the soft open-file limit is raised to fit ``wanted`` connections
+    plus FD_RESERVE when the hard limit allows; otherwise the cap that fits, said on stderr."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return wanted
+    need = wanted + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted
+    cap = max(16, soft - FD_RESERVE)
+    print(f"canifinetune: warning: the open-file limit ({soft}) allows {cap} HTTP connections, not {wanted} "
+          f"(raise it with `ulimit -n {need}`)", file=sys.stderr)
+    return cap
+
+
+def uvicorn_config(app, host: str, port: int):
+    """uvicorn's configuration with the HTTP limits above, and no access log (one stderr line per request)."""
+    import uvicorn
+
+    connections = connection_cap()
+    # log_level is left unset: it would set uvicorn.access back to INFO (uvicorn_log_config keeps the levels);
+    # limit_concurrency is left unset: uvicorn counts open connections against it and answers 503, while
+    # LimitedH11Protocol already caps the connections, so each may have its request in flight
+    return uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), access_log=False,
+                          http=limited_h11_protocol(max_connections=connections),
+                          timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                          limit_concurrency=None, backlog=connections)
 
 
 def check_http_exposure(host: str, auth_token: str | None) -> str | None:
@@ -861,23 +1088,23 @@ def check_http_exposure(host: str, auth_token: str | None) -> str | None:
 
 
 def run_http(host: str = DEFAULT_HTTP_HOST, port: int = DEFAULT_HTTP_PORT, offline: bool | None = None,
-             auth_token: str | None = None) -> None:
+             auth_token: str | None = None, allowed_hosts: Sequence[str] = ()) -> None:
     import anyio
     import uvicorn
 
     problem = check_http_exposure(host, auth_token)
     if problem is not None:
         raise CanIFinetuneError(problem)
+    allowed_hosts = [allowed_host_name(h) for h in allowed_hosts]
     if not is_loopback(host):
         print(f"canifinetune: warning: --host {host} makes the server reachable from the network; every request "
               "needs the bearer token"
+              + (f" and a Host among {', '.join(allowed_hosts)} (or this machine's)" if allowed_hosts
+                 else ", whatever Host name it uses (--allowed-host NAME restricts them)")
               + ("" if offline else ", and the tools may read configs from the Hub (add --offline)"),
               file=sys.stderr)
-    app = http_app(host, port, offline, auth_token)
-    config = uvicorn.Config(app, host=host, port=port, log_config=uvicorn_log_config(), log_level="info",
-                            http=limited_h11_protocol(), timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
-                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                            limit_concurrency=MAX_CONCURRENT_REQUESTS, backlog=MAX_CONNECTIONS)
+    app = http_app(host, port, offline, auth_token, allowed_hosts)
+    config = uvicorn_config(app, host, port)
     print(f"canifinetune MCP server on http://{host if ':' not in host else f'[{host}]'}:{port}/mcp", file=sys.stderr)
     anyio.run(uvicorn.Server(config).serve)
 
@@ -892,12 +1119,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offline", action="store_true", help="never reach the Hugging Face Hub")
     parser.add_argument("--auth-token", default=None,
                         help=f"require 'Authorization: Bearer TOKEN' (or set {AUTH_TOKEN_ENV})")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="accept only these Host names (and this machine's); repeatable")
     args = parser.parse_args(argv)
     if args.http:
         import os
 
         run_http(args.host, args.port, offline=args.offline,
-                 auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV))
+                 auth_token=args.auth_token or os.environ.get(AUTH_TOKEN_ENV), allowed_hosts=args.allowed_host)
     else:
         run_stdio(offline=args.offline)
     return 0

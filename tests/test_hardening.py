@@ -558,8 +558,9 @@ def test_the_http_server_is_configured_with_its_limits(monkeypatch):
     config = seen["config"]
     assert config.timeout_keep_alive == mcp_server.KEEP_ALIVE_TIMEOUT_S
     assert config.h11_max_incomplete_event_size == mcp_server.MAX_HEADER_BYTES
-    assert config.limit_concurrency == mcp_server.MAX_CONCURRENT_REQUESTS
-    assert config.http.__name__ == "LimitedH11Protocol"
+    # admission matches the connection cap (issue 22): uvicorn's limit_concurrency would answer 503 below it
+    assert config.limit_concurrency is None and mcp_server.MAX_CONCURRENT_REQUESTS == mcp_server.MAX_CONNECTIONS
+    assert config.http.__name__ == "LimitedH11Protocol" and config.access_log is False
 
 
 def test_a_non_loopback_bind_warns(monkeypatch, capsys):
