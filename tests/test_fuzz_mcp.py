@@ -167,6 +167,13 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
                             st.lists(st.sampled_from(["a b", "q;proj", "$(x)", "../q", ""]), min_size=1, max_size=3),
                             st.lists(_with_control(), min_size=1, max_size=2), st.integers(), st.just({"q_proj": 1}))
         return valid, invalid
+    if name in ("num_nodes", "gpus_per_node"):
+        # valid alone: one node (num_nodes > 1 needs gpus_per_node, and gpus_per_node must agree with num_gpus: a pair,
+        # not a field a fuzzer can vary by itself; issue 27). Invalid: out of range, or not a whole number
+        valid = st.just(1) if name == "num_nodes" else st.none()
+        invalid = st.one_of(st.integers(max_value=0), st.floats(allow_nan=False, allow_infinity=False).filter(
+            lambda x: not float(x).is_integer()), st.booleans(), WRONG_SHAPES)
+        return valid, invalid
     if name == "loss_type":  # a TRL loss name (dpo's sigmoid, ipo, ...; grpo's dapo, grpo, ...): lower-case words
         valid = st.one_of(st.none(), st.sampled_from(["sigmoid", "ipo", "hinge", "dapo", "grpo", "bnpo", "dr_grpo"]))
         invalid = st.one_of(st.sampled_from(["", "Sigmoid!", "a b", "$(x)", "../x", "x" * 33, "🤗"]), _with_control(),
