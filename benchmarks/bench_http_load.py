@@ -107,11 +107,11 @@ def wait_listening(proc: subprocess.Popen, port: int, log, timeout: float = 30.0
 
 
 @contextlib.contextmanager
-def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0):
+def serve_process(cmd: list[str], port: int, timeout: float = 30.0, prefix: str = "canifinetune-load-"):
+    """``cmd`` (a server) as a subprocess listening on 127.0.0.1:``port``, stopped on exit; yields the process and
+    the name of its stderr log (kept after it stops)."""
     # closed in the finally below, after the server stops; its name outlives it (delete=False)
-    log = tempfile.NamedTemporaryFile("w+", prefix="canifinetune-load-", suffix=".err", delete=False)  # noqa: SIM115
-    cmd = [sys.executable, "-m", "canifinetune.server.cli", "serve", "--http", "--host", "127.0.0.1",
-           "--port", str(port)] + (extra or [])
+    log = tempfile.NamedTemporaryFile("w+", prefix=prefix, suffix=".err", delete=False)  # noqa: SIM115
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # catalog models only: the benchmark never leaves this machine
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env)
     try:
@@ -125,6 +125,14 @@ def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0)
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+@contextlib.contextmanager
+def serve_http(port: int, extra: list[str] | None = None, timeout: float = 30.0):
+    cmd = [sys.executable, "-m", "canifinetune.server.cli", "serve", "--http", "--host", "127.0.0.1",
+           "--port", str(port)] + (extra or [])
+    with serve_process(cmd, port, timeout) as served:
+        yield served
 
 
 def raise_open_file_limit(needed: int) -> None:

@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ from benchmarks.bench_http_load import (  # noqa: E402
     cpu_seconds,
     free_port,
     run_clients,
-    wait_listening,
+    serve_process,
 )
 from benchmarks.bench_mcp_tokens import TYPICAL  # noqa: E402
 
@@ -129,21 +128,8 @@ def server(side: str, port: int, answers_path: str, timeout: float = 60.0):
                "--port", str(port)]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-bare", str(port), answers_path]
-    # closed in the finally below, after the server stops
-    log = tempfile.NamedTemporaryFile("w+", prefix=f"canifinetune-{side}-", suffix=".err")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        wait_listening(proc, port, log, timeout)
+    with serve_process(cmd, port, timeout, prefix=f"canifinetune-{side}-") as (proc, _log):
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
 
 
 def plans(workload: str, calls: int, seed: int):
