@@ -22,19 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.estimator.trainers import TRAINER_DEFAULTS
+from canifinetune.estimator.trainers import TRAINER_CLASSES, TRAINER_DEFAULTS
 
 from .examples import REWARD_FILE, ROW_KEYS
 from .schema import RecipeError
 
-TRAINER_CLASSES = {
-    "sft": "SFTTrainer",
-    "dpo": "DPOTrainer",
-    "orpo": "ORPOTrainer",
-    "kto": "KTOTrainer",
-    "reward": "RewardTrainer",
-    "grpo": "GRPOTrainer",
-}
 TRAINER_TITLES = {
     "sft": "TRL's SFTTrainer",
     "dpo": "TRL's DPOTrainer",
