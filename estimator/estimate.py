@@ -146,10 +146,11 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     without bf16) and, for several GPUs without a sharding, the cheapest sharding that fits."""
     resolved_model = model or resolve_model(plan.model)
     chosen: list[str] = []
-    plan = _dtype_for_the_gpu(plan, chosen)
+    gpu = resolve_gpu(plan)  # once: neither choice below changes the GPU
+    plan = _dtype_for_the_gpu(plan, gpu, chosen)
     if plan.sharding_unset:
-        return _cheapest_sharding(plan, resolved_model, chosen)
-    return _estimate(plan, resolved_model, chosen)
+        return _cheapest_sharding(plan, resolved_model, gpu, chosen)
+    return _estimate(plan, resolved_model, gpu, chosen)
 
 
 # The shardings tried, cheapest first, for several GPUs given without one: DDP keeps the step as on one GPU (the
@@ -157,11 +158,10 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
 SHARDING_CHOICE_ORDER = ("ddp", "zero2", "zero3")
 
 
-def _dtype_for_the_gpu(plan: TrainingPlan, chosen: list[str]) -> TrainingPlan:
+def _dtype_for_the_gpu(plan: TrainingPlan, gpu: GPUTarget | None, chosen: list[str]) -> TrainingPlan:
     """fp16 where the plan gives no dtype and its GPU has no bf16 (with fp32 master weights for full fine-tuning,
     which pure fp16 cannot train)."""
-    gpu = resolve_gpu(plan) if plan.dtype_unset and plan.dtype == "bf16" else None
-    if gpu is None or gpu.bf16 is not False:
+    if not (plan.dtype_unset and plan.dtype == "bf16") or gpu is None or gpu.bf16 is not False:
         return plan
     changes: dict = {"dtype": "fp16"}
     words = f"dtype fp16: the {gpu.name} has no bf16 (dtype was not given; set it to choose)"
@@ -172,11 +172,12 @@ def _dtype_for_the_gpu(plan: TrainingPlan, chosen: list[str]) -> TrainingPlan:
     return plan.replace(**changes)
 
 
-def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> Estimate:
+def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget | None,
+                       chosen: list[str]) -> Estimate:
     """The first of SHARDING_CHOICE_ORDER that fits (or the one needing least when none does), said in the notes."""
     tried: list[Estimate] = []
     for sharding in SHARDING_CHOICE_ORDER:
-        est = _estimate(plan.replace(sharding=sharding), resolved_model, [])
+        est = _estimate(plan.replace(sharding=sharding), resolved_model, gpu, [])
         tried.append(est)
         if est.verdict in ("fits", "unknown"):
             break
@@ -191,8 +192,8 @@ def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, chosen
     return best.model_copy(update={"chosen_defaults": [*chosen, note]})
 
 
-def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> Estimate:
-    gpu = resolve_gpu(plan)
+def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget | None,
+              chosen: list[str]) -> Estimate:
     if gpu is not None and gpu.bf16 is False and plan.dtype == "bf16":
         raise PlanError(
             f"dtype: the {gpu.name} has no bf16 support; use dtype 'fp16' (or 'fp32')", field="dtype"

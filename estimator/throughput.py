@@ -664,17 +664,18 @@ def throughput(plan: TrainingPlan, model: ResolvedModel | None = None,
         breakdown={k: round(v, 6) for k, v in breakdown.items()},
         notes=notes,
     )
-    if training_tokens is not None:
-        seconds = training_tokens / tps
-        result.training_tokens = int(training_tokens)
-        result.training_seconds = seconds
-        result.training_hours = seconds / 3600.0
-        result.training_hours_low = seconds / high / 3600.0
-        result.training_hours_high = seconds / low / 3600.0
-        result.gpu_hours = result.training_hours * n_gpus
-        result.gpu_hours_low = result.training_hours_low * n_gpus
-        result.gpu_hours_high = result.training_hours_high * n_gpus
-    return result
+    return result if training_tokens is None else with_training_time(result, training_tokens)
+
+
+def with_training_time(tp: Throughput, training_tokens: int) -> Throughput:
+    """``tp`` with the time and GPU-hours to train ``training_tokens`` real tokens, as a range."""
+    low, high = _range()
+    seconds = training_tokens / tp.tokens_per_second
+    hours = seconds / 3600.0
+    return tp.model_copy(update=dict(
+        training_tokens=int(training_tokens), training_seconds=seconds, training_hours=hours,
+        training_hours_low=hours / high, training_hours_high=hours / low, gpu_hours=hours * tp.num_gpus,
+        gpu_hours_low=hours / high * tp.num_gpus, gpu_hours_high=hours / low * tp.num_gpus))
 
 
 def training_time(plan: TrainingPlan, model: ResolvedModel | None = None,
@@ -686,8 +687,8 @@ def training_time(plan: TrainingPlan, model: ResolvedModel | None = None,
     cannot be timed (ValueError)."""
     rm = model or resolve_model(plan.model)
     notes: list[str] = []
+    tp0 = throughput(plan, model=rm)
     if training_tokens is None:
-        tp0 = throughput(plan, model=rm)
         if plan.max_steps > 0:
             training_tokens = int(plan.max_steps * tp0.tokens_per_optimizer_step)
             notes.append(f"{plan.max_steps} optimizer steps of {tp0.tokens_per_optimizer_step:,} real tokens")
@@ -700,7 +701,7 @@ def training_time(plan: TrainingPlan, model: ResolvedModel | None = None,
             training_tokens = math.ceil(per_epoch * plan.num_train_epochs)
             notes.append(f"{plan.num_train_epochs:g} epoch(s) of {per_epoch:,} real tokens (dataset {plan.dataset!r}, "
                          "characters / 4)")
-    tp = throughput(plan, model=rm, training_tokens=training_tokens)
+    tp = with_training_time(tp0, training_tokens)
     assert tp.training_seconds is not None and tp.training_hours is not None
     assert tp.training_hours_low is not None and tp.training_hours_high is not None
     assert tp.gpu_hours is not None and tp.gpu_hours_low is not None and tp.gpu_hours_high is not None

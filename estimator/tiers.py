@@ -82,19 +82,21 @@ def estimate_with_tiers(plan: TrainingPlan, model: ResolvedModel, training_token
 
 
 def speed_of(plan: TrainingPlan, model: ResolvedModel, training_tokens: int | None = None) -> Speed | None:
-    """The plan's speed, and its time to train when a token budget is known; None when it cannot be modelled."""
+    """The plan's speed, and its time to train when a token budget is known (``training_tokens``, the plan's
+    max_steps or its dataset's epochs); None when it cannot be modelled. One throughput computation either way."""
+    tt = None
+    if training_tokens is not None or plan.max_steps > 0 or plan.dataset:
+        try:
+            tt = training_time(plan, model=model, training_tokens=training_tokens)
+        except (ValueError, CanIFinetuneError):
+            tt = None  # no budget after all (a dataset that cannot be read): the speed alone
     try:
-        tp = throughput(plan, model=model)
+        tp = tt.throughput if tt is not None else throughput(plan, model=model)
     except (ValueError, CanIFinetuneError):
         return None
     out = Speed(gpu=tp.gpu, num_gpus=tp.num_gpus, tokens_per_second=tp.tokens_per_second,
-                tokens_per_second_low=tp.tokens_per_second_low,
-                tokens_per_second_high=tp.tokens_per_second_high)
-    if training_tokens is None and plan.max_steps <= 0 and not plan.dataset:
-        return out
-    try:
-        tt = training_time(plan, model=model, training_tokens=training_tokens)
-    except (ValueError, CanIFinetuneError):
+                tokens_per_second_low=tp.tokens_per_second_low, tokens_per_second_high=tp.tokens_per_second_high)
+    if tt is None:
         return out
     basis = "; ".join(tt.notes) if tt.notes else f"training_tokens {tt.training_tokens:,}"
     return out.model_copy(update=dict(training_tokens=tt.training_tokens, hours=tt.hours, hours_low=tt.hours_low,
