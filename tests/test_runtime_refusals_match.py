@@ -14,6 +14,7 @@ import re
 
 import pytest
 from pydantic import ValidationError
+from test_recipe_next_steps import TRAINERS  # every trainer with the settings it needs to run (one table)
 
 from canifinetune.estimator.errors import CanIFinetuneError
 from canifinetune.estimator.estimate import estimate
@@ -26,14 +27,6 @@ GPU = "A100 80GB"
 METHODS = ("full", "lora", "qlora")
 DTYPES = ("bf16", "fp16", "fp32")
 PRECISIONS = ("pure", "mixed")
-TRAINERS = {
-    "sft": {},
-    "dpo": {},
-    "orpo": {},
-    "kto": {},
-    "reward": {},
-    "grpo": {"num_generations": 4, "max_completion_length": 256},
-}
 # a machine on which only the plan itself can be the problem
 MACHINE = Machine(cuda=True, device_count=1, bf16=True, gpu_name="NVIDIA A100 80GB", world_size=1, flash_attn=True)
 # a runtime problem about dtype or precision starts with the field's name (problems are joined with "; ")
