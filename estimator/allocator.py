@@ -1,7 +1,7 @@
 """The CUDA caching allocator's rounding, which every byte count of the memory model goes through.
 
-Its own module so that the component modules (memory.py, peft_knobs.py, trainer_memory.py) share it from below
-rather than from each other.
+Its own module so that the component modules (memory.py, inventory.py, peft_memory.py, trainer_memory.py) share
+it from below rather than from each other.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from . import catalog
 from . import memory as m
 from .constants import CALIBRATION_VERSION, GIB
 from .errors import PlanError, UnknownGPUError
+from .inventory import inventory_of
 from .model_sources import ResolvedModel, resolve_model
 from .phases import step_peaks
 from .plan import TrainingPlan
@@ -210,7 +211,7 @@ def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget 
         model_source=resolved_model.source,
         method=plan.method,
         params_total=resolved_model.spec.total_params,
-        params_trainable=r.trainable_params,
+        params_trainable=inventory_of(r).trainable_params,
         params_exact=resolved_model.params_exact,
         params_source="safetensors" if resolved_model.params_exact else "config",
         peak_phase=peak.phase,

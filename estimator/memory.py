@@ -5,7 +5,7 @@ formula, where it comes from and what it assumes. Notation: T = batch_size x seq
 hidden size, I = MLP width, V = vocabulary, L = layers, r = LoRA rank, a = bytes per activation
 element of the compute dtype. ``docs/memory_model.md`` repeats every formula.
 
-In the code (here, phases.py, sharding.py, peft_knobs.py, trainer_memory.py) the parameter ``r`` is the
+In the code (here, phases.py, sharding.py, peft_memory.py, trainer_memory.py) the parameter ``r`` is the
 :class:`ResolvedPlan`, never the LoRA rank: the rank is ``r.plan.lora_r`` and only the formulas in docstrings
 call it r. The short name stays because every formula reads ``r.tokens``, ``r.act_bytes``, ``r.spec`` many
 times a line (docs/architecture.md says why it was not renamed).
@@ -18,12 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from . import peft_knobs
+from . import peft_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
+from .inventory import inventory_of
 from .moe_adapters import expert_adapter_shapes
 from .resolved import ResolvedPlan
 from .spec import LinearSpec
+from .tensor_records import Role
+
+# what the lora_adapters component holds: everything that trains beside a frozen base
+ADAPTER_ROLES = (Role.ADAPTER, Role.EXPERT_ADAPTER, Role.SAVED_COPY, Role.DORA_MAGNITUDE)
 
 # ---------------------------------------------------------------------------
 # Static memory: alive for the whole step
@@ -39,30 +44,20 @@ def quantized_linears(r: ResolvedPlan) -> list[tuple[LinearSpec, int]]:
 
 
 def weight_bytes(r: ResolvedPlan) -> int:
-    """Stored model weights.
+    """Stored model weights: the inventory's base and quantized weights (estimator/inventory.py).
 
     Unquantized: every parameter x bytes of the weight dtype (fp32 master weights when precision is
     'mixed'). 4-bit (bitsandbytes Params4bit): each block linear's weight packs two 4-bit codes per
-    byte, ceil(n/2) bytes; 8-bit (Int8Params): one byte per weight. Embeddings, lm_head, norms,
-    biases and MoE experts stay in the weight dtype, or in fp32 after peft's prepare_model_for_kbit_training
-    (``r.frozen_dtype``: peft/utils/other.py 0.21 casts every bf16/fp16 parameter whose class is not
-    Params4bit to fp32). Counts come from :class:`ModelSpec`, tensor by tensor.
+    byte, ceil(n/2) bytes; 8-bit (Int8Params): one byte per weight, each rounded to the allocator block.
+    Embeddings, lm_head, norms, biases and MoE experts stay in the weight dtype, or in fp32 after peft's
+    prepare_model_for_kbit_training (``r.frozen_dtype``: peft/utils/other.py 0.21 casts every bf16/fp16
+    parameter whose class is not Params4bit to fp32). Counts come from :class:`ModelSpec`, tensor by tensor.
     """
-    spec = r.spec
-    per = r.weight_bytes_per_param
-    quantized = quantized_linears(r)
-    if not quantized:
-        return spec.total_params * per
-    quantized_params = sum(lin.weight_params * n for lin, n in quantized)
-    if r.quantization == "int8":
-        packed = sum(round_block(lin.weight_params) * n for lin, n in quantized)
-    else:
-        packed = sum(round_block(math.ceil(lin.weight_params / 2)) * n for lin, n in quantized)
-    return (spec.total_params - quantized_params) * DTYPE_BYTES[r.frozen_dtype] + packed
+    return inventory_of(r).bytes_of(Role.BASE_WEIGHT, Role.QUANTIZED_WEIGHT)
 
 
 def quantization_constant_bytes(r: ResolvedPlan) -> int:
-    """Quantization state of the quantized linears.
+    """Quantization state of the quantized linears (the inventory's QUANTIZATION_STATE records).
 
     4-bit (bitsandbytes QuantState): one fp32 absmax per NF4_BLOCKSIZE (64) weights and the 16-entry
     fp32 code. With double quantization the absmax are stored as uint8 with one fp32 absmax per
@@ -70,60 +65,30 @@ def quantization_constant_bytes(r: ResolvedPlan) -> int:
     et al. 2023, sec. 3: 0.5 -> 0.127 bits per parameter). 8-bit: one fp32 scale per output row
     (INT8_ROW_STAT_BYTES). Each tensor is rounded to the allocator's 512-byte block.
     """
-    total = 0
-    if r.quantization == "int8":
-        row = constant("INT8_ROW_STAT_BYTES")
-        return sum(round_block(lin.out_features * row) * n for lin, n in quantized_linears(r))
-    block = int(constant("NF4_BLOCKSIZE"))
-    block2 = int(constant("NF4_DOUBLE_QUANT_BLOCKSIZE"))
-    double = r.plan.bnb_4bit_use_double_quant
-    for lin, n in quantized_linears(r):
-        blocks = math.ceil(lin.weight_params / block)
-        one = round_block(16 * 4)  # the 4-bit code book
-        if double:
-            one += round_block(blocks)  # uint8 absmax
-            one += round_block(math.ceil(blocks / block2) * 4)  # fp32 second-level absmax
-            one += round_block(256 * 4) + round_block(4)  # 8-bit code book, offset
-        else:
-            one += round_block(blocks * 4)
-        total += n * one
-    return total
+    return inventory_of(r).bytes_of(Role.QUANTIZATION_STATE)
 
 
 def adapter_bytes(r: ResolvedPlan) -> int:
-    """LoRA adapter weights: r x (in + out) per adapted linear, in the adapter dtype, plus PEFT's
-    ParamWrapper adapters on fused MoE experts (:func:`ResolvedPlan.expert_adapter_shapes`: per block
-    r_gu·E·(H + 2I) on gate_up_proj, r·E·(I + H) on down_proj, r·(H + E) on the router; see
-    estimator/moe_adapters.py), each tensor rounded to the allocator's block.
+    """LoRA adapter weights and what trains beside them (the inventory's trainable records but the base's).
 
-    PEFT 0.21 (get_peft_model, autocast_adapter_dtype=True) keeps adapters in fp32 on an unquantized
-    bf16/fp16 base; TRL 1.16's SFTTrainer casts them to bf16 on a quantized base. Plus what trains beside
-    them (:func:`peft_knobs.extra_weight_bytes`): a V x H copy per modules_to_save entry and DoRA's
-    out_features magnitude vector per adapted linear.
+    r x (in + out) per adapted linear, in the adapter dtype, plus PEFT's ParamWrapper adapters on fused
+    MoE experts (per block r_gu·E·(H + 2I) on gate_up_proj, r·E·(I + H) on down_proj, r·(H + E) on the
+    router; estimator/moe_adapters.py), a V x H copy per modules_to_save entry and DoRA's out_features
+    magnitude vector per adapted linear (estimator/peft_memory.py), each tensor rounded to the allocator's
+    block. PEFT 0.21 (get_peft_model, autocast_adapter_dtype=True) keeps adapters in fp32 on an unquantized
+    bf16/fp16 base; TRL 1.16's SFTTrainer casts them to bf16 on a quantized base.
     """
-    if r.adapter_dtype is None:
-        return 0
-    extra = peft_knobs.extra_weight_bytes(r)
-    per = DTYPE_BYTES[r.adapter_dtype]
-    rank = r.plan.lora_r
-    return sum(
-        n * (round_block(rank * lin.in_features * per) + round_block(rank * lin.out_features * per))
-        for i, n in r.spec.layer_groups
-        for lin in r.adapted_linears(i)
-    ) + sum(
-        n * round_block(rows * cols * per) for i, n in r.spec.layer_groups for rows, cols in r.expert_adapter_shapes(i)
-    ) + extra
+    return inventory_of(r).bytes_of(*ADAPTER_ROLES)
 
 
 def gradient_bytes(r: ResolvedPlan) -> int:
     """Gradients of the trainable parameters, in the parameter's dtype (autograd accumulates
-    ``.grad`` in the dtype of the leaf): trainable params x bytes per param, each group in its own dtype
-    (modules_to_save copies, DoRA magnitudes: :func:`peft_knobs.trainable_bytes`)."""
-    return peft_knobs.trainable_bytes(r)
+    ``.grad`` in the dtype of the leaf): the inventory's trainable records, each in its own dtype."""
+    return inventory_of(r).trainable_bytes
 
 
 def optimizer_state_bytes(r: ResolvedPlan) -> int:
-    """Optimizer states for the trainable parameters.
+    """Optimizer states for the trainable parameters (a fold over the inventory's trainable records).
 
     - adamw_torch_fused / adamw_torch: exp_avg and exp_avg_sq in the parameter's dtype
       (torch.optim.AdamW uses zeros_like(param)), 2 x bytes per param, plus one fp32 step counter
@@ -135,76 +100,32 @@ def optimizer_state_bytes(r: ResolvedPlan) -> int:
       safe side.
     - paged_adamw_32bit: two fp32 states (bitsandbytes keeps 32-bit states in fp32).
     - adafactor (transformers.Adafactor as Trainer builds it: beta1=None, factored): a row and a
-      column second-moment vector per matrix, a full-size one per vector, in the parameter's dtype.
+      column second-moment vector per matrix, a full-size one per vector, counted in the bytes of the
+      plan's trainable dtype (``r.trainable_bytes_per_param``).
     - sgd: torch.optim.SGD as Trainer builds it (lr only, momentum 0) keeps no state.
     """
+    inv = inventory_of(r)
     optim = r.plan.optim
-    n = r.trainable_params
-    per = r.trainable_bytes_per_param
-    tensors = r.trainable_tensors
+    step_counters = inv.trainable_tensors * round_block(4)
     if optim in ("adamw_torch_fused", "adamw_torch"):
-        return 2 * peft_knobs.trainable_bytes(r) + tensors * round_block(4)
+        return 2 * inv.trainable_bytes + step_counters
     if optim == "paged_adamw_32bit":
-        return 2 * n * 4 + tensors * round_block(4)
+        return 2 * inv.trainable_params * 4 + step_counters
     if optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
-        block = constant("BNB_8BIT_STATE_BLOCKSIZE")
-        small = constant("BNB_8BIT_MIN_SIZE")
-        total = 0
-        for size, count in _trainable_tensor_sizes(r):
-            if size < small:
-                total += count * 2 * round_block(size * 4)
-            else:
-                total += count * 2 * (round_block(size) + round_block(math.ceil(size / block) * 4))
-        return total
+        return sum(rec.count * _bnb_8bit_state_bytes(rec.elements) for rec in inv.trainable)
     if optim == "adafactor":
-        total = 0
-        for rows, cols, count in _trainable_matrix_shapes(r):
-            if cols == 1:
-                total += count * round_block(rows * per)
-            else:
-                total += count * (round_block(rows * per) + round_block(cols * per))
-        return total
+        per = r.trainable_bytes_per_param
+        return sum(rec.count * (round_block(rec.rows * per) + (round_block(rec.cols * per) if rec.cols != 1 else 0))
+                   for rec in inv.trainable)
     return 0  # sgd
 
 
-def _trainable_matrix_shapes(r: ResolvedPlan) -> list[tuple[int, int, int]]:
-    """(rows, cols, count) of the trainable tensors; vectors have cols == 1."""
-    spec = r.spec
-    shapes: list[tuple[int, int, int]] = []
-    if not r.full:
-        rank = r.plan.lora_r
-        for i, n in spec.layer_groups:
-            for lin in r.adapted_linears(i):
-                shapes.append((rank, lin.in_features, n))
-                shapes.append((lin.out_features, rank, n))
-            shapes.extend((rows, cols, n) for rows, cols in r.expert_adapter_shapes(i))
-        return shapes + peft_knobs.extra_matrix_shapes(r)
-    h = spec.hidden_size
-    shapes.append((spec.vocab_size, h, 1 if spec.tie_word_embeddings else 2))
-    shapes.append((h, 1, 1))
-    for i, n in spec.layer_groups:
-        for lin in spec.layer_linears(i):
-            shapes.append((lin.out_features, lin.in_features, n))
-            if lin.bias:
-                shapes.append((lin.out_features, 1, n))
-        shapes.append((h, 1, spec.norms_per_layer * n))
-        if spec.qk_norm == "head":
-            shapes.append((spec.head_dim, 1, 2 * n))
-        elif spec.qk_norm == "full":
-            shapes.append((spec.q_dim, 1, n))
-            shapes.append((spec.kv_dim, 1, n))
-        if spec.is_moe_layer(i):
-            moe = spec.moe
-            assert moe is not None
-            # Adafactor factors the last two dimensions of the 3-D expert tensors.
-            shapes.append((moe.num_experts * 2 * moe.expert_intermediate, h, n))
-            shapes.append((moe.num_experts * h, moe.expert_intermediate, n))
-            shapes.append((moe.num_experts, h, n))
-    return shapes
-
-
-def _trainable_tensor_sizes(r: ResolvedPlan) -> list[tuple[int, int]]:
-    return [(rows * cols, count) for rows, cols, count in _trainable_matrix_shapes(r)]
+def _bnb_8bit_state_bytes(size: int) -> int:
+    """bitsandbytes Optimizer2State for one tensor of ``size`` elements: two uint8 states with one fp32 absmax per
+    BNB_8BIT_STATE_BLOCKSIZE, or two fp32 states under BNB_8BIT_MIN_SIZE."""
+    if size < constant("BNB_8BIT_MIN_SIZE"):
+        return 2 * round_block(size * 4)
+    return 2 * (round_block(size) + round_block(math.ceil(size / constant("BNB_8BIT_STATE_BLOCKSIZE")) * 4))
 
 
 def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
@@ -229,13 +150,25 @@ def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:
     """
     optim = r.plan.optim
     if optim == "adamw_torch":
-        return peft_knobs.trainable_bytes(r)
+        return inventory_of(r).trainable_bytes
     if optim == "adafactor":
-        largest = max(rows * cols for rows, cols, _ in _trainable_matrix_shapes(r))
+        largest = max(rec.elements for rec in inventory_of(r).trainable)
         # the largest may be a modules_to_save copy, in its own dtype
-        copies = 2 if peft_knobs.largest_trainable_bytes_per_param(r) == DTYPE_BYTES["fp32"] else 4
+        copies = 2 if _largest_trainable_bytes_per_param(r) == DTYPE_BYTES["fp32"] else 4
         return copies * round_block(largest * 4)
     return 0
+
+
+def _largest_trainable_bytes_per_param(r: ResolvedPlan) -> int:
+    """bytes per parameter of the largest trainable tensor (Adafactor upcasts it to fp32: two or four copies): a
+    modules_to_save copy's when it is at least as large as the largest LoRA matrix, else the trainable dtype's."""
+    copies = inventory_of(r).of(Role.SAVED_COPY)
+    if r.full or not copies:
+        return r.trainable_bytes_per_param
+    lora_largest = max((rec.elements for rec in inventory_of(r).of(Role.ADAPTER)), default=0)
+    if copies[0].elements >= lora_largest:
+        return DTYPE_BYTES[copies[0].dtype]
+    return r.trainable_bytes_per_param
 
 
 # ---------------------------------------------------------------------------
@@ -401,7 +334,7 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     else:
         total += _mlp_activation_bytes(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens,
                                        lambda linears: _consumer_saved_bytes(r, linears))
-    total += peft_knobs.dora_layer_saved_bytes(r, layer)  # DoRA: weight copies, base and LoRA results
+    total += peft_memory.dora_layer_saved_bytes(r, layer)  # DoRA: weight copies, base and LoRA results
     return total
 
 
@@ -613,9 +546,9 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
         return round_block(a * n * spec.hidden_size) + 8 * round_block(4 * n)
     t = r.tokens
     softcap = round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
-    # + a trainable modules_to_save head's input (and cast): peft_knobs.head_copy_saved_bytes
+    # + a trainable modules_to_save head's input (and cast): peft_memory.head_copy_saved_bytes
     return (round_block(a * t * spec.vocab_size) + softcap + round_block(4 * t * spec.vocab_size)
-            + peft_knobs.head_copy_saved_bytes(r, lm_head_cast_bytes(r)))
+            + peft_memory.head_copy_saved_bytes(r, lm_head_cast_bytes(r)))
 
 
 def lm_head_cast_bytes(r: ResolvedPlan) -> int:
@@ -651,7 +584,7 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
         if r.full:
             total += round_block(4 * spec.vocab_size * spec.hidden_size)
             total += round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
-        total += peft_knobs.head_copy_loss_backward_bytes(r)  # a modules_to_save head: fp32 gradient and its cast
+        total += peft_memory.head_copy_loss_backward_bytes(r)  # a modules_to_save head: fp32 gradient and its cast
         return total
     t = r.tokens
     return 2 * round_block(4 * t * spec.vocab_size)
@@ -758,8 +691,8 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
             widest = max(widest, lin.in_features)
     if not widest:
         return 0
-    # DoRA: the weight-norm work of its largest linear comes on top (peft_knobs.dora_forward_transient_bytes)
-    dora = peft_knobs.dora_forward_transient_bytes(r)
+    # DoRA: the weight-norm work of its largest linear comes on top (peft_memory.dora_forward_transient_bytes)
+    dora = peft_memory.dora_forward_transient_bytes(r)
     t = r.tokens
     total = round_block(r.act_bytes * t * widest)
     if r.adapter_dtype != r.compute_dtype:

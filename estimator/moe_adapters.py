@@ -145,10 +145,3 @@ def expert_adapter_shapes(experts: ExpertLoRA, num_experts: int, hidden: int, wi
     if experts.router_rank:
         shapes += [(experts.router_rank, h), (e, experts.router_rank)]
     return shapes
-
-
-def stacked_expert_adapter_params(experts: ExpertLoRA, num_experts: int, hidden: int, width: int) -> int:
-    """Adapter parameters of one block on the 3-D expert weights only (what ``_LoraFactorsProxy`` casts to the
-    weight dtype each forward): E·(r_gu·(H + 2I) + r_down·(I + H))."""
-    e, h, i = num_experts, hidden, width
-    return e * (experts.gate_up_rank * (h + 2 * i) + experts.down_rank * (i + h))

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import memory as m
-from . import peft_knobs, sharding
+from . import peft_memory, sharding
+from .inventory import inventory_of
 from .resolved import ResolvedPlan
 
 
@@ -188,7 +189,7 @@ def _head_grad_bytes(r: ResolvedPlan, grad_factor: float) -> int:
     """The LM head's gradient (full fine-tuning), or a modules_to_save copy's, made at the loss end of backward."""
     if r.full:
         return int(r.spec.vocab_size * r.spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
-    return int(peft_knobs.head_copy_grad_bytes(r) * grad_factor)
+    return int(peft_memory.head_copy_grad_bytes(r) * grad_factor)
 
 
 def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: int) -> PhasePeak:
@@ -217,8 +218,8 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
     start_head = head_grad if r.loss_implementation == "standard" else 0
     loss_start = acts.loss_fwd + acts.loss_bwd
     if start_head and not r.full:
-        # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_knobs)
-        loss_start, start_head = peft_knobs.standard_head_copy_start(r, loss_start, start_head,
+        # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_memory)
+        loss_start, start_head = peft_memory.standard_head_copy_start(r, loss_start, start_head,
                                                                      m.lm_head_cast_bytes(r))
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     # the gradient-reduction buckets (DDP's reducer, ZeRO's) live from the first step on: counted at every moment
@@ -288,12 +289,11 @@ def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
 
 def _layer_grad_bytes(r: ResolvedPlan, factor: float) -> dict[int, int]:
     """Gradient bytes one block of each kind leaves behind (``factor``: the per-GPU share, 1 on one GPU)."""
-    per = r.trainable_bytes_per_param
+    inv = inventory_of(r)
     if r.full:
-        return {i: int(r.spec.layer_params(i) * per * factor) for i, _ in r.spec.layer_groups}
-    # adapters on the block's linears and, where PEFT adapts them, on its fused experts
-    # + DoRA's magnitude vectors (peft_knobs.layer_extra_grad_bytes)
-    out = {i: r.layer_adapter_params(i) * per + peft_knobs.layer_extra_grad_bytes(r, i) for i, _ in r.spec.layer_groups}
+        return {i: int(inv.layer_trainable_bytes(i) * factor) for i, _ in r.spec.layer_groups}
+    # adapters on the block's linears and, where PEFT adapts them, on its fused experts, and DoRA's magnitude vectors
+    out = {i: inv.layer_trainable_bytes(i) for i, _ in r.spec.layer_groups}
     if r.plan.sharding != "none":
         out = {i: int(v * factor) for i, v in out.items()}
     return out
@@ -346,13 +346,13 @@ def _adapter_note(r: ResolvedPlan) -> str:
                  ("experts.down_proj", lora.down_rank), ("router", lora.router_rank)) if rank]
         targets.append(f"every expert ({', '.join(parts)}; PEFT's ParamWrapper)")
     return (
-        f"LoRA r={r.plan.lora_r} on {', '.join(targets)}: {r.adapter_params / 1e6:.3g}M parameters "
-        f"in {r.adapter_dtype}" + peft_knobs.adapter_note_suffix(r)
+        f"LoRA r={r.plan.lora_r} on {', '.join(targets)}: {inventory_of(r).adapter_params / 1e6:.3g}M parameters "
+        f"in {r.adapter_dtype}" + peft_memory.adapter_note_suffix(r)
     )
 
 
 def _sharded_optimizer_note(r: ResolvedPlan, sh) -> str:
-    note = f"{r.plan.optim} states for {r.trainable_params / 1e6:.4g}M trainable parameters"
+    note = f"{r.plan.optim} states for {inventory_of(r).trainable_params / 1e6:.4g}M trainable parameters"
     if sh.master:
         note += ", plus DeepSpeed's fp32 master partition"
     if sh.states == 0:
@@ -363,7 +363,7 @@ def _sharded_optimizer_note(r: ResolvedPlan, sh) -> str:
 
 
 def _optimizer_note(r: ResolvedPlan) -> str:
-    return f"{r.plan.optim} states for {r.trainable_params / 1e6:.4g}M trainable parameters"
+    return f"{r.plan.optim} states for {inventory_of(r).trainable_params / 1e6:.4g}M trainable parameters"
 
 
 def _grad_note(r: ResolvedPlan, sh) -> str:

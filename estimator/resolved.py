@@ -6,7 +6,7 @@ runtime resolves the same plan into the same settings, and a test compares the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import peft_knobs
 from .constants import DTYPE_BYTES
@@ -47,6 +47,9 @@ class ResolvedPlan:
     use_dora: bool = False
     # PEFT 0.21's ParamWrapper adapters on the fused MoE experts and router (estimator/moe_adapters.py); None: none
     expert_lora: ExpertLoRA | None = None
+    # what is derived from these facts, kept once computed (estimator/inventory.py's records, the adapted linears);
+    # not an argument: dataclasses.replace builds a new resolved plan with an empty one
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def weight_bytes_per_param(self) -> int:
@@ -64,7 +67,10 @@ class ResolvedPlan:
         return self.adapter_dtype is not None and linear.name in self.target_modules
 
     def adapted_linears(self, layer: int) -> tuple[LinearSpec, ...]:
-        return tuple(lin for lin in self.spec.layer_linears(layer) if self.adapted(lin))
+        key = ("adapted_linears", layer)
+        if key not in self.memo:
+            self.memo[key] = tuple(lin for lin in self.spec.layer_linears(layer) if self.adapted(lin))
+        return self.memo[key]
 
     @property
     def expert_adapters(self) -> bool:
@@ -78,45 +84,6 @@ class ResolvedPlan:
         moe = self.spec.moe
         assert moe is not None and self.expert_lora is not None
         return expert_adapter_shapes(self.expert_lora, moe.num_experts, self.spec.hidden_size, moe.expert_intermediate)
-
-    def layer_adapter_params(self, layer: int) -> int:
-        """Adapter parameters of one block: r·(in + out) per adapted linear, plus its expert adapters."""
-        rank = self.plan.lora_r
-        linears = sum(rank * (lin.in_features + lin.out_features) for lin in self.adapted_linears(layer))
-        return linears + sum(rows * cols for rows, cols in self.expert_adapter_shapes(layer))
-
-    @property
-    def adapter_params(self) -> int:
-        return sum(n * self.layer_adapter_params(i) for i, n in self.spec.layer_groups)
-
-    @property
-    def adapter_tensors(self) -> int:
-        return sum(
-            n * (2 * len(self.adapted_linears(i)) + len(self.expert_adapter_shapes(i)))
-            for i, n in self.spec.layer_groups
-        )
-
-    @property
-    def trainable_params(self) -> int:
-        if self.full:
-            return self.spec.total_params
-        # modules_to_save copies and DoRA magnitude vectors train beside the LoRA matrices (estimator/peft_knobs.py)
-        return self.adapter_params + peft_knobs.extra_trainable_params(self)
-
-    @property
-    def trainable_tensors(self) -> int:
-        """How many parameter tensors train (optimizer states and step counters are per tensor)."""
-        if not self.full:
-            return self.adapter_tensors + peft_knobs.extra_trainable_tensors(self)
-        spec = self.spec
-        per_layer = 0
-        for i, n in spec.layer_groups:
-            linears = spec.layer_linears(i)
-            count = len(linears) + sum(1 for lin in linears if lin.bias)
-            count += spec.norms_per_layer + (2 if spec.qk_norm != "none" else 0)
-            count += 3 if spec.is_moe_layer(i) else 0  # gate_up_proj, down_proj, router
-            per_layer += n * count
-        return per_layer + 1 + 1 + (0 if spec.tie_word_embeddings else 1)
 
     @property
     def trainable_bytes_per_param(self) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -166,13 +165,6 @@ class _Evaluator:
 
 
 # ------------------------------------------------------------------ the search
-
-@dataclass
-class _Candidate:
-    changes: dict
-    cost: Cost
-    key: tuple = field(default=())
-
 
 def _mildest_fitting(ev: _Evaluator, base: dict, knob: Knob) -> dict | None:
     """The mildest level of ``knob`` that fits on top of ``base``; None if none does. A same-mathematics knob

@@ -52,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import memory as m
+from .inventory import inventory_of
 from .plan import zero_stage
 from .resolved import ResolvedPlan
 
@@ -94,10 +95,6 @@ def _fp32_trainable(r: ResolvedPlan) -> ResolvedPlan:
     return replace(r, adapter_dtype="fp32")
 
 
-def is_sharded(r: ResolvedPlan) -> bool:
-    return r.plan.sharding not in ("none",)
-
-
 def shares(r: ResolvedPlan) -> Shares:
     """One GPU's share of each static component under the plan's sharding (``r`` is the ResolvedPlan)."""
     kind = r.plan.sharding
@@ -131,7 +128,7 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
     and a secondary partition of the weights over the node). Host memory: what the node's k ranks offload."""
     plan, spec, n, a = r.plan, r.spec, r.plan.num_gpus, r.act_bytes
     k = plan.node_gpus  # the ranks on one machine, whose offloaded states share its host RAM
-    tb, pt, mixed = r.trainable_bytes_per_param, r.trainable_params, _mixed(r)
+    tb, pt, mixed = r.trainable_bytes_per_param, inventory_of(r).trainable_params, _mixed(r)
     weights = m.weight_bytes(r)
     grads_all = m.gradient_bytes(r)
     quantized = r.quantization != "none"
@@ -139,7 +136,7 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
     w16 = weights if (quantized or not mixed) else spec.total_params * a
     # every trainable tensor beside the base: adapters, modules_to_save copies, DoRA magnitudes (issue 24: the copies
     # were missing from each GPU's parameters)
-    a16 = 0 if r.full else r.trainable_params * (a if mixed else tb)
+    a16 = 0 if r.full else inventory_of(r).trainable_params * (a if mixed else tb)
     g16_per = a if mixed else tb  # low-precision gradient bytes per trainable param
     # ZeRO-1/2 clone their fp32 master partition whatever the parameters' dtype (DeepSpeed 0.19.8 stage_1_and_2.py,
     # ``single_partition_of_fp32_groups``: ``.detach().clone().to(dtype=master_weights_and_grads_dtype)``), so fp32
@@ -220,14 +217,14 @@ def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> FsdpGathered:
     largest = spec.largest_layer_params
     layer_unsharded = largest * param_a
     if not r.full:
-        layer_unsharded += (r.adapter_params // max(spec.num_layers, 1)) * param_a
+        layer_unsharded += (inventory_of(r).adapter_params // max(spec.num_layers, 1)) * param_a
     head = spec.vocab_size * spec.hidden_size
     tail = (head + spec.hidden_size) * param_a  # final norm + lm_head (the embedding itself when tied)
     if r.full:
         layer_grad_unsharded = largest * param_a  # the unit's unsharded grads, then the reduce-scatter input
         tail_grads = head * param_a * (3 if spec.tie_word_embeddings else 1)
     else:
-        layer_grad_unsharded = (r.adapter_params // max(spec.num_layers, 1)) * param_a
+        layer_grad_unsharded = (inventory_of(r).adapter_params // max(spec.num_layers, 1)) * param_a
         tail_grads = 0
     untied_extra = 0 if spec.tie_word_embeddings else tail  # untied: the tail's own copy-out comes after the blocks
     if r.plan.sharding in ("fsdp_full_shard", "fsdp_hybrid_shard"):  # reshard_after_forward=True
@@ -238,7 +235,7 @@ def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> FsdpGathered:
         backward_start = tail + layer_unsharded  # the last block prefetched by the tail's pre-backward
         release = 0
     else:
-        all_unsharded = (spec.total_params + (r.adapter_params if not r.full else 0)) * param_a
+        all_unsharded = (spec.total_params + (inventory_of(r).adapter_params if not r.full else 0)) * param_a
         forward = all_unsharded + layer_unsharded + untied_extra  # every unit gathered, one output kept
         copy = all_unsharded + 2 * layer_unsharded
         backward = all_unsharded + 2 * layer_grad_unsharded  # the top block's backward
@@ -267,8 +264,8 @@ def _fsdp_shares(r: ResolvedPlan) -> Shares:
         a_sh = 0
     else:
         w_sh = m.weight_bytes(r) // n
-        a_sh = (r.trainable_params * master_tb) // n  # adapters, modules_to_save copies, DoRA magnitudes
-    grads = (r.trainable_params * master_tb) // n
+        a_sh = (inventory_of(r).trainable_params * master_tb) // n  # adapters, modules_to_save copies, DoRA magnitudes
+    grads = (inventory_of(r).trainable_params * master_tb) // n
     states = m.optimizer_state_bytes(_fp32_trainable(r) if master_tb == 4 else r) // n
     grad_factor = (master_tb / tb / n) if tb else 0.0
     ar_buffers = 0
@@ -277,7 +274,7 @@ def _fsdp_shares(r: ResolvedPlan) -> Shares:
         # across the nodes and then cast into the sharded gradient; FSDPParamGroup._all_reduce_state keeps that
         # buffer until finalize_backward, so every unit's is alive at the end of backward (a·Pt/n beside the
         # gradients; measured under fake tensors: docs/memory_model.md)
-        ar_buffers = (r.trainable_params * param_a) // n
+        ar_buffers = (inventory_of(r).trainable_params * param_a) // n
         grad_factor += param_a / tb / n
     host = 0
     if plan.offload_params or plan.offload_optimizer:

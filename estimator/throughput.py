@@ -47,10 +47,11 @@ from functools import lru_cache
 
 from pydantic import BaseModel, Field
 
-from . import catalog, peft_knobs
+from . import catalog, peft_memory
 from .constants import DTYPE_BYTES, constant
 from .dataset_lengths import token_lengths
 from .errors import PlanError
+from .inventory import inventory_of
 from .model_sources import ResolvedModel, resolve_model
 from .plan import TrainingPlan
 from .resolved import ResolvedPlan, resolve
@@ -223,7 +224,7 @@ def _adapter_params(plan: TrainingPlan, spec: ModelSpec, r: ResolvedPlan | None 
     if not plan.uses_adapters:
         return 0
     r = r or _resolved(plan, spec)
-    return r.adapter_params if r is not None else 0
+    return inventory_of(r).adapter_params if r is not None else 0
 
 
 def _causal_factor(kernel: str) -> float:
@@ -258,7 +259,7 @@ def flops_per_token(plan: TrainingPlan, spec: ModelSpec, span: float | None = No
     attn_fwd = attn_full * _causal_factor(kernel)
     bwd_factor = constant("FLASH_BACKWARD_FLOPS_FACTOR") if kernel != "math" else 2.0
     trainable_head = 0.0
-    if r is not None and not r.full and peft_knobs.head_trains_as_copy(r):
+    if r is not None and not r.full and peft_memory.head_trains_as_copy(r):
         trainable_head = head
     gemm_fwd = 2.0 * n + 2.0 * adapters
     if plan.method == "full":
@@ -451,7 +452,7 @@ def _micro_step(plan: TrainingPlan, spec: ModelSpec, r: ResolvedPlan | None, g: 
         shard = plan.num_gpus if plan.sharding in SHARDED_GRADS else 1
         bytes_micro += 2 * grad_b * spec.total_params / shard
         bytes_micro += 12.0 * spec.vocab_size * spec.hidden_size
-    elif r is not None and peft_knobs.embedding_trains_as_copy(r):
+    elif r is not None and peft_memory.embedding_trains_as_copy(r):
         bytes_micro += 12.0 * spec.vocab_size * spec.hidden_size
     if dora_weights:
         bytes_micro += passes_fwd * constant("DORA_BYTES_PER_WEIGHT_PASS") * dora_weights
@@ -493,7 +494,8 @@ def _trainable(plan: TrainingPlan, spec: ModelSpec, r: ResolvedPlan | None) -> t
             "fp32" if plan.precision == "mixed" else plan.dtype])
     if r is None:
         return 0.0, 0.0
-    return float(r.trainable_params), float(peft_knobs.trainable_bytes(r))
+    inv = inventory_of(r)
+    return float(inv.trainable_params), float(inv.trainable_bytes)
 
 
 def _state_bytes(optim: str, param_bytes: float) -> float:

@@ -289,7 +289,7 @@ def build_model(plan, config: dict, *, pretrained_path: str | None = None):
             model.enable_input_require_grads()  # TRL: PEFT + gradient checkpointing
     # the adapter dtype as estimator/resolved.py resolves it: the plan's, else TRL's (on a quantized base the trainable
     # parameters are cast to bf16, QLoRA paper section 3; on a 16-bit base PEFT keeps them in fp32). DoRA's magnitude
-    # vectors stay fp32, as TRL's cast skips them (estimator/peft_knobs.py magnitude_dtype)
+    # vectors stay fp32, as TRL's cast skips them (estimator/peft_memory.py magnitude_dtype)
     wanted = plan.adapter_dtype or (plan.stack.adapter_dtype_quantized if quantized else None)
     if wanted is not None and plan.uses_adapters:
         dtype = getattr(torch, _DTYPES[wanted])

@@ -1,0 +1,217 @@
+"""The inventory: every tensor a training step keeps on the GPU for its whole length, resolved once.
+
+Resolving a plan (estimator/resolved.py) says which tensors train, in which dtype, with which kernels. This module
+turns those facts into records, one per kind of tensor (its role, shape, how many there are, dtype, whether it
+trains, the block kind it belongs to), built once per resolved plan. Every static term of the memory model is a sum
+over these records (estimator/memory.py: weights, quantization constants, adapters, gradients, optimizer states and
+their step temporaries), and so are the counts the notes and the sharding module read (trainable parameters and
+tensors, adapter parameters, a block's trainable bytes). A knob that adds tensors adds records through its own
+builder in :data:`BUILDERS`; no term has to learn about it (CONTRIBUTING.md, "Add a knob").
+
+The layout follows PyTorch's ``torch.distributed._tools.mem_tracker``: each tensor gets one role once, and every
+report is a fold over those records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from . import peft_memory
+from .allocator import round_block
+from .constants import DTYPE_BYTES, constant
+from .resolved import ResolvedPlan
+from .spec import LinearSpec
+from .tensor_records import Role, TensorRecord
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The records of one resolved plan, and the folds the memory terms read."""
+
+    records: tuple[TensorRecord, ...]
+
+    def of(self, *roles: Role) -> tuple[TensorRecord, ...]:
+        return tuple(rec for rec in self.records if rec.role in roles)
+
+    def bytes_of(self, *roles: Role) -> int:
+        return sum(rec.bytes for rec in self.records if rec.role in roles)
+
+    @property
+    def trainable(self) -> tuple[TensorRecord, ...]:
+        return tuple(rec for rec in self.records if rec.trains)
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(rec.params for rec in self.trainable)
+
+    @property
+    def trainable_tensors(self) -> int:
+        """How many parameter tensors train (optimizer states and step counters are per tensor)."""
+        return sum(rec.count for rec in self.trainable)
+
+    @property
+    def trainable_bytes(self) -> int:
+        """All trainable parameters in their own dtypes (unrounded): the size of their gradients, of each AdamW
+        moment and of foreach AdamW's temporary."""
+        return sum(rec.param_bytes for rec in self.trainable)
+
+    @property
+    def adapter_params(self) -> int:
+        """LoRA A/B and expert-adapter parameters (without modules_to_save copies and DoRA magnitudes)."""
+        return sum(rec.params for rec in self.of(Role.ADAPTER, Role.EXPERT_ADAPTER))
+
+    def layer_adapter_params(self, layer: int) -> int:
+        """Adapter parameters of one block of the kind that starts at ``layer``."""
+        return sum(rec.elements for rec in self.of(Role.ADAPTER, Role.EXPERT_ADAPTER) if rec.layer == layer)
+
+    def layer_trainable_bytes(self, layer: int) -> int:
+        """Trainable bytes of one block of the kind that starts at ``layer`` (its gradients, made in its backward)."""
+        return sum(rec.elements * DTYPE_BYTES[rec.dtype] for rec in self.trainable if rec.layer == layer)
+
+    @property
+    def trainable_shapes(self) -> list[tuple[int, int, int]]:
+        """(rows, cols, count) of the trainable tensors: Adafactor factors them, bitsandbytes' 8-bit states block
+        them."""
+        return [(rec.rows, rec.cols, rec.count) for rec in self.trainable]
+
+
+# ---------------------------------------------------------------------------
+# the builders: each returns the records of one concern; a knob adds its own
+
+
+def _linear_records(r: ResolvedPlan, lin: LinearSpec, layer: int, n: int) -> list[TensorRecord]:
+    """A block linear's weight (packed when bitsandbytes quantizes it) and bias."""
+    out: list[TensorRecord] = []
+    if r.quantization == "none":
+        per = r.weight_bytes_per_param
+        out.append(TensorRecord(Role.BASE_WEIGHT, lin.name, lin.out_features, lin.in_features, n, r.weight_dtype,
+                                r.full, lin.weight_params * per, layer))
+    else:
+        # 4-bit packs two codes per byte (Params4bit), 8-bit one byte per weight (Int8Params)
+        packed = lin.weight_params if r.quantization == "int8" else math.ceil(lin.weight_params / 2)
+        out.append(TensorRecord(Role.QUANTIZED_WEIGHT, lin.name, lin.out_features, lin.in_features, n,
+                                r.quantization, False, round_block(packed), layer))
+    if lin.bias:
+        dtype = r.weight_dtype if r.quantization == "none" else r.frozen_dtype
+        out.append(TensorRecord(Role.BASE_WEIGHT, f"{lin.name}.bias", lin.out_features, 1, n, dtype, r.full,
+                                lin.out_features * DTYPE_BYTES[dtype], layer))
+    return out
+
+
+def base_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
+    """The model's own parameters, tensor kind by tensor kind (ModelSpec's counts): embedding, untied head, final
+    norm, and per block kind its linears, norms, q/k norms and fused experts with their router. Unquantized they are
+    in the weight dtype (fp32 masters under 'mixed'); on a quantized base everything but the block linears' weights
+    stays in ``r.frozen_dtype`` (fp32 after prepare_model_for_kbit_training)."""
+    spec = r.spec
+    h = spec.hidden_size
+    dtype = r.weight_dtype if r.quantization == "none" else r.frozen_dtype
+
+    def rec(module: str, rows: int, cols: int, count: int, layer: int | None) -> TensorRecord:
+        return TensorRecord(Role.BASE_WEIGHT, module, rows, cols, count, dtype, r.full,
+                            rows * cols * DTYPE_BYTES[dtype], layer)
+
+    out = [rec("embed_tokens", spec.vocab_size, h, 1, None)]
+    if not spec.tie_word_embeddings:
+        out.append(rec("lm_head", spec.vocab_size, h, 1, None))
+    out.append(rec("norm", h, 1, 1, None))
+    for i, n in spec.layer_groups:
+        for lin in spec.layer_linears(i):
+            out += _linear_records(r, lin, i, n)
+        # one record per tensor of a block: ``count`` is always the number of blocks of the kind
+        out += [rec(f"norm{k}", h, 1, n, i) for k in range(spec.norms_per_layer)]
+        if spec.qk_norm == "head":
+            out += [rec("q_norm", spec.head_dim, 1, n, i), rec("k_norm", spec.head_dim, 1, n, i)]
+        elif spec.qk_norm == "full":
+            out.append(rec("q_norm", spec.q_dim, 1, n, i))
+            out.append(rec("k_norm", spec.kv_dim, 1, n, i))
+        if spec.is_moe_layer(i):
+            moe = spec.moe
+            assert moe is not None
+            # 3-D expert tensors: Adafactor factors their last two dimensions
+            out.append(rec("experts.gate_up_proj", moe.num_experts * 2 * moe.expert_intermediate, h, n, i))
+            out.append(rec("experts.down_proj", moe.num_experts * h, moe.expert_intermediate, n, i))
+            out.append(rec("router", moe.num_experts, h, n, i))
+    return out
+
+
+def quantization_state_records(r: ResolvedPlan) -> list[TensorRecord]:
+    """Per quantized linear: 4-bit (bitsandbytes QuantState) one fp32 absmax per NF4_BLOCKSIZE weights and the
+    16-entry fp32 code, or with double quantization uint8 absmax, one fp32 absmax per NF4_DOUBLE_QUANT_BLOCKSIZE of
+    them, a 256-entry fp32 code and an fp32 offset (QLoRA, Dettmers et al. 2023, sec. 3); 8-bit one fp32 scale per
+    output row (INT8_ROW_STAT_BYTES). Each tensor rounded to the allocator block."""
+    if r.quantization == "none":
+        return []
+    out = []
+    for i, n in r.spec.layer_groups:
+        for lin in r.spec.layer_linears(i):
+            out.append(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
+                                    _quantization_state_bytes(r, lin), i))
+    return out
+
+
+def _quantization_state_bytes(r: ResolvedPlan, lin: LinearSpec) -> int:
+    if r.quantization == "int8":
+        return round_block(lin.out_features * constant("INT8_ROW_STAT_BYTES"))
+    blocks = math.ceil(lin.weight_params / int(constant("NF4_BLOCKSIZE")))
+    one = round_block(16 * 4)  # the 4-bit code book
+    if r.plan.bnb_4bit_use_double_quant:
+        one += round_block(blocks)  # uint8 absmax
+        one += round_block(math.ceil(blocks / int(constant("NF4_DOUBLE_QUANT_BLOCKSIZE"))) * 4)  # fp32 2nd-level absmax
+        one += round_block(256 * 4) + round_block(4)  # 8-bit code book, offset
+    else:
+        one += round_block(blocks * 4)
+    return one
+
+
+def adapter_records(r: ResolvedPlan) -> list[TensorRecord]:
+    """lora_A (r x in) and lora_B (out x r) per adapted linear, in the adapter dtype (PEFT 0.21 keeps them fp32 on
+    an unquantized base; TRL 1.16 casts them to bf16 on a quantized one: estimator/resolved.py)."""
+    if r.adapter_dtype is None:
+        return []
+    per, rank = DTYPE_BYTES[r.adapter_dtype], r.plan.lora_r
+    out = []
+    for i, n in r.spec.layer_groups:
+        for lin in r.adapted_linears(i):
+            out.append(TensorRecord(Role.ADAPTER, f"{lin.name}.lora_A", rank, lin.in_features, n, r.adapter_dtype,
+                                    True, round_block(rank * lin.in_features * per), i))
+            out.append(TensorRecord(Role.ADAPTER, f"{lin.name}.lora_B", lin.out_features, rank, n, r.adapter_dtype,
+                                    True, round_block(rank * lin.out_features * per), i))
+    return out
+
+
+def expert_adapter_records(r: ResolvedPlan) -> list[TensorRecord]:
+    """PEFT's ParamWrapper factors on fused experts and the router (estimator/moe_adapters.py shapes)."""
+    if r.adapter_dtype is None or not r.expert_adapters:
+        return []
+    per = DTYPE_BYTES[r.adapter_dtype]
+    return [TensorRecord(Role.EXPERT_ADAPTER, "experts", rows, cols, n, r.adapter_dtype, True,
+                         round_block(rows * cols * per), i)
+            for i, n in r.spec.layer_groups for rows, cols in r.expert_adapter_shapes(i)]
+
+
+# Every builder, in the order the records are listed. A knob that adds tensors appends its builder here (DoRA's and
+# modules_to_save's live in estimator/peft_memory.py beside the rest of what those knobs do).
+BUILDERS: tuple[Callable[[ResolvedPlan], Iterable[TensorRecord]], ...] = (
+    base_weight_records,
+    quantization_state_records,
+    adapter_records,
+    expert_adapter_records,
+    peft_memory.saved_copy_records,
+    peft_memory.dora_magnitude_records,
+)
+
+
+def build(r: ResolvedPlan) -> Inventory:
+    return Inventory(tuple(rec for builder in BUILDERS for rec in builder(r)))
+
+
+def inventory_of(r: ResolvedPlan) -> Inventory:
+    """The plan's inventory, built on first use and kept with the resolved plan (``dataclasses.replace`` makes a new
+    resolved plan, which builds its own)."""
+    inv = r.memo.get("inventory")
+    if inv is None:
+        inv = r.memo["inventory"] = build(r)
+    return inv
