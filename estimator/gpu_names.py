@@ -38,12 +38,10 @@ import contextlib
 import difflib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .errors import UnknownGPUError
-
-if TYPE_CHECKING:  # the catalog imports this module and hands it its GPUs; their type is only needed for annotations
-    from .catalog import CatalogGPU
+from .gpu_records import CatalogGPU
 
 # Words that name the maker or the product line, not the GPU: nvidia-smi prints "NVIDIA GeForce RTX 4090",
 # "Tesla T4", "NVIDIA RTX 6000 Ada Generation"; rocm-smi "AMD Instinct MI300X".

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import PlanError
 from .stacks import STACKS, Stack
-from .trainers import TRAINER_FIELDS, TRAINERS, refused_fields
+from .trainer_fields import TRAINER_FIELDS, TRAINERS, refused_fields
 
 Method = Literal["full", "lora", "qlora"]
 DType = Literal["bf16", "fp16", "fp32"]

@@ -38,10 +38,11 @@ def _is_package(module: str) -> bool:
     return MODULES[module].name == "__init__.py"
 
 
-def _imports(module: str, *, module_level_only: bool = False) -> set[str]:
-    """Every name ``module`` imports, absolute (relative imports resolved; ``from pkg import sub`` gives pkg.sub)."""
+def _imports(module: str, *, module_level_only: bool = False, annotations: bool = False) -> set[str]:
+    """Every name ``module`` imports, absolute (relative imports resolved; ``from pkg import sub`` gives pkg.sub);
+    with ``annotations`` those under ``if TYPE_CHECKING:`` too."""
     tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    nodes = _walk(tree, into_functions=not module_level_only)
+    nodes = _walk(tree, into_functions=not module_level_only, annotations=annotations)
     package = module if _is_package(module) else module.rpartition(".")[0]
     names: set[str] = set()
     for node in nodes:
@@ -60,13 +61,14 @@ def _imports(module: str, *, module_level_only: bool = False) -> set[str]:
     return names
 
 
-def _walk(tree: ast.Module, *, into_functions: bool):
-    """The nodes of ``tree`` but those under ``if TYPE_CHECKING:`` (annotations only); without ``into_functions``
-    only what runs when the module is imported (inside if/try/with/class at the top, not inside defs)."""
+def _walk(tree: ast.Module, *, into_functions: bool, annotations: bool = False):
+    """The nodes of ``tree`` but those under ``if TYPE_CHECKING:`` (annotations only; kept with ``annotations``);
+    without ``into_functions`` only what runs when the module is imported (inside if/try/with/class at the top, not
+    inside defs)."""
     stack: list[ast.AST] = list(tree.body)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not annotations and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
             continue
         yield node
@@ -113,13 +115,21 @@ def test_no_import_cycle_within_a_package(package):
     assert not cycles, f"import cycles in {package} (function-level imports included):\n" + "\n".join(cycles)
 
 
-def _cycles(package: str, *, module_level_only: bool) -> list[str]:
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_cycle_through_annotation_imports(package):
+    """Types lie flat: no two modules need each other's types, not even only for annotations (``if TYPE_CHECKING:``).
+    A record both sides use lives on the floor below both (estimator/tensor_records.py, gpu_records.py, ...)."""
+    cycles = _cycles(package, module_level_only=False, annotations=True)
+    assert not cycles, f"cycles in {package} through TYPE_CHECKING imports:\n" + "\n".join(cycles)
+
+
+def _cycles(package: str, *, module_level_only: bool, annotations: bool = False) -> list[str]:
     members = [m for m in MODULES if m.split(".")[1] == package]
     graph = {
         m: sorted(
             {
                 t
-                for name in _imports(m, module_level_only=module_level_only)
+                for name in _imports(m, module_level_only=module_level_only, annotations=annotations)
                 if (t := _internal(name))
                 and t != m
                 and t.split(".")[1] == package
