@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import catalog
 from . import memory as m
+from .components import PHASE, ComponentKind
 from .constants import CALIBRATION_VERSION, GIB
 from .errors import PlanError, UnknownGPUError
 from .inventory import inventory_of
@@ -281,38 +282,36 @@ def _budget(plan: TrainingPlan, gpu, allocated: int) -> _Budget:
                    total=total, margin=margin, budget=total + margin)
 
 
-_STATIC_ITEMS = ("weights", "quantization_constants", "lora_adapters", "optimizer_states", "cuda_workspaces",
-                 "sharding_gather_buffers")
-
-
 def _breakdown(r, gpu, peak, unmodelled: int, unmodelled_bytes: int, b: _Budget) -> list[Component]:
     """The budget's lines: the peak phase's items, then what the process and the margin add."""
-    breakdown: list[Component] = []
-    for item in peak.items:
-        if item.bytes <= 0:
-            continue
-        phase = "static" if item.name in _STATIC_ITEMS else peak.phase
-        breakdown.append(Component(name=item.name, bytes=item.bytes, gib=_gib(item.bytes), phase=phase,
-                                   explanation=item.explanation))
+    breakdown = [_line(ComponentKind.named(item.name), item.bytes, item.explanation, peak.phase)
+                 for item in peak.items if item.bytes > 0]
     if unmodelled_bytes:
-        breakdown.append(Component(
-            name="unmodelled_checkpoint_weights", bytes=unmodelled_bytes, gib=_gib(unmodelled_bytes), phase="static",
-            explanation=f"{unmodelled / 1e9:.2f}B parameters the safetensors headers hold beyond what config.json "
-                        f"describes, counted as frozen {r.weight_dtype} weights"))
-    breakdown.append(Component(name="allocator_overhead", bytes=b.overhead, gib=_gib(b.overhead), phase="process",
-                               explanation="caching-allocator rounding and fragmentation (reserved - allocated)"))
-    breakdown.append(Component(name="cuda_context", bytes=b.context, gib=_gib(b.context), phase="process",
-                               explanation="CUDA context and kernel images (not counted by torch)"))
+        breakdown.append(_line(
+            ComponentKind.UNMODELLED_CHECKPOINT_WEIGHTS, unmodelled_bytes,
+            f"{unmodelled / 1e9:.2f}B parameters the safetensors headers hold beyond what config.json "
+            f"describes, counted as frozen {r.weight_dtype} weights"))
+    breakdown.append(_line(ComponentKind.ALLOCATOR_OVERHEAD, b.overhead,
+                           "caching-allocator rounding and fragmentation (reserved - allocated)"))
+    breakdown.append(_line(ComponentKind.CUDA_CONTEXT, b.context,
+                           "CUDA context and kernel images (not counted by torch)"))
     if b.vllm:
-        breakdown.append(Component(
-            name="vllm_reservation", bytes=b.vllm, gib=_gib(b.vllm), phase="process",
-            explanation=f"vLLM colocated on this GPU takes vllm_gpu_memory_utilization "
-                        f"({resolved_trainer_fields(r.plan)['vllm_gpu_memory_utilization']}) of its "
-                        f"{_gib(gpu.usable_bytes if gpu else 0):.2f} GiB (vLLM's documented behaviour, not measured); "
-                        f"training has the rest"))
-    breakdown.append(Component(name="safety_margin", bytes=b.margin, gib=_gib(b.margin), phase="margin",
-                               explanation="headroom for longer runs than a probe shows, evaluation, checkpointing"))
+        breakdown.append(_line(
+            ComponentKind.VLLM_RESERVATION, b.vllm,
+            f"vLLM colocated on this GPU takes vllm_gpu_memory_utilization "
+            f"({resolved_trainer_fields(r.plan)['vllm_gpu_memory_utilization']}) of its "
+            f"{_gib(gpu.usable_bytes if gpu else 0):.2f} GiB (vLLM's documented behaviour, not measured); "
+            f"training has the rest"))
+    breakdown.append(_line(ComponentKind.SAFETY_MARGIN, b.margin,
+                           "headroom for longer runs than a probe shows, evaluation, checkpointing"))
     return breakdown
+
+
+def _line(kind: ComponentKind, size: int, explanation: str, peak_phase: str = "") -> Component:
+    """A breakdown line; its phase from the component's lifetime (estimator/components.py): 'static', the peak
+    phase's name for a phase-long component, 'process' or 'margin'."""
+    phase = peak_phase if kind.lifetime == PHASE else kind.lifetime
+    return Component(name=kind.key, bytes=size, gib=_gib(size), phase=phase, explanation=explanation)
 
 
 def _verdict(plan: TrainingPlan, gpu, b: _Budget, host_memory: int) -> tuple[Verdict, str, float | None]:

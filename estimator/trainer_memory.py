@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from . import memory as m
 from .allocator import round_block
+from .components import STATIC_NAMES
 from .constants import DTYPE_BYTES
 from .plan import TrainingPlan
 from .resolved import resolve
@@ -306,8 +307,8 @@ def trainer_step_peaks(r, phases_module):
     return fwd, bwd, opt, sizes, tuple(extra)
 
 
-_STATIC_NAMES = ("weights", "reference_model", "quantization_constants", "lora_adapters", "optimizer_states",
-                 "cuda_workspaces")
+# what the step holds throughout (estimator/components.py): carried into the trainers' own phases
+_STATIC_NAMES = STATIC_NAMES
 
 
 def _reference_item(r, policy, Item):

@@ -3,7 +3,8 @@
 One fixed colour per budget component, by name (never by row position), from the Okabe-Ito palette
 (Okabe & Ito 2008, "Color Universal Design") completed with Paul Tol's muted scheme, both chosen to stay
 distinguishable with the common colour-vision deficiencies (checked by simulation in tests/test_palette.py).
-Components that never appear together share a colour (only the peak phase's temporaries are in a breakdown).
+The colours are the component table's (estimator/components.py: there with each component's lifetime and doc anchor);
+components that never appear together share a colour there.
 The safety margin is hatched, not coloured, and the GPU's usable-memory line is drawn in the text colour, so
 neither can be mistaken for a component. Every component is also named, with its size, next to its colour
 (legend or table).
@@ -16,29 +17,13 @@ colours for bar cells; all other terminal text is in the terminal's own foregrou
 
 from __future__ import annotations
 
-# name -> colour (hex). Okabe-Ito: #0072B2 blue, #56B4E9 sky blue, #009E73 bluish green, #E69F00 orange,
-# #D55E00 vermillion, #CC79A7 reddish purple, #F0E442 yellow. Tol muted: #332288 indigo, #882255 wine,
-# #117733 green, #999933 olive; greys for the process overheads. Every pair stays at least 10 CIE76 units apart
-# with normal vision and simulated protanopia, deuteranopia and tritanopia (tests/test_palette.py).
-COMPONENT_COLORS: dict[str, str] = {
-    "weights": "#0072B2",
-    "quantization_constants": "#56B4E9",
-    "unmodelled_checkpoint_weights": "#332288",
-    "lora_adapters": "#009E73",
-    "optimizer_states": "#CC79A7",
-    "gradients": "#E69F00",
-    "activations": "#D55E00",
-    "logits_and_loss": "#F0E442",
-    "forward_temporaries": "#882255",
-    "backward_temporaries": "#882255",
-    "optimizer_temporaries": "#882255",
-    "sharding_gather_buffers": "#117733",
-    "cuda_workspaces": "#999933",
-    "allocator_overhead": "#BBBBBB",
-    "cuda_context": "#6E6E6E",
-}
+from canifinetune.estimator.components import ComponentKind
+
+# name -> colour (hex), from the component table. Every two colours stay at least 10 CIE76 units apart with normal
+# vision and simulated protanopia, deuteranopia and tritanopia (tests/test_palette.py).
+COMPONENT_COLORS: dict[str, str] = {c.key: c.color for c in ComponentKind if c is not ComponentKind.SAFETY_MARGIN}
 OTHER_COLOR = "#99DDFF"  # Tol light cyan: a component this table does not name yet
-MARGIN_COLOR = "#9AA3B2"  # the safety margin's hatching (with the background between the stripes)
+MARGIN_COLOR = ComponentKind.SAFETY_MARGIN.color  # the safety margin's hatching (the background between the stripes)
 
 # Verdict badges: (text, background), the same in both themes (the pair itself carries the contrast).
 VERDICT_COLORS: dict[str, tuple[str, str]] = {

@@ -10,8 +10,10 @@ import re
 
 import pytest
 
-from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.estimate import _phase_peaks, estimate
+from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.resolved import resolve
 from canifinetune.server import rich_view
 from canifinetune.server.app import budget_app_html
 from canifinetune.server.palette import (
@@ -48,19 +50,46 @@ def test_pairs_cover_both_themes_every_verdict_and_every_text_colour():
         assert {"fg on bg", "muted on bg", "danger on bg", "success on bg", "warning on bg", "accent on panel"} <= names
 
 
+SHARED_COLOURS = [  # the groups estimator/components.py documents as never appearing in one breakdown
+    ["reference_model", "reward_model_embedding_and_score"],
+    ["forward_temporaries", "backward_temporaries", "optimizer_temporaries", "reference_forward",
+     "generation_temporaries"],
+    ["kv_cache", "vllm_reservation"],
+]
+BREAKDOWN_PLANS = [
+    *(dict(model="Qwen/Qwen2.5-7B-Instruct", method=m) for m in ("full", "lora", "qlora")),
+    dict(model="Qwen/Qwen2.5-0.5B", method="full", trainer="dpo", reference_model="copy"),
+    dict(model="Qwen/Qwen2.5-0.5B", method="lora", trainer="kto"),
+    dict(model="Qwen/Qwen2.5-0.5B", method="lora", trainer="orpo"),
+    dict(model="Qwen/Qwen2.5-0.5B", method="full", trainer="reward"),
+    dict(model="Qwen/Qwen2.5-0.5B", method="lora", trainer="grpo"),
+    dict(model="Qwen/Qwen2.5-0.5B", method="lora", trainer="grpo", use_vllm=True, gpu="H100"),
+    dict(model="Qwen/Qwen2.5-7B-Instruct", method="full", num_gpus=4, sharding="zero3", gpu="A100 80GB"),
+]
+
+
 def test_components_that_appear_together_have_distinct_colours():
     by_color: dict[str, list[str]] = {}
     for name, color in COMPONENT_COLORS.items():
         by_color.setdefault(color.upper(), []).append(name)
-    shared = [names for names in by_color.values() if len(names) > 1]
-    # only the three phases' temporaries share a colour: a breakdown holds the peak phase's alone
-    assert shared == [["forward_temporaries", "backward_temporaries", "optimizer_temporaries"]]
+    assert sorted(names for names in by_color.values() if len(names) > 1) == sorted(SHARED_COLOURS)
     assert OTHER_COLOR.upper() not in by_color and MARGIN_COLOR.upper() not in by_color
     assert component_color("something_new") == OTHER_COLOR
-    for plan in (TrainingPlan(model="Qwen/Qwen2.5-7B-Instruct", method=m) for m in ("full", "lora", "qlora")):
-        names = [c.name for c in estimate(plan).breakdown if c.name != "safety_margin"]
-        assert all(n in COMPONENT_COLORS for n in names), names
-        assert len({component_color(n) for n in names}) == len(names)
+    seen = set()
+    for fields in BREAKDOWN_PLANS:
+        plan = TrainingPlan(**fields)
+        breakdown = estimate(plan).breakdown
+        process = [c.name for c in breakdown if c.phase == "process"]
+        # every phase's lines, not only the peak's: each could be the breakdown of another plan
+        forward, backward, optimizer, _sizes, extra = _phase_peaks(resolve(plan, resolve_model(plan.model).spec))
+        for phase in (forward, backward, optimizer, *extra):
+            names = [i.name for i in phase.items if i.bytes > 0] + process
+            seen |= set(names)
+            assert all(n in COMPONENT_COLORS for n in names), names
+            assert len({component_color(n) for n in names}) == len(names), (phase.phase, names)
+    # the plans reach the components that share a colour, so the check above is not vacuous for them
+    assert {"reference_model", "reward_model_embedding_and_score", "vllm_reservation", "kv_cache",
+            "generation_temporaries"} <= seen, seen
 
 
 def test_app_and_terminal_read_the_same_table():
