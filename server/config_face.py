@@ -3,18 +3,13 @@ edited copy. The reading itself is canifinetune.estimator.configs; this module o
 
 from __future__ import annotations
 
-import contextvars
-import inspect
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from canifinetune.estimator.bounded_io import read_regular_file
 from canifinetune.estimator.configs import (
-    CONFIG_FORMATS,
     MAX_CONFIG_BYTES,
     ConfigError,
     ConfigReport,
@@ -205,58 +200,14 @@ def cli_write(args, result) -> str | None:
 
 # ------------------------------------------------------------------ the MCP tools' wiring (server/mcp_server.py)
 
-# The argument names the client really sent (the SDK fills every default in): set by the server's call_tool.
-RAW_ARGUMENTS: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("raw_arguments", default=None)
-_LOADED: contextvars.ContextVar[LoadedConfig | None] = contextvars.ContextVar("loaded_config", default=None)
-
-CONFIG_DESCRIPTION = (
-    "The text of the user's own training config (Axolotl YAML, LLaMA-Factory YAML, `trl sft --config` YAML, "
-    "TrainingArguments JSON, PEFT adapter_config.json, accelerate YAML or DeepSpeed JSON; at most 256 KB). It "
-    "gives the plan, with that framework's defaults for what it leaves out; any other argument given beside it "
-    "wins over the file's value. The result's `config` lists every key used, not modelled and ignored; "
-    "suggest_cheaper_config adds `config_edits`: each suggestion as edits to this file, in its own key names.")
-ConfigFormatName = Literal[CONFIG_FORMATS]  # type: ignore[valid-type]
-
-
-def config_parameters(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
-    """The plan's parameters with model optional (the config can name it), then `config` and `config_format`."""
-    out = []
-    for p in params:
-        if p.name == "model":
-            hint = p.annotation
-            extra = tuple(getattr(hint, "__metadata__", ()))
-            base = (hint.__origin__ if hasattr(hint, "__origin__") else hint) | None
-            desc = Field(description="The model (required unless config names it): a Hugging Face id, a catalog "
-                                     "name or a local folder holding config.json.",
-                         examples=["Qwen/Qwen2.5-1.5B-Instruct"])
-            args = (base, *[m for m in extra if not hasattr(m, "description")], desc)
-            p = p.replace(annotation=Annotated[args], default=None)
-        out.append(p)
-    out.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        str | None, Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
-    out.append(inspect.Parameter("config_format", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        ConfigFormatName | None, Field(description="The config's format when detection from its keys is not "
-                                                      "enough (null: detected)")]))
-    return out
-
-
-def plan_from_config(arguments: dict[str, Any], data: dict[str, Any]):
-    """The plan from the config text in ``arguments``, with the arguments the client sent over the file's values;
-    None when the call gave no config."""
-    from canifinetune.estimator.plan import TrainingPlan
-
+def load_call_config(arguments: dict[str, Any], data: dict[str, Any], sent: frozenset[str]) -> LoadedConfig | None:
+    """The config text in ``arguments`` read, with the plan fields in ``data`` that the call set (``sent``) over the
+    file's values (its plan is ``.plan``); None when the call gave no config."""
     if arguments.get("config") is None:
-        _LOADED.set(None)
         return None
-    sent = RAW_ARGUMENTS.get()
-    fields = TrainingPlan.model_fields
-    if sent is None:  # called without the server (tests): a value that is not the default was given
-        sent = frozenset(k for k, v in data.items() if v != fields[k].default)
     overrides = {k: v for k, v in data.items() if k in sent and not (k == "model" and v is None)}
-    loaded = load_configs([("config", arguments["config"])], formats=[arguments.get("config_format")],
-                          overrides=overrides)
-    _LOADED.set(loaded)
-    return loaded.plan
+    return load_configs([("config", arguments["config"])], formats=[arguments.get("config_format")],
+                        overrides=overrides)
 
 
 MCP_IGNORED_SHOWN = 12
@@ -319,10 +270,9 @@ def _edit_words(e) -> str:
     return f"{safe_text(e.key, 80)}: {old} -> {_file_value(e.new)}"
 
 
-def mcp_structured(structured: dict, result=None) -> dict:
-    """The structured content, with `config` (and `config_edits` for a search) when the call gave a config: the
-    account once, compact (:func:`compact_report`)."""
-    loaded = _LOADED.get()
+def mcp_structured(structured: dict, loaded: LoadedConfig | None, result=None) -> dict:
+    """The structured content, with `config` (and `config_edits` for a search) when the call gave a config
+    (``loaded``, None without one): the account once, compact (:func:`compact_report`)."""
     if loaded is None:
         return structured
     out = dict(structured)
@@ -332,10 +282,10 @@ def mcp_structured(structured: dict, result=None) -> dict:
     return out
 
 
-def mcp_text(text: str, result=None) -> str:
-    """The tool's text with the config in one line (the account is in the structured content), the warnings about
-    keys that are not modelled, and for a search the first suggestion as edits to the file."""
-    loaded = _LOADED.get()
+def mcp_text(text: str, loaded: LoadedConfig | None, result=None) -> str:
+    """The tool's text with the config ``loaded`` (None: the call gave none, the text unchanged) in one line (the
+    account is in the structured content), the warnings about keys that are not modelled, and for a search the first
+    suggestion as edits to the file."""
     if loaded is None:
         return text
     report = loaded.report

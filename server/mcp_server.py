@@ -21,18 +21,20 @@ import logging
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, Completion, ResourceLink, TextContent, ToolAnnotations
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from canifinetune.estimator.errors import CanIFinetuneError, safe_text
 from canifinetune.estimator.estimate import Estimate
 from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, TrainingPlan, normalize_raw
-from canifinetune.server.config_face import RAW_ARGUMENTS, mcp_structured, mcp_text
+from canifinetune.server.config_face import load_call_config, mcp_structured, mcp_text
 from canifinetune.server.mcp_views import (
     MEMORY_FIELDS,
     PLAN_SCHEMA_URI,
@@ -50,6 +52,9 @@ from canifinetune.server.mcp_views import (
     suggest_view,
     tool_parameters,
 )
+
+if TYPE_CHECKING:
+    from canifinetune.estimator.configs import LoadedConfig
 
 logger = logging.getLogger("canifinetune.mcp")
 
@@ -122,32 +127,29 @@ def plan_parameters() -> list[inspect.Parameter]:
     return params
 
 
-def _plan_from(arguments: dict[str, Any], default_model: str | None = None) -> TrainingPlan:
-    """The plan of a call: the plan object, the flat arguments sent over it, the user's training config under them.
-    ``default_model`` names the model when nothing else does (a model_config's own name)."""
+def _plan_from(arguments: dict[str, Any], sent: frozenset[str] | None,
+               default_model: str | None = None) -> tuple[TrainingPlan, LoadedConfig | None]:
+    """The plan of a call: the plan object, the flat arguments sent over it, the user's training config under them;
+    and that config as read (None when the call gave none). ``sent`` names the arguments the client sent (None: a
+    direct call, whose ``arguments`` hold only what was given). ``default_model`` names the model when nothing else
+    does (a model_config's own name)."""
     from canifinetune.estimator.errors import ConfigError
 
-    from .config_face import plan_from_config  # the user's own config, with the arguments over it
-
-    data, sent = plan_data(arguments, RAW_ARGUMENTS.get())  # the plan object, the flat arguments sent over it
-    token = RAW_ARGUMENTS.set(sent)  # for this call only: a direct call (no server) must not leave it to the next
+    data, given = plan_data(arguments, sent)  # the plan object, the flat arguments sent over it
     try:
-        plan = plan_from_config(arguments, data)
+        loaded = load_call_config(arguments, data, given)  # the user's own config, with the arguments over it
     except ConfigError:
         if default_model is None or data.get("model") is not None:
             raise
         # a training config that names no model, beside a model_config: the model_config's name
-        RAW_ARGUMENTS.set(sent | {"model"})
-        plan = plan_from_config(arguments, {**data, "model": default_model})
-    finally:
-        RAW_ARGUMENTS.reset(token)
-    if plan is not None:
-        return plan
+        loaded = load_call_config(arguments, {**data, "model": default_model}, given | {"model"})
+    if loaded is not None:
+        return loaded.plan, loaded
     if data.get("model") is None:  # optional in the schema only because a config (or a model_config) can name it
         data.pop("model", None)
         if default_model is not None:
             data["model"] = default_model
-    return TrainingPlan(**data)
+    return TrainingPlan(**data), None
 
 
 # ------------------------------------------------------------------------------------- model_config (issue 21)
@@ -204,11 +206,24 @@ def resolved_from_config(name: str, config: dict):
     return ResolvedModel(name, MODEL_CONFIG_SOURCE, config, spec)
 
 
-def _inputs(arguments: dict[str, Any]) -> tuple[TrainingPlan, dict | None]:
-    """The call's plan, and its model_config's dict (None without one)."""
+@dataclass(frozen=True)
+class CallInputs:
+    """What one tool call asks about, read from its arguments (:func:`call_inputs`) and handed on explicitly: the
+    plan, the model_config's dict (None without one) and the user's training config as read (None without one)."""
+
+    plan: TrainingPlan
+    model_config: dict | None = None
+    config: LoadedConfig | None = None
+
+
+def call_inputs(arguments: dict[str, Any], sent: frozenset[str] | None = None) -> CallInputs:
+    """The inputs of a call with ``arguments``; ``sent`` names the arguments the client really sent (the SDK fills
+    every default in; CanIFinetuneServer.call_tool passes it), None for a direct call whose ``arguments`` hold only
+    what was given."""
     text = arguments.get("model_config")
-    config = parse_model_config(text) if text is not None else None
-    return _plan_from(arguments, model_config_name(config) if config is not None else None), config
+    model_config = parse_model_config(text) if text is not None else None
+    plan, loaded = _plan_from(arguments, sent, model_config_name(model_config) if model_config is not None else None)
+    return CallInputs(plan, model_config, loaded)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -392,17 +407,20 @@ def _estimate(plan: TrainingPlan, offline: bool, model_config: dict | None = Non
     return estimate_with_tiers(plan, model) if tiers else estimate(plan, model=model)
 
 
-def estimate_memory_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
+def estimate_memory_impl(arguments: dict[str, Any], *, offline: bool = False,
+                         sent: frozenset[str] | None = None) -> CallToolResult:
+    """estimate_memory's answer; ``sent``: the argument names the client sent (:func:`call_inputs`)."""
     from .text import format_estimate_brief
 
-    def run():
-        plan, model_config = _inputs(arguments)
-        return _estimate(plan, offline, model_config, tiers=True)
+    def run() -> tuple[Estimate, LoadedConfig | None]:
+        call = call_inputs(arguments, sent)
+        return _estimate(call.plan, offline, call.model_config, tiers=True), call.config
 
-    est = _guard("estimate_memory", run)
+    est, loaded = _guard("estimate_memory", run)
+    text = format_estimate_brief(est, next_move=_next_move(est))
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(format_estimate_brief(est, next_move=_next_move(est))))],
-        structured_content=mcp_structured(estimate_view(est)),
+        content=[TextContent(type="text", text=mcp_text(text, loaded))],
+        structured_content=mcp_structured(estimate_view(est), loaded),
     )
 
 
@@ -440,41 +458,41 @@ def _get(obj: Any, *names: str) -> Any:
     return None
 
 
-def suggest_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
-    """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text."""
+def suggest_impl(arguments: dict[str, Any], *, offline: bool = False,
+                 sent: frozenset[str] | None = None) -> CallToolResult:
+    """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text; ``sent``: the
+    argument names the client sent (:func:`call_inputs`)."""
     from canifinetune.estimator.search import SuggestResult, suggest
 
     from .text import format_suggestions_brief
 
-    def run() -> SuggestResult:
-        plan, model_config = _inputs(arguments)
+    def run() -> tuple[SuggestResult, LoadedConfig | None]:
+        call = call_inputs(arguments, sent)
         # the search resolves catalog and local models itself; Hub models and model_configs are passed in
-        rm = _model_for(plan, offline, model_config)
+        rm = _model_for(call.plan, offline, call.model_config)
         extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
-        return suggest(plan, keep=arguments.get("keep") or (), **extra)
+        return suggest(call.plan, keep=arguments.get("keep") or (), **extra), call.config
 
-    result = _guard("suggest_cheaper_config", run)
+    result, loaded = _guard("suggest_cheaper_config", run)
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(format_suggestions_brief(result), result))],
-        structured_content=mcp_structured(suggest_view(result), result),
+        content=[TextContent(type="text", text=mcp_text(format_suggestions_brief(result), loaded, result))],
+        structured_content=mcp_structured(suggest_view(result), loaded, result),
     )
 
 
-def recipe_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallToolResult:
+def recipe_impl(arguments: dict[str, Any], *, offline: bool = False,
+                sent: frozenset[str] | None = None) -> CallToolResult:
     """The recipe's files as resource links (canifinetune://recipe/<plan>/<file>): the text says what they are
-    and how to run them; a client reads a file only when it needs it."""
+    and how to run them; a client reads a file only when it needs it. ``sent``: the argument names the client sent
+    (:func:`call_inputs`)."""
     from .mcp_views import cli_command, mime_of, recipe_key
     from .text import format_recipe_brief
 
-    def run() -> tuple[dict, dict[str, str], dict[str, int], str | None]:
-        plan, model_config = _inputs(arguments)
-        try:
-            from canifinetune.recipes.render import make_recipe
-        except ImportError as exc:
-            raise ToolError(
-                "make_recipe: recipes are not available yet in this canifinetune build "
-                f"(canifinetune.recipes.render: {exc}); estimate_memory and suggest_cheaper_config work"
-            ) from None
+    def run() -> tuple[dict, dict[str, str], dict[str, int], str | None, LoadedConfig | None]:
+        from canifinetune.recipes.render import make_recipe
+
+        call = call_inputs(arguments, sent)
+        plan, model_config = call.plan, call.model_config
         est = _estimate(plan, offline, model_config)
         made = make_recipe(est.plan, est)  # the plan with what the estimate chose for the hardware (dtype, sharding)
         key = recipe_key(plan, model_config)  # the plan asked for: reading a link makes the very same files again
@@ -492,9 +510,9 @@ def recipe_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallTool
         out = view.model_dump(mode="json")
         if not out["chosen_defaults"]:
             del out["chosen_defaults"]
-        return out, uris, sizes, note
+        return out, uris, sizes, note, call.config
 
-    view, uris, sizes, note = _guard("make_recipe", run)
+    view, uris, sizes, note, loaded = _guard("make_recipe", run)
     # each file's URI once: in its resource link (the structured content names the files)
     links = [ResourceLink(type="resource_link", uri=uri, name=name, mime_type=mime_of(name), size=sizes[name])
              for name, uri in uris.items()]
@@ -502,8 +520,8 @@ def recipe_impl(arguments: dict[str, Any], *, offline: bool = False) -> CallTool
     chosen = "".join(f"\nchose: {c}" for c in view.get("chosen_defaults", ()))  # under the verdict, as estimate_memory
     text = verdict + chosen + "\n" + rest + (f"\n{note}" if note else "")
     return CallToolResult(
-        content=[TextContent(type="text", text=mcp_text(text)), *links],
-        structured_content=mcp_structured(view),
+        content=[TextContent(type="text", text=mcp_text(text, loaded)), *links],
+        structured_content=mcp_structured(view, loaded),
     )
 
 
@@ -522,17 +540,26 @@ def recipe_file(key: str, name: str, *, offline: bool = False) -> str:
     return made.files[name]
 
 
+# The names of the arguments the client sent (the SDK fills every default in before the tool function runs): given
+# by CanIFinetuneServer.call_tool to the tool function as this argument, which the published schema leaves out and
+# a client cannot send (call_tool refuses names that are not in the schema).
+SENT_ARGUMENT = "sent_arguments"
+
+
 def _tool_function(name: str, impl, params: list[inspect.Parameter], output: type[BaseModel], doc: str):
     """A tool function with the given parameters (server/mcp_views.py tool_parameters) and output model (plus the
-    optional config report)."""
+    optional config report), and the hidden SENT_ARGUMENT that it hands to ``impl`` as ``sent``."""
 
     def fn(**arguments):
-        return impl(arguments)
+        sent = arguments.pop(SENT_ARGUMENT, None)
+        return impl(arguments, sent=sent)
 
+    hidden = inspect.Parameter(SENT_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[frozenset[str] | None, SkipJsonSchema()])
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        params, return_annotation=Annotated[CallToolResult, output_model(output)]
+        [*params, hidden], return_annotation=Annotated[CallToolResult, output_model(output)]
     )
     return fn
 
@@ -603,7 +630,6 @@ class CanIFinetuneServer(MCPServer):
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
                             f"(arguments: {', '.join(known)}; other plan fields: {PLAN_SCHEMA_URI})")
-        RAW_ARGUMENTS.set(frozenset(arguments))  # which arguments were sent (server/config_face.py)
         RAW_TEXTS.set({k: v for k in ("config", "model_config") if isinstance(v := arguments.get(k), str)})
         cache = self.answer_cache
         key = cache.key(name, arguments) if cache is not None else None
@@ -611,8 +637,8 @@ class CanIFinetuneServer(MCPServer):
             return kept
         notes: list = []
         token = _CALL_MODELS.set(notes)  # how the call's model was read (_note_model), seen by its worker thread
-        try:
-            result = await super().call_tool(name, arguments, context)
+        try:  # with the names it sent: the SDK fills every default in (_tool_function)
+            result = await super().call_tool(name, {**arguments, SENT_ARGUMENT: frozenset(arguments)}, context)
         except UnexpectedToolError as exc:
             cause = exc.__cause__ or exc
             logger.error("%s crashed: %r", name, cause)
@@ -851,10 +877,6 @@ def _add_prompt_and_completions(mcp: CanIFinetuneServer) -> None:
 
 
 # --------------------------------------------------------------------------------------------- transports
-
-
-def _quiet_logging(level: int = logging.WARNING) -> None:
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def transport_security(host: str, port: int, allowed_hosts: Sequence[str] = (), any_host: bool = False):

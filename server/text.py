@@ -162,20 +162,6 @@ def format_suggestions(result) -> str:
     return "\n".join([*lines, "", f"next: {move}"])
 
 
-def format_recipe(result) -> str:
-    """make_recipe's text: the verdict of the plan, then each file of the recipe."""
-    lines = [f"{VERDICT_WORDS[result.verdict]}: {result.verdict_reason}"]
-    if result.verdict in ("does_not_fit", "tight"):
-        lines.append("warning: this plan does not fit with margin; suggest_cheaper_config finds one that does")
-    note = (result.recipe or {}).get("framework_note")
-    if note:
-        lines.append(f"note: {note}")
-    for name, content in result.files.items():
-        lines += ["", f"--- {name}", content.rstrip()]
-    lines += ["", "next: run a short probe first (a few steps) and compare its peak memory with the estimate"]
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ the MCP tools' text: short (issue 15.4)
 
 BRIEF_PARTS = 3

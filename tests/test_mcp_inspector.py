@@ -16,7 +16,6 @@ from mcp_helpers import INSPECTOR, MISSING_NODE_TOOLS, NODE24, ROOT, http_server
 pytestmark = pytest.mark.skipif(not (INSPECTOR.is_file() and NODE24.is_file()), reason=MISSING_NODE_TOOLS)
 
 STDIO = [sys.executable, "-m", "canifinetune.server.cli", "serve"]
-RECIPE_MISSING = "recipes are not available yet"
 
 
 def inspector(*args: str, target: list[str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -60,8 +59,6 @@ def test_call_suggest_cheaper_config():
 
 def test_call_make_recipe():
     proc = call("make_recipe", {"model": "Qwen/Qwen2.5-0.5B", "gpu": "RTX 4090", "dataset": "data.jsonl"})
-    if proc.returncode == 5 and RECIPE_MISSING in proc.stdout + proc.stderr:
-        pytest.skip("canifinetune.recipes.render is not written yet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["result"]["structuredContent"]["verdict"] == "fits"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
@@ -30,16 +29,6 @@ from canifinetune.server.mcp_views import (
 pytestmark = pytest.mark.anyio
 
 RENDER = "canifinetune.recipes.render"
-
-
-def _have(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-needs_recipes = pytest.mark.skipif(not _have(RENDER), reason=f"{RENDER} (issue 4, recipes) is not written yet")
 
 
 @pytest.fixture
@@ -453,13 +442,6 @@ async def test_suggest_when_it_already_fits():
 # ------------------------------------------------------------------------------------------- make_recipe
 
 
-async def test_make_recipe_without_recipes_says_not_available(monkeypatch):
-    monkeypatch.setitem(sys.modules, RENDER, None)
-    result = await call("make_recipe", model="Qwen/Qwen2.5-0.5B", gpu="RTX 4090")
-    assert result.is_error
-    assert "recipes are not available yet" in text_of(result)
-
-
 async def test_make_recipe_adapter(monkeypatch):
     def fake_recipe(plan, est=None):
         files = {"recipe.yaml": f"model: {plan.model}\n", "train.sh": "canifinetune train recipe.yaml\n"}
@@ -480,7 +462,6 @@ async def test_make_recipe_adapter(monkeypatch):
     assert text_of(result).startswith("FITS") and "recipe.yaml, train.sh" in text_of(result)
 
 
-@needs_recipes
 async def test_make_recipe_real():
     """The files come as resource links (issue 15.4), each readable, equal to what the renderer makes; the text
     names them, the command that writes them and the launch command, never their content."""
@@ -539,7 +520,6 @@ async def test_trainer_is_flat_and_its_fields_go_in_the_plan_object():
         assert flat.structured_content["plan"]["num_generations"] == 4
 
 
-@needs_recipes
 async def test_make_recipe_for_a_trainer_ships_its_example_data():
     args = {"model": "Qwen/Qwen2.5-0.5B", "gpu": "RTX 4090", "trainer": "grpo", "seq_len": 1024,
             "plan": {"num_generations": 4, "max_completion_length": 256}}
@@ -869,7 +849,6 @@ async def test_host_ram_gb_is_flat_and_judges_offload():
     assert small.structured_content["plan"]["host_ram_gb"] == 64
 
 
-@needs_recipes
 async def test_make_recipe_renders_the_plan_the_estimate_chose():
     """The recipe trains what the estimate judged: fp16 on a T4, the chosen sharding on two GPUs (the CLI's
     make_recipe(est.plan, est))."""
