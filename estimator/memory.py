@@ -539,8 +539,7 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     compute-dtype tensors were live at the peak: the logits, tanh's output and autocast's head copy).
     """
     spec = r.spec
-    plan = r.plan
-    n = plan.batch_size * max(plan.seq_len - 1, 1)
+    n = r.scored_tokens
     a = r.act_bytes
     if r.loss_implementation == "chunked":
         return round_block(a * n * spec.hidden_size) + 8 * round_block(4 * n)
@@ -575,10 +574,9 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
     first is freed.
     """
     spec = r.spec
-    plan = r.plan
     a = r.act_bytes
     if r.loss_implementation == "chunked":
-        n = plan.batch_size * max(plan.seq_len - 1, 1)
+        n = r.scored_tokens
         tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
         total = round_block(a * tile) + round_block(4 * n * spec.hidden_size) + round_block(a * n * spec.hidden_size)
         if r.full:
@@ -595,10 +593,9 @@ def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
     for the standard loss the fp32 upcast of the logits (4·T·V) while log_softmax writes its output
     (accelerate's fp32 copy of the returned logits is the same size and comes after it is freed)."""
     spec = r.spec
-    plan = r.plan
     if r.loss_implementation != "chunked":
         return round_block(4 * r.tokens * spec.vocab_size)
-    n = plan.batch_size * max(plan.seq_len - 1, 1)
+    n = r.scored_tokens
     tile = min(n, int(constant("TRL_TOKEN_CHUNK"))) * min(spec.vocab_size, int(constant("TRL_VOCAB_CHUNK")))
     return round_block(r.act_bytes * tile)
 

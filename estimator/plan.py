@@ -614,7 +614,7 @@ class TrainingPlan(BaseModel):
         return STACKS[self.framework]
 
     @property
-    def effective_loss_implementation(self) -> str:
+    def effective_loss_implementation(self) -> LossImplementation:
         """The plan's loss_implementation, or its framework's when left null."""
         return self.loss_implementation or self.stack.loss_implementation
 

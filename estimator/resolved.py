@@ -7,18 +7,22 @@ runtime resolves the same plan into the same settings, and a test compares the t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from . import peft_knobs
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
-from .plan import TrainingPlan
+from .plan import AdapterDType, AttnImplementation, DType, Framework, LossImplementation, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 from .trainers import check_supported
 
 # Families whose transformers 5.24 model class sets _supports_sdpa = False (modeling_gemma2.py: "sdpa does
 # not support softcapping"): loading them with attn_implementation="sdpa" raises.
 SDPA_UNSUPPORTED = frozenset({"gemma2"})
+
+Quantization = Literal["none", "nf4", "fp4", "int8"]  # what bitsandbytes does to the block linears
+AttentionKernel = Literal["flash", "efficient", "math"]  # the kernel PyTorch's SDPA dispatcher picks
 
 
 @dataclass(frozen=True)
@@ -28,20 +32,20 @@ class ResolvedPlan:
     plan: TrainingPlan
     spec: ModelSpec
     tokens: int  # micro-batch tokens per GPU: batch_size * seq_len
-    weight_dtype: str  # dtype of the stored (unquantized) weights
-    compute_dtype: str  # dtype of matmul outputs and activations
+    weight_dtype: DType  # dtype of the stored (unquantized) weights
+    compute_dtype: DType  # dtype of matmul outputs and activations
     autocast: bool  # whether the forward runs under torch.autocast (accelerate's bf16/fp16 mixed precision)
-    quantization: str  # "none", "nf4", "fp4" or "int8"
-    adapter_dtype: str | None  # dtype of LoRA A/B weights (None without adapters)
+    quantization: Quantization
+    adapter_dtype: AdapterDType | None  # dtype of LoRA A/B weights (None without adapters)
     target_modules: tuple[str, ...]  # module names that get LoRA adapters
-    attn_implementation: str  # what transformers loads: the plan's, or its default for the model
-    attention_kernel: str  # "flash", "efficient" or "math": what runs on the GPU
+    attn_implementation: AttnImplementation  # what transformers loads: the plan's, or its default for the model
+    attention_kernel: AttentionKernel  # what runs on the GPU
     warnings: tuple[str, ...]
-    framework: str = "trl"  # the training stack (estimator/stacks.py)
-    loss_implementation: str = "chunked"  # "chunked" or "standard": the plan's, or its framework's
+    framework: Framework = "trl"  # the training stack (estimator/stacks.py)
+    loss_implementation: LossImplementation = "chunked"  # the plan's, or its framework's
     kbit_prepared: bool = False  # peft.prepare_model_for_kbit_training ran on the quantized base
-    frozen_dtype: str = "bf16"  # dtype of the base's unquantized parameters (fp32 after kbit preparation)
-    residual_dtype: str = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
+    frozen_dtype: DType = "bf16"  # dtype of the base's unquantized parameters (fp32 after kbit preparation)
+    residual_dtype: DType = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
     modules_to_save: tuple[str, ...] = ()  # modules PEFT trains in full beside the adapters
     attention_mask: bool = False  # sdpa gets a 4-D mask (a sliding window no longer than the sequence)
     use_dora: bool = False
@@ -54,6 +58,11 @@ class ResolvedPlan:
     @property
     def weight_bytes_per_param(self) -> int:
         return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def scored_tokens(self) -> int:
+        """N = B·(S-1): the positions the causal-LM loss scores (each predicts the next token; at least one)."""
+        return self.plan.batch_size * max(self.plan.seq_len - 1, 1)
 
     @property
     def act_bytes(self) -> int:
@@ -136,7 +145,8 @@ def sliding_window_mask(attn_implementation: str, spec: ModelSpec, seq_len: int)
     return attn_implementation == "sdpa" and spec.sliding_window is not None and seq_len >= spec.sliding_window
 
 
-def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: str, masked: bool = False) -> str:
+def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: str,
+                      masked: bool = False) -> AttentionKernel:
     """The kernel PyTorch's SDPA dispatcher picks on an Ampere+ GPU for unpadded causal attention. With a
     4-D mask (``masked``) flash is ruled out: the memory-efficient kernel takes it as an additive bias."""
     if attn_implementation == "eager":
@@ -205,7 +215,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     )
 
 
-def _quantization(plan: TrainingPlan) -> str:
+def _quantization(plan: TrainingPlan) -> Quantization:
     if plan.quantized_4bit:
         return plan.bnb_4bit_quant_type
     if plan.load_in_8bit:
@@ -214,7 +224,7 @@ def _quantization(plan: TrainingPlan) -> str:
 
 
 def _adapters(plan: TrainingPlan, spec: ModelSpec, quantization: str,
-              warnings: list[str]) -> tuple[tuple[str, ...], str | None, ExpertLoRA | None]:
+              warnings: list[str]) -> tuple[tuple[str, ...], AdapterDType | None, ExpertLoRA | None]:
     """(target modules, adapter dtype, expert adapters) as PEFT resolves them; appends the targets' warnings."""
     if not plan.uses_adapters:
         return (), None, None
@@ -227,7 +237,7 @@ def _adapters(plan: TrainingPlan, spec: ModelSpec, quantization: str,
     return targets, plan.adapter_dtype or default or "fp32", expert_lora
 
 
-def _attn_implementation(plan: TrainingPlan, spec: ModelSpec, compute_dtype: str) -> str:
+def _attn_implementation(plan: TrainingPlan, spec: ModelSpec, compute_dtype: str) -> AttnImplementation:
     """The attention implementation transformers would use, refused where it cannot run (or is not modelled)."""
     # transformers' default when none is asked for: sdpa if the model class supports it, else eager
     attn = plan.attn_implementation or ("eager" if spec.model_type in SDPA_UNSUPPORTED else "sdpa")

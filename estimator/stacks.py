@@ -15,6 +15,7 @@ estimated with the conservative choice for each setting, and the estimate says s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,11 @@ class Stack:
     name: str
     title: str  # how the text output names it
     version: str  # the version whose source these defaults were read from
-    loss_implementation: str  # "chunked" or "standard"
+    loss_implementation: Literal["chunked", "standard"]  # the plan's LossImplementation
     kbit_preparation: bool  # calls peft.prepare_model_for_kbit_training on a quantized base
     # adapter dtype on a 4/8-bit base; None = PEFT's (fp32 on a 16-bit compute dtype)
-    adapter_dtype_quantized: str | None
-    adapter_dtype_unquantized: str | None  # adapter dtype on a 16-bit base; None = PEFT's (fp32)
+    adapter_dtype_quantized: Literal["fp32", "bf16", "fp16"] | None  # the plan's AdapterDType
+    adapter_dtype_unquantized: Literal["fp32", "bf16", "fp16"] | None  # adapter dtype on a 16-bit base; None: PEFT's
     measured: bool  # the validation harness runs this stack as the framework runs it
     source: str  # where the defaults come from
     full_weight_dtype: str | None = None  # full fine-tuning: dtype the trainable weights are cast to (None: the plan's)

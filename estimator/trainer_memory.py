@@ -98,7 +98,7 @@ def orpo_logits_bytes(policy_resolved) -> tuple[int, int]:
     half = (plan.batch_size // 2) * max(plan.seq_len - 1, 1)
     full = round_block(4 * t * v)
     chosen = round_block(4 * half * v)
-    grad_logits = round_block(4 * plan.batch_size * max(plan.seq_len - 1, 1) * v)
+    grad_logits = round_block(4 * policy_resolved.scored_tokens * v)
     forward = max(round_block(policy_resolved.act_bytes * t * v) + full, full + 2 * chosen)
     backward = max(3 * full, full + chosen + grad_logits)
     return forward, backward
@@ -181,14 +181,13 @@ def reference_forward_bytes(policy_resolved) -> int:
     log-probabilities of the fused head (4·N, N = B·(S-1) scored positions). The attention side (q, k, v, output:
     a·T·(2·q_dim + 2·kv_dim)) counts instead when it is larger. T = the policy rows x seq_len."""
     spec = policy_resolved.spec
-    plan = policy_resolved.plan
     t = policy_resolved.tokens
     a = policy_resolved.act_bytes
     e = DTYPE_BYTES[policy_resolved.residual_dtype]
     h = spec.hidden_size
     mlp = 3 * round_block(a * t * spec.intermediate_size)
     attn = 2 * round_block(a * t * spec.q_dim) + 2 * round_block(a * t * spec.kv_dim)
-    n = plan.batch_size * max(plan.seq_len - 1, 1)
+    n = policy_resolved.scored_tokens
     return max(mlp, attn) + 3 * round_block(e * t * h) + round_block(4 * n)
 
 
