@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from . import peft_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .resolved import ResolvedPlan
-from .spec import LinearSpec
+from .spec import LinearSpec, ModelSpec
 from .tensor_records import Role, TensorRecord
 
 
@@ -38,26 +39,26 @@ class Inventory:
     def bytes_of(self, *roles: Role) -> int:
         return sum(rec.bytes for rec in self.records if rec.role in roles)
 
-    @property
+    @cached_property
     def trainable(self) -> tuple[TensorRecord, ...]:
         return tuple(rec for rec in self.records if rec.trains)
 
-    @property
+    @cached_property
     def trainable_params(self) -> int:
         return sum(rec.params for rec in self.trainable)
 
-    @property
+    @cached_property
     def trainable_tensors(self) -> int:
         """How many parameter tensors train (optimizer states and step counters are per tensor)."""
         return sum(rec.count for rec in self.trainable)
 
-    @property
+    @cached_property
     def trainable_bytes(self) -> int:
         """All trainable parameters in their own dtypes (unrounded): the size of their gradients, of each AdamW
         moment and of foreach AdamW's temporary."""
         return sum(rec.param_bytes for rec in self.trainable)
 
-    @property
+    @cached_property
     def adapter_params(self) -> int:
         """LoRA A/B and expert-adapter parameters (without modules_to_save copies and DoRA magnitudes)."""
         return sum(rec.params for rec in self.of(Role.ADAPTER, Role.EXPERT_ADAPTER))
@@ -81,36 +82,40 @@ class Inventory:
 # the builders: each returns the records of one concern; a knob adds its own
 
 
-def _linear_records(r: ResolvedPlan, lin: LinearSpec, layer: int, n: int) -> list[TensorRecord]:
-    """A block linear's weight (packed when bitsandbytes quantizes it) and bias."""
+def _linear_records(lin: LinearSpec, layer: int, n: int, quantization: str, dtype: str,
+                    trains: bool) -> list[TensorRecord]:
+    """A block linear's weight (packed when bitsandbytes quantizes it) and bias; ``dtype`` is the unpacked
+    tensors'."""
     out: list[TensorRecord] = []
-    if r.quantization == "none":
-        per = r.weight_bytes_per_param
-        out.append(TensorRecord(Role.BASE_WEIGHT, lin.name, lin.out_features, lin.in_features, n, r.weight_dtype,
-                                r.full, lin.weight_params * per, layer))
+    if quantization == "none":
+        out.append(TensorRecord(Role.BASE_WEIGHT, lin.name, lin.out_features, lin.in_features, n, dtype,
+                                trains, lin.weight_params * DTYPE_BYTES[dtype], layer))
     else:
         # 4-bit packs two codes per byte (Params4bit), 8-bit one byte per weight (Int8Params)
-        packed = lin.weight_params if r.quantization == "int8" else math.ceil(lin.weight_params / 2)
+        packed = lin.weight_params if quantization == "int8" else math.ceil(lin.weight_params / 2)
         out.append(TensorRecord(Role.QUANTIZED_WEIGHT, lin.name, lin.out_features, lin.in_features, n,
-                                r.quantization, False, round_block(packed), layer))
+                                quantization, False, round_block(packed), layer))
     if lin.bias:
-        dtype = r.weight_dtype if r.quantization == "none" else r.frozen_dtype
-        out.append(TensorRecord(Role.BASE_WEIGHT, f"{lin.name}.bias", lin.out_features, 1, n, dtype, r.full,
+        out.append(TensorRecord(Role.BASE_WEIGHT, f"{lin.name}.bias", lin.out_features, 1, n, dtype, trains,
                                 lin.out_features * DTYPE_BYTES[dtype], layer))
     return out
 
 
-def base_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
+def base_weight_records(r: ResolvedPlan) -> tuple[TensorRecord, ...]:
     """The model's own parameters, tensor kind by tensor kind (ModelSpec's counts): embedding, untied head, final
     norm, and per block kind its linears, norms, q/k norms and fused experts with their router. Unquantized they are
     in the weight dtype (fp32 masters under 'mixed'); on a quantized base everything but the block linears' weights
     stays in ``r.frozen_dtype`` (fp32 after prepare_model_for_kbit_training)."""
-    spec = r.spec
-    h = spec.hidden_size
     dtype = r.weight_dtype if r.quantization == "none" else r.frozen_dtype
+    return _base_weight_records(r.spec, r.quantization, dtype, r.full)
+
+
+@lru_cache(maxsize=256)  # a search evaluates many plans of one model: the base's records repeat
+def _base_weight_records(spec: ModelSpec, quantization: str, dtype: str, trains: bool) -> tuple[TensorRecord, ...]:
+    h = spec.hidden_size
 
     def rec(module: str, rows: int, cols: int, count: int, layer: int | None) -> TensorRecord:
-        return TensorRecord(Role.BASE_WEIGHT, module, rows, cols, count, dtype, r.full,
+        return TensorRecord(Role.BASE_WEIGHT, module, rows, cols, count, dtype, trains,
                             rows * cols * DTYPE_BYTES[dtype], layer)
 
     out = [rec("embed_tokens", spec.vocab_size, h, 1, None)]
@@ -119,7 +124,7 @@ def base_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
     out.append(rec("norm", h, 1, 1, None))
     for i, n in spec.layer_groups:
         for lin in spec.layer_linears(i):
-            out += _linear_records(r, lin, i, n)
+            out += _linear_records(lin, i, n, quantization, dtype, trains)
         # one record per tensor of a block: ``count`` is always the number of blocks of the kind
         out += [rec(f"norm{k}", h, 1, n, i) for k in range(spec.norms_per_layer)]
         if spec.qk_norm == "head":
@@ -134,30 +139,32 @@ def base_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
             out.append(rec("experts.gate_up_proj", moe.num_experts * 2 * moe.expert_intermediate, h, n, i))
             out.append(rec("experts.down_proj", moe.num_experts * h, moe.expert_intermediate, n, i))
             out.append(rec("router", moe.num_experts, h, n, i))
-    return out
+    return tuple(out)
 
 
-def quantization_state_records(r: ResolvedPlan) -> list[TensorRecord]:
+def quantization_state_records(r: ResolvedPlan) -> tuple[TensorRecord, ...]:
     """Per quantized linear: 4-bit (bitsandbytes QuantState) one fp32 absmax per NF4_BLOCKSIZE weights and the
     16-entry fp32 code, or with double quantization uint8 absmax, one fp32 absmax per NF4_DOUBLE_QUANT_BLOCKSIZE of
     them, a 256-entry fp32 code and an fp32 offset (QLoRA, Dettmers et al. 2023, sec. 3); 8-bit one fp32 scale per
     output row (INT8_ROW_STAT_BYTES). Each tensor rounded to the allocator block."""
     if r.quantization == "none":
-        return []
-    out = []
-    for i, n in r.spec.layer_groups:
-        for lin in r.spec.layer_linears(i):
-            out.append(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
-                                    _quantization_state_bytes(r, lin), i))
-    return out
+        return ()
+    return _quantization_state_records(r.spec, r.quantization, r.plan.bnb_4bit_use_double_quant)
 
 
-def _quantization_state_bytes(r: ResolvedPlan, lin: LinearSpec) -> int:
-    if r.quantization == "int8":
+@lru_cache(maxsize=256)
+def _quantization_state_records(spec: ModelSpec, quantization: str, double: bool) -> tuple[TensorRecord, ...]:
+    return tuple(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
+                              _quantization_state_bytes(lin, quantization, double), i)
+                 for i, n in spec.layer_groups for lin in spec.layer_linears(i))
+
+
+def _quantization_state_bytes(lin: LinearSpec, quantization: str, double: bool) -> int:
+    if quantization == "int8":
         return round_block(lin.out_features * constant("INT8_ROW_STAT_BYTES"))
     blocks = math.ceil(lin.weight_params / int(constant("NF4_BLOCKSIZE")))
     one = round_block(16 * 4)  # the 4-bit code book
-    if r.plan.bnb_4bit_use_double_quant:
+    if double:
         one += round_block(blocks)  # uint8 absmax
         one += round_block(math.ceil(blocks / int(constant("NF4_DOUBLE_QUANT_BLOCKSIZE"))) * 4)  # fp32 2nd-level absmax
         one += round_block(256 * 4) + round_block(4)  # 8-bit code book, offset
