@@ -260,14 +260,31 @@ async def test_mcp_model_error_does_not_reveal_whether_a_path_exists():
 # ------------------------------------------------------------------------------------ 4. bounded work
 
 
-def test_a_huge_keep_list_is_refused_before_any_work():
+def test_a_huge_keep_list_is_refused_before_any_work(monkeypatch):
+    """Timing-free: the model lookup and the estimate (the search's first work) fail the test if reached, and the
+    keep list is a generator that counts what is drawn from it: at most MAX_KEEP + 1 names are ever looked at."""
+    from canifinetune.estimator import search
     from canifinetune.estimator.search import MAX_KEEP, suggest
 
+    def no_work(*args, **kwargs):
+        raise AssertionError("suggest did work (resolve_model / estimate) before refusing the keep list")
+
+    monkeypatch.setattr(search, "resolve_model", no_work)
+    monkeypatch.setattr(search, "estimate", no_work)
     plan = TrainingPlan(model=MODEL, gpu="RTX 4090")
+    drawn = []
+
+    def counted(names):
+        for name in names:
+            drawn.append(name)
+            yield name
+
     for keep in (["seq_len"] * 100_000, [f"bogus{i}" for i in range(100_000)], ["x" * 10_000_000]):
+        drawn.clear()
         with pytest.raises(PlanError) as err:
-            _, _cpu = _cpu_seconds(lambda keep=keep: suggest(plan, keep=keep))
+            suggest(plan, keep=counted(keep))
         assert str(err.value).startswith("keep:") and len(str(err.value)) < 1000
+        assert len(drawn) <= MAX_KEEP + 1, len(drawn)  # counted before any is looked at, never read to the end
     assert MAX_KEEP == 64
 
 

@@ -513,11 +513,9 @@ async def test_trainer_is_flat_and_its_fields_go_in_the_plan_object():
         flat = await client.call_tool("estimate_memory", {"model": "Qwen/Qwen2.5-0.5B", "trainer": "GRPO",
                                                           "num_generations": 4, "gpu": "RTX 4090"})
     assert wrong.is_error and "num_generations" in text_of(wrong) and "grpo" in text_of(wrong)
-    if flat.is_error:  # the estimate of this trainer is the estimator's (issue 17.2); until then it says so
-        assert "trainer" in text_of(flat) and "not estimated yet" in text_of(flat)
-    else:
-        assert flat.structured_content["plan"]["trainer"] == "grpo"
-        assert flat.structured_content["plan"]["num_generations"] == 4
+    assert not flat.is_error, text_of(flat)  # GRPO is estimated (trainer_memory.py): an error here is a failure
+    assert flat.structured_content["plan"]["trainer"] == "grpo"
+    assert flat.structured_content["plan"]["num_generations"] == 4
 
 
 async def test_make_recipe_for_a_trainer_ships_its_example_data():
@@ -525,8 +523,6 @@ async def test_make_recipe_for_a_trainer_ships_its_example_data():
             "plan": {"num_generations": 4, "max_completion_length": 256}}
     async with Client(build_server()) as client:
         result = await client.call_tool("make_recipe", args)
-        if result.is_error and "not estimated yet" in text_of(result):
-            pytest.skip(f"the grpo estimate has not landed yet: {text_of(result)}")
         assert not result.is_error, text_of(result)
         out = RecipeView.model_validate(result.structured_content)
         links = {c.name: c for c in result.content if c.type == "resource_link"}

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError
 from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.inventory import inventory_of
 from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
@@ -77,7 +78,7 @@ def test_every_trainable_copy_is_on_each_gpu_as_its_sharding_places_it(sharding,
     plain = estimate(TrainingPlan(**fields))
     plan = with_extras.plan
     r = resolve(plan, resolve_model(plan.model).spec)
-    extra_params = r.trainable_params - r.adapter_params  # the copies and magnitudes
+    extra_params = inventory_of(r).trainable_params - inventory_of(r).adapter_params  # the copies and magnitudes
     parts = {c.name: c.bytes for c in with_extras.breakdown}
     base = {c.name: c.bytes for c in plain.breakdown}
     added = parts["lora_adapters"] - base["lora_adapters"]

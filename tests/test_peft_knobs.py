@@ -1,4 +1,4 @@
-"""PEFT's modules_to_save and use_dora (estimator/peft_knobs.py): the estimator's trainable parameters against PEFT's
+"""PEFT's modules_to_save and use_dora (estimator/peft_memory.py): the estimator's trainable parameters against PEFT's
 own, the refusal of module names it cannot model, and the estimate against a fake-tensor measurement."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from canifinetune.estimator.errors import PlanError
+from canifinetune.estimator.inventory import inventory_of
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
 from canifinetune.estimator.spec import ModelSpec
@@ -80,8 +81,9 @@ def test_trainable_params_match_peft(name, knobs):
         model = get_peft_model(model, model_setup.lora_config(plan))
     trainable = [p for p in model.parameters() if p.requires_grad]
     r = resolve(plan, ModelSpec.from_config(config))
-    assert r.trainable_params == sum(p.numel() for p in trainable) == model.get_nb_trainable_parameters()[0]
-    assert r.trainable_tensors == len(trainable)
+    trainable_params = inventory_of(r).trainable_params
+    assert trainable_params == sum(p.numel() for p in trainable) == model.get_nb_trainable_parameters()[0]
+    assert inventory_of(r).trainable_tensors == len(trainable)
 
 
 def test_tied_head_copy_is_its_own_tensor():
@@ -126,8 +128,8 @@ def test_knobs_add_their_memory():
     spec = ModelSpec.from_config(CONFIGS["llama_untied"])
     plain = resolve(_plan(), spec)
     head = resolve(_plan(modules_to_save=["lm_head"]), spec)
-    vh = spec.vocab_size * spec.hidden_size
-    assert head.trainable_params - plain.trainable_params == vh
+    vh = 256_000  # the head's V x H from CONFIGS["llama_untied"] by hand: 1000 x 256
+    assert inventory_of(head).trainable_params - inventory_of(plain).trainable_params == vh
     assert m.gradient_bytes(head) - m.gradient_bytes(plain) == 2 * vh  # bf16 copy next to fp32 adapters
     assert m.optimizer_state_bytes(head) - m.optimizer_state_bytes(plain) == 2 * 2 * vh + 512
     dora = resolve(_plan(use_dora=True), spec)
@@ -168,7 +170,8 @@ def test_estimate_against_fake_measurement(tmp_path, knobs):
     plan = TrainingPlan(model=str(tmp_path), method="lora", seq_len=512, batch_size=2, **knobs)
     measured = _fake_mode().run_steps(plan, MEDIUM, fake=True, loss="trl_fused")
     est = estimate(plan)
-    assert measured["resolved"]["trainable_params"] == resolve(plan, ModelSpec.from_config(MEDIUM)).trainable_params
+    resolved = resolve(plan, ModelSpec.from_config(MEDIUM))
+    assert measured["resolved"]["trainable_params"] == inventory_of(resolved).trainable_params
     error = (est.peak_allocated_bytes - measured["peak_allocated_bytes"]) / measured["peak_allocated_bytes"]
     assert -0.02 <= error <= 0.10, (est.peak_allocated_bytes, measured["peak_allocated_bytes"], error)
 
@@ -184,7 +187,9 @@ def test_qlora_dora_and_head_copy_under_fake_tensors():
     result = _fake_mode().run_steps(plan, config, fake=True)
     r = resolve(plan, ModelSpec.from_config(config))
     settings = result["resolved"]
-    assert settings["trainable_params"] == r.trainable_params
-    magnitudes = sum(n * lin.out_features for i, n in r.spec.layer_groups for lin in r.adapted_linears(i))
-    assert settings["adapter_dtypes"]["float32"] == magnitudes
+    assert settings["trainable_params"] == inventory_of(r).trainable_params
+    # DoRA's magnitude vectors (fp32), one per output feature of every adapted linear, by hand from
+    # CONFIGS["llama_tied"] (hidden 256, MLP 512, 8 heads of 32, 4 KV heads: k/v 128): q 256 + k 128 + v 128 + o 256
+    # + gate 512 + up 512 + down 256 = 2,048 per layer, x 2 layers
+    assert settings["adapter_dtypes"]["float32"] == 4_096
     assert result["peak_allocated_bytes"] > 0

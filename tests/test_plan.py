@@ -28,27 +28,28 @@ def test_defaults_are_trl_sft_with_peft():
 @pytest.mark.parametrize(
     "kwargs, field, fragment",
     [
-        ({"seq_len": 0}, "seq_len", "got 0"),
-        ({"batch_size": -1}, "batch_size", "got -1"),
-        ({"lora_r": 0}, "lora_r", "got 0"),
-        ({"lora_dropout": 1.0}, "lora_dropout", "got 1.0"),
-        ({"gpu_vram_gb": math.nan}, "gpu_vram_gb", "finite"),
-        ({"gpu_vram_gb": math.inf}, "gpu_vram_gb", "finite"),
-        ({"optim": "adam"}, "optim", "'adam'"),
-        ({"method": "prefix"}, "method", "'prefix'"),
-        ({"dtype": "int4"}, "dtype", "'int4'"),
+        ({"seq_len": 0}, "seq_len", "greater than or equal to 1; got 0"),
+        ({"batch_size": -1}, "batch_size", "greater than or equal to 1; got -1"),
+        ({"lora_r": 0}, "lora_r", "greater than or equal to 1; got 0"),
+        ({"lora_dropout": 1.0}, "lora_dropout", "less than 1; got 1.0"),
+        ({"gpu_vram_gb": math.nan}, "gpu_vram_gb", "finite number; got nan"),
+        ({"gpu_vram_gb": math.inf}, "gpu_vram_gb", "finite number; got inf"),
+        ({"optim": "adam"}, "optim", "got 'adam'"),
+        ({"method": "prefix"}, "method", "got 'prefix'"),
+        ({"dtype": "int4"}, "dtype", "got 'int4'"),
         ({"unknown_knob": 1}, "unknown_knob", "not a known field"),
-        ({"seq_len": "long"}, "seq_len", "'long'"),
+        ({"seq_len": "long"}, "seq_len", "valid integer, unable to parse string as an integer; got 'long'"),
         ({"target_modules": []}, "target_modules", "at least one"),
         ({"target_modules": ["q_proj; rm -rf /"]}, "target_modules", "letters, digits"),
-        ({"model": ""}, "model", ""),
+        ({"model": ""}, "model", "at least 1 character; got ''"),
     ],
 )
 def test_invalid_values_name_their_field(kwargs, field, fragment):
     data = {"model": "m", **kwargs}
     text = error_text(**data)
+    assert fragment.strip(), "an empty fragment matches every message"
     assert text.startswith(field + ":"), text
-    assert fragment in text
+    assert fragment in text, text
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,18 @@
   be below it by more than 2% nor above by more than 15%.
 * ZeRO-2/3: the static per-GPU parts (weights + gradients + optimizer states incl. fp32 masters) of a full
   fine-tune with AdamW and precision 'mixed' against DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs``.
+
+DeepSpeed's estimators are the only outside check of the ZeRO figures, so they must not skip silently where they are
+meant to run: with ``CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS=1`` in the environment (``.ci/run`` exports it) a missing
+DeepSpeed (or torch / transformers for the FSDP measurements) fails these tests instead of skipping them. Without it
+(the README's command on a bare machine, tests/test_fresh_install.py) they skip and say why.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,16 +26,44 @@ from pathlib import Path
 import pytest
 
 from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.inventory import inventory_of
 from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
 from canifinetune.estimator.sharding import shares
 
 ROOT = Path(__file__).resolve().parents[1]
+REQUIRE = "CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS"  # set to 1 by .ci/run: an independent check may not skip
+
+
+def _require(module: str):
+    """The module, or a skip saying why; a failure instead when $CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS is 1."""
+    if os.environ.get(REQUIRE, "") not in ("", "0"):
+        try:
+            return importlib.import_module(module)
+        except ImportError as exc:
+            pytest.fail(f"{REQUIRE} is set and {module} cannot be imported ({exc}): the independent check "
+                        f"cannot run (.ci/run installs it)")
+    return pytest.importorskip(module)
+
+
 HARNESS = ROOT / "benchmarks" / "validation" / "fsdp_fake.py"
 
 SMOL = "HuggingFaceTB/SmolLM2-360M"
 QWEN = "Qwen/Qwen2.5-0.5B"
+# Parameter counts from the models' config.json by hand (the Hub's safetensors totals), not from the estimator's spec:
+# what DeepSpeed's estimators are given, so both sides of a comparison do not share one count.
+#   Qwen2.5-0.5B: hidden 896, MLP 4864, 24 layers, 14 query / 2 KV heads of 64, vocab 151936, tied, q/k/v biases:
+#     layer = (896*896+896) + 2*(896*128+128) + 896*896 + 3*896*4864 + 2*896 = 14,912,384; x 24 = 357,897,216;
+#     + embedding 151936*896 = 136,134,656 + final norm 896 = 494,032,768
+#   SmolLM2-360M: hidden 960, MLP 2560, 32 layers, 15 query / 5 KV heads of 64, vocab 49152, tied, no biases:
+#     layer = 2*960*960 + 2*960*320 + 3*960*2560 + 2*960 = 9,832,320; x 32 = 314,634,240;
+#     + embedding 49152*960 = 47,185,920 + final norm 960 = 361,821,120
+PARAMS = {QWEN: 494_032_768, SMOL: 361_821_120}
+# LoRA r=16 on PEFT's default targets for both families (q_proj, v_proj): 16 x (in + out) per module per layer
+#   Qwen2.5-0.5B: 24 x 16 x ((896+896) + (896+128)) = 1,081,344; SmolLM2-360M: 32 x 16 x ((960+960) + (960+320))
+#   = 1,638,400
+LORA_PARAMS = {QWEN: 1_081_344, SMOL: 1_638_400}
 # Where each case peaks (FSDPMemTracker's categories): SmolLM2 LoRA 4 ranks and Qwen2.5 LoRA 2 ranks at the start of
 # forward (the tail unit's and block 0's all-gather outputs and unsharded copies, 2 x (tail + block)); SmolLM2 full
 # shard_grad_op at the start of backward (every unit unsharded, the loss's backward); the full fine-tunes with full
@@ -76,8 +111,8 @@ def _measure(case: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def fsdp_results():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    _require("torch")
+    _require("transformers")
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(_measure, FSDP_CASES))
 
@@ -114,7 +149,7 @@ def test_zero_model_states_match_deepspeed(model, n, stage, offload_opt, offload
     these models); ours is the ZeRO-3 gather of the largest decoder layer, so the ZeRO-3 comparison leaves that
     term out on both sides. Host memory: DeepSpeed multiplies by an ``additional_buffer_factor`` (1.5); compared
     with the factor set to 1 (ZeRO-2 and ZeRO-3 optimizer offload with zero_init: 16 bytes/param on the host)."""
-    pytest.importorskip("deepspeed")
+    _require("deepspeed")
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -122,7 +157,8 @@ def test_zero_model_states_match_deepspeed(model, n, stage, offload_opt, offload
         pytest.skip("not a DeepSpeed combination")
     plan = TrainingPlan(model=model, method="full", precision="mixed", optim="adamw_torch", num_gpus=n,
                         sharding=f"zero{stage}", offload_optimizer=offload_opt, offload_params=offload_params)
-    total = resolve_model(model).spec.total_params
+    total = PARAMS[model]
+    assert resolve_model(model).spec.total_params == total
     ours_gpu, ours_host = _static_parts(plan)
     if stage == 2:
         ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(total, n, 1, cpu_offload=offload_opt,
@@ -144,7 +180,7 @@ def test_zero_across_nodes_matches_deepspeed(nodes, per_node, stage, offload_opt
     plan of N nodes of K GPUs is per GPU the plan of N.K GPUs), and ZeRO-3's host figure is per node (its gpus_factor
     1/num_nodes), as ours is. ZeRO-2's host figure is the whole cluster's (max(4 x total GPUs, 16) x P): ours per node
     times the nodes, where 4 x total <= 16."""
-    pytest.importorskip("deepspeed")
+    _require("deepspeed")
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -153,7 +189,7 @@ def test_zero_across_nodes_matches_deepspeed(nodes, per_node, stage, offload_opt
     plan = TrainingPlan(model=QWEN, method="full", precision="mixed", optim="adamw_torch", num_nodes=nodes,
                         gpus_per_node=per_node, sharding=f"zero{stage}", offload_optimizer=offload_opt,
                         offload_params=offload_params)
-    total = resolve_model(QWEN).spec.total_params
+    total = PARAMS[QWEN]
     ours_gpu, ours_host = _static_parts(plan)
     flat_gpu, flat_host = _static_parts(plan.replace(num_gpus=nodes * per_node))  # one machine of N.K GPUs
     assert ours_gpu == flat_gpu and abs(ours_host * nodes - flat_host) <= nodes, (ours_host, flat_host)
@@ -200,7 +236,11 @@ def test_hybrid_shard_is_full_shard_over_one_node(model, method, dtype):
         assert getattr(s_h, part) == getattr(s_f, part), part
     e_h, e_f = estimate(hybrid), estimate(flat)
     assert e_h.phases["forward"] == e_f.phases["forward"] and e_h.phases["optimizer"] == e_f.phases["optimizer"]
-    expected = (r_h.trainable_params * r_h.act_bytes) // 2 if dtype != "fp32" else 0  # fp32 masters, bf16 reduce
+    # the bf16 all-reduce buffers of every trainable parameter over the node's 2 GPUs (2 bytes x P / 2), from the
+    # hand counts above; none when the gradients are fp32 already
+    trainable = LORA_PARAMS[model] if method == "lora" else PARAMS[model]
+    assert inventory_of(r_h).trainable_params == trainable
+    expected = 2 * trainable // 2 if dtype != "fp32" else 0
     assert s_h.backward_extra == expected
     more = e_h.phases["backward"] - e_f.phases["backward"]
     assert 0 <= more <= expected, (more, expected)
@@ -219,7 +259,10 @@ def test_hpz_adds_the_secondary_partition_to_zero3(method, offload):
     r = resolve(TrainingPlan(**kw, sharding="zero3_hpz"), spec)
     hpz, z3 = shares(r), shares(resolve(TrainingPlan(**kw, sharding="zero3"), spec))
     a = 2  # bf16: DeepSpeed casts the module, frozen and trainable alike
-    secondary = (spec.total_params * a) // 4 + (0 if r.full else (r.adapter_params * a) // 4)
+    # the secondary copy over the node's 4 GPUs, from the hand counts above: 2 x 494,032,768 / 4 = 247,016,384, and
+    # for LoRA its adapters too, 2 x 1,081,344 / 4 = 540,672
+    assert inventory_of(r).adapter_params == (0 if method == "full" else LORA_PARAMS[QWEN])
+    secondary = {"full": 247_016_384, "lora": 247_016_384 + 540_672}[method]
     if offload:
         assert hpz.weights + hpz.adapters == 0 and hpz.host - z3.host == 4 * secondary  # the node's 4 ranks
     else:
@@ -228,14 +271,14 @@ def test_hpz_adds_the_secondary_partition_to_zero3(method, offload):
         assert getattr(hpz, part) == getattr(z3, part), part
     # against DeepSpeed's ZeRO-3 estimator for what it covers: the same states over N.K GPUs, and a.P/K more on the GPU
     if method == "full" and not offload:
-        pytest.importorskip("deepspeed")
+        _require("deepspeed")
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         plan = TrainingPlan(**{**kw, "precision": "mixed", "optim": "adamw_torch"}, sharding="zero3_hpz")
         ours_gpu, _ = _static_parts(plan)
-        _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(spec.total_params, 0, 4, 2, cpu_offload=False,
+        _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(PARAMS[QWEN], 0, 4, 2, cpu_offload=False,
                                                              cpu_offload_params=False, additional_buffer_factor=1.0)
-        assert abs(ours_gpu - (ds_gpu + spec.total_params * a // 4)) <= 0.01 * ds_gpu + 2**20
+        assert abs(ours_gpu - (ds_gpu + PARAMS[QWEN] * a // 4)) <= 0.01 * ds_gpu + 2**20
 
 
 def test_sharding_per_gpu_shrinks_with_more_gpus():
@@ -266,4 +309,19 @@ def test_single_gpu_unchanged_by_sharding_code():
     plan = TrainingPlan(model=QWEN, method="full")
     one = estimate(plan)
     ddp = estimate(plan.replace(sharding="ddp"))
-    assert ddp.peak_allocated_bytes > one.peak_allocated_bytes
+    assert one.plan.sharding == "none" and not one.per_gpu and ddp.plan.sharding == "ddp"
+    # The bucket copy, derived by hand, not from the estimator: DDP's reducer keeps one bf16 copy of every gradient,
+    # i.e. 2 bytes x every parameter of a full fine-tune (PARAMS: Qwen2.5-0.5B's 494,032,768, counted above)
+    bucket = 2 * PARAMS[QWEN]
+    assert ddp.peak_allocated_bytes - one.peak_allocated_bytes == bucket
+    for phase, peak in one.phases.items():  # every phase holds the buckets or not: never anything else
+        assert ddp.phases[phase] - peak in (0, bucket), (phase, ddp.phases[phase] - peak)
+    assert ddp.phases["backward"] - one.phases["backward"] == bucket  # alive from backward through the step
+    mine, theirs = {c.name: c.bytes for c in one.breakdown}, {c.name: c.bytes for c in ddp.breakdown}
+    assert mine.keys() == theirs.keys()
+    assert theirs["gradients"] - mine["gradients"] == bucket
+    # every other part is the same bytes, except the allocator's overhead, which is a share of the (larger) peak
+    assert theirs["allocator_overhead"] > mine["allocator_overhead"]
+    same = set(mine) - {"gradients", "allocator_overhead"}
+    assert {k: theirs[k] for k in same} == {k: mine[k] for k in same}
+    assert ddp.host_memory_bytes == one.host_memory_bytes == 0
