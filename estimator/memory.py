@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from enum import Enum
 
 from . import peft_memory
 from .allocator import round_block
@@ -26,6 +27,19 @@ from .moe_adapters import expert_adapter_shapes
 from .resolved import ResolvedPlan
 from .spec import LinearSpec
 from .tensor_records import Role
+
+
+class BlockPart(Enum):
+    """What part of a decoder block a saved tensor belongs to (:func:`block_saved_parts`)."""
+
+    NORMS = "norms"  # RMSNorms' fp32 inputs (and outputs when their weights train), q/k norms
+    ATTENTION = "attention"  # q/k/v's input when their weights train, the kernel's tensors, mask and views
+    MLP = "mlp"  # a dense block's gated MLP
+    MOE = "moe"  # an MoE block's router, routed and shared experts, expert adapters
+    ADAPTER_INPUTS = "adapter inputs"  # LoRA's own saved tensors: its input (cast, dropped out or the block's own)
+    INT8_INPUTS = "8-bit inputs"  # what bitsandbytes' 8-bit matmul keeps of its input
+    DORA = "DoRA"  # DoRA's base and LoRA results and weight copies
+
 
 # what the lora_adapters component holds: everything that trains beside a frozen base
 ADAPTER_ROLES = (Role.ADAPTER, Role.EXPERT_ADAPTER, Role.SAVED_COPY, Role.DORA_MAGNITUDE)
@@ -193,20 +207,27 @@ def quantized_output_bytes(r: ResolvedPlan) -> int:
 
 
 def _consumer_saved_bytes(r: ResolvedPlan, linears: tuple[LinearSpec, ...]) -> int:
-    """What linears reading one shared input keep for backward: the input once if any base weight
-    trains or is 8-bit, plus each adapter's own saved tensors (dropout mask, its input copy in the
-    compute dtype, the rank-r intermediate)."""
+    """What linears reading one shared input keep for backward (:func:`_consumer_parts`, summed)."""
+    return sum(_consumer_parts(r, linears, BlockPart.MLP).values())
+
+
+def _consumer_parts(r: ResolvedPlan, linears: tuple[LinearSpec, ...], home: BlockPart) -> dict[BlockPart, int]:
+    """What linears reading one shared input keep for backward, by part: the input once if any base weight trains
+    (``home``: the attention's or the MLP's) or is 8-bit (INT8_INPUTS), or the block's own tensor lora_A keeps on a
+    frozen base (ADAPTER_INPUTS); plus each adapter's own saved tensors (dropout mask, its input copy in the compute
+    dtype, the rank-r intermediate: ADAPTER_INPUTS)."""
     plan = r.plan
     t = r.tokens
     a = r.act_bytes
-    saved = 0
     width = linears[0].in_features
+    parts = dict.fromkeys((home, BlockPart.INT8_INPUTS, BlockPart.ADAPTER_INPUTS), 0)
     if r.full:
-        saved += round_block(a * t * width)
+        parts[home] += round_block(a * t * width)
     elif r.quantization == "int8":
-        saved += round_block(_int8_input_bytes(r, linears[0]) * t * width)
+        parts[BlockPart.INT8_INPUTS] += round_block(_int8_input_bytes(r, linears[0]) * t * width)
     else:
-        saved += lora_own_input_bytes(r, linears)
+        parts[BlockPart.ADAPTER_INPUTS] += lora_own_input_bytes(r, linears)
+    saved = 0
     for lin in linears:
         if not r.adapted(lin):
             continue
@@ -216,7 +237,8 @@ def _consumer_saved_bytes(r: ResolvedPlan, linears: tuple[LinearSpec, ...]) -> i
         elif r.adapter_dtype != r.compute_dtype:
             saved += round_block(a * t * lin.in_features)  # input cast to fp32 then autocast to a
         saved += round_block(a * t * plan.lora_r)  # lora_A output, kept by lora_B
-    return saved
+    parts[BlockPart.ADAPTER_INPUTS] += saved
+    return parts
 
 
 def _reads_block_tensor(r: ResolvedPlan) -> bool:
@@ -321,21 +343,30 @@ def layer_activation_bytes(r: ResolvedPlan, layer: int) -> int:
     in Large Transformer Models", sec. 4.1) redone for transformers' Llama-family blocks, flash
     attention (no s² term) and frozen bases.
     """
+    return sum(block_saved_parts(r, layer).values())
+
+
+def block_saved_parts(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
+    """What one block of the kind starting at ``layer`` saves for backward, by part (:class:`BlockPart`): its
+    norms, its attention, its dense MLP or its MoE layer, the LoRA adapters' own tensors, what 8-bit linears keep
+    and DoRA's. Each part is described once here; a new block kind (a vision tower's) is another description."""
     spec = r.spec
     h = spec.hidden_size
-    total = _norm_saved_bytes(r, h, r.full)  # input RMSNorm
-    total += _attention_saved_bytes(r)
-    # post-attention RMSNorm (Gemma2/3 also pre-/post-feedforward norms, OLMo2 post-norms only)
-    extra_norms = spec.norms_per_layer - 1
-    total += extra_norms * _norm_saved_bytes(r, h, r.full)
-    # MLP
+    parts = dict.fromkeys(BlockPart, 0)
+    # input RMSNorm, post-attention RMSNorm (Gemma2/3 also pre-/post-feedforward norms, OLMo2 post-norms only)
+    parts[BlockPart.NORMS] += spec.norms_per_layer * _norm_saved_bytes(r, h, r.full)
+    _add(parts, _attention_parts(r))
     if spec.is_moe_layer(layer):
-        total += _moe_activation_bytes(r)
+        parts[BlockPart.MOE] += _moe_activation_bytes(r)
     else:
-        total += _mlp_activation_bytes(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens,
-                                       lambda linears: _consumer_saved_bytes(r, linears))
-    total += peft_memory.dora_layer_saved_bytes(r, layer)  # DoRA: weight copies, base and LoRA results
-    return total
+        _add(parts, _mlp_parts(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens))
+    parts[BlockPart.DORA] += peft_memory.dora_layer_saved_bytes(r, layer)  # weight copies, base and LoRA results
+    return parts
+
+
+def _add(parts: dict[BlockPart, int], more: dict[BlockPart, int]) -> None:
+    for part, size in more.items():
+        parts[part] += size
 
 
 def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
@@ -350,35 +381,39 @@ def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
     return saved
 
 
-def _attention_saved_bytes(r: ResolvedPlan) -> int:
+def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
     """One block's attention: q/k/v's inputs, q/k norms, the kernel's saved tensors, the mask and o_proj's adapters."""
     spec, plan, t, a, full = r.spec, r.plan, r.tokens, r.act_bytes, r.full
     attn = spec.attention_linears()
-    total = _consumer_saved_bytes(r, attn[:-1])  # q, k, v
+    parts = _consumer_parts(r, attn[:-1], BlockPart.ATTENTION)  # q, k, v
+    parts[BlockPart.NORMS] = 0
     # q/k norms keep their fp32 inputs
     if spec.qk_norm != "none":
-        total += _norm_saved_bytes(r, spec.q_dim, full) + _norm_saved_bytes(r, spec.kv_dim, full)
+        parts[BlockPart.NORMS] += _norm_saved_bytes(r, spec.q_dim, full) + _norm_saved_bytes(r, spec.kv_dim, full)
     # attention kernel
-    total += round_block(a * t * spec.q_dim) * 2 + round_block(a * t * spec.kv_dim) * 2
-    total += round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
+    kernel = round_block(a * t * spec.q_dim) * 2 + round_block(a * t * spec.kv_dim) * 2
+    kernel += round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
     if r.attention_kernel == "math":
         # transformers' eager_attention_forward: softmax in fp32 keeps its output (4 bytes a score), the
         # cast back to the compute dtype is kept by the matmul with V (a), and Gemma2's tanh softcap keeps
         # its output too (a); measured on cohort case c40 (Gemma2, eager): exactly these three per layer.
         scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
-        total += round_block(4 * scores) + round_block(a * scores)
+        kernel += round_block(4 * scores) + round_block(a * scores)
         if spec.attn_logit_softcapping:
-            total += round_block(a * scores)
+            kernel += round_block(a * scores)
         if spec.num_kv_heads != spec.num_heads:
-            total += round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
-    total += attention_mask_and_view_bytes(r)
-    # o_proj: its input is the attention output already counted; only adapters add
+            kernel += round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
+    parts[BlockPart.ATTENTION] += kernel + attention_mask_and_view_bytes(r)
+    # o_proj: its input is the attention output already counted; only adapters (and an 8-bit o_proj) add
     o_proj = attn[-1]
     if r.adapted(o_proj):
-        counted_input = full or (r.quantization != "int8" and _reads_block_tensor(r))
-        total += _consumer_saved_bytes(r, (o_proj,)) - (round_block(a * t * o_proj.in_features) if counted_input
-                                                         else 0)
-    return total
+        o_parts = _consumer_parts(r, (o_proj,), BlockPart.ATTENTION)
+        if full:
+            o_parts[BlockPart.ATTENTION] -= round_block(a * t * o_proj.in_features)
+        elif r.quantization != "int8" and _reads_block_tensor(r):
+            o_parts[BlockPart.ADAPTER_INPUTS] -= round_block(a * t * o_proj.in_features)
+        _add(parts, o_parts)
+    return parts
 
 
 def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
@@ -416,18 +451,20 @@ def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
     return total
 
 
-def _mlp_activation_bytes(r: ResolvedPlan, linears, width: int, tokens: int, consumers) -> int:
+def _mlp_parts(r: ResolvedPlan, linears, width: int, tokens: int) -> dict[BlockPart, int]:
+    """A gated MLP: gate/up's inputs, gate (SiLU's input), act and up (the product's inputs), the product when
+    down_proj trains, is adapted or is 8-bit."""
     a = r.act_bytes
     up_in = linears[:-1]
     down = linears[-1]
-    saved = consumers(up_in)
+    parts = _consumer_parts(r, up_in, BlockPart.MLP)
     # gate (SiLU input), act and up (product inputs): fp32 behind quantized linears on a kbit-prepared base
-    saved += 3 * round_block(quantized_output_bytes(r) * tokens * width)
+    parts[BlockPart.MLP] += 3 * round_block(quantized_output_bytes(r) * tokens * width)
     if r.full:
-        saved += round_block(a * tokens * width)  # product, kept by down_proj
+        parts[BlockPart.MLP] += round_block(a * tokens * width)  # product, kept by down_proj
     elif r.adapted(down) or r.quantization == "int8":  # an 8-bit down_proj keeps its input (MatMul8bitLt)
-        saved += consumers((down,))
-    return saved
+        _add(parts, _consumer_parts(r, (down,), BlockPart.MLP))
+    return parts
 
 
 def _moe_activation_bytes(r: ResolvedPlan) -> int:
@@ -447,10 +484,8 @@ def _moe_activation_bytes(r: ResolvedPlan) -> int:
     saved += round_block(a * routed * h)  # expert outputs, kept for the routing-weight product
     saved += expert_adapter_saved_bytes(r)
     if moe.shared_intermediate:
-        lin = r.spec.dense_mlp_linears(moe.shared_intermediate)
         saved += 4 * round_block(a * t * moe.shared_intermediate)
         saved += round_block(a * t * h) * 2  # shared expert output and its sigmoid gate product
-        del lin
     return saved
 
 
