@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from canifinetune.estimator.inventory import inventory_of
 from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.estimator.resolved import resolve
@@ -227,10 +228,10 @@ def test_estimate_and_runtime_agree_on_every_knob(kw, tiny_model, tmp_path):
     if est.adapter_dtype is None:
         assert got["adapter_dtypes"] == {} and got["adapted_modules"] == []
     else:
-        assert got["adapter_dtypes"] == {DTYPES[est.adapter_dtype]: est.adapter_params}
+        assert got["adapter_dtypes"] == {DTYPES[est.adapter_dtype]: inventory_of(est).adapter_params}
         assert got["adapted_modules"] == sorted(est.target_modules)
-    assert got["trainable_params"] == est.trainable_params
-    assert got["total_params"] - (est.adapter_params if est.adapter_dtype else 0) == spec.total_params
+    assert got["trainable_params"] == inventory_of(est).trainable_params
+    assert got["total_params"] - (inventory_of(est).adapter_params if est.adapter_dtype else 0) == spec.total_params
     # checkpointing, attention, micro-batch, seq_len, optimizer
     assert got["gradient_checkpointing"] is plan.gradient_checkpointing
     assert got["trainer"]["activation_checkpointing"] is plan.gradient_checkpointing
