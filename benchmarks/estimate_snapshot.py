@@ -27,8 +27,9 @@ GPU_SIZES_GIB = (16, 80)  # each plan is also judged on two GPU sizes: the verdi
 # quantization and knob the plan has. Written out rather than sampled so that the list never moves.
 GRID_MODELS = ("meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-9b-it", "google/gemma-3-1b-it",
                "microsoft/Phi-3-mini-4k-instruct", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B")
-NO_PEFT_DEFAULT_TARGETS = ("microsoft/Phi-3-mini-4k-instruct", "Qwen/Qwen3-30B-A3B")  # PEFT 0.21 has no default for them
-FUSED_EXPERTS = ("mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B")  # PEFT's ParamWrapper refuses lora_dropout there
+# PEFT 0.21 has no default target modules for these; its ParamWrapper on fused experts refuses lora_dropout
+NO_PEFT_DEFAULT_TARGETS = ("microsoft/Phi-3-mini-4k-instruct", "Qwen/Qwen3-30B-A3B")
+FUSED_EXPERTS = ("mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B")
 GRID_CHANGES: dict[str, dict] = {
     "base": {},
     "no-ckpt": {"gradient_checkpointing": False},
