@@ -14,18 +14,16 @@ than every other); otherwise the lookup returns ``None`` and ``suggest_*`` offer
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from . import gpu_names
 from .gpu_names import GPULookup, split_gpu_count
-from .gpu_records import BACKENDS, Backend, CatalogGPU, load_backends
+from .gpu_records import BACKENDS, Backend, CatalogGPU, load_backends, read_data_json
 
 __all__ = [
     "BACKENDS",
@@ -114,16 +112,11 @@ class CatalogModel:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def _read_json(filename: str) -> dict[str, Any]:
-    text = (resources.files(__package__ or "estimator") / "data" / filename).read_text(encoding="utf-8")
-    return json.loads(text)
-
-
 @cache
 def load_models() -> tuple[CatalogModel, ...]:
     """Every catalog model, in catalog order (cached)."""
     out = []
-    for raw in _read_json("models.json")["models"]:
+    for raw in read_data_json("models.json")["models"]:
         out.append(
             CatalogModel(
                 id=raw["id"],
@@ -144,7 +137,7 @@ def load_models() -> tuple[CatalogModel, ...]:
 def load_gpus() -> tuple[CatalogGPU, ...]:
     """Every catalog GPU, in catalog order (cached)."""
     out = []
-    for raw in _read_json("gpus.json")["gpus"]:
+    for raw in read_data_json("gpus.json")["gpus"]:
         bf = raw.get("tflops_bf16_dense")
         out.append(
             CatalogGPU(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
+from typing import Any
 
 # The GPU software whose support the GPU catalog records per card (gpus.json "backends"; docs/catalogs.md).
 BACKENDS: tuple[str, ...] = ("bitsandbytes", "flash_attention_2", "triton")
@@ -92,9 +93,16 @@ class CatalogGPU:
 
 
 @cache
+def read_data_json(filename: str) -> dict[str, Any]:
+    """One of the catalog's data files (estimator/data/), parsed once: gpus.json serves both the cards
+    (catalog.load_gpus) and the backends below."""
+    text = (resources.files(__package__ or "estimator") / "data" / filename).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@cache
 def load_backends() -> Mapping[str, Backend]:
     """The GPU software the catalog records per card (BACKENDS), with the rule and the source of each (cached)."""
-    text = (resources.files(__package__ or "estimator") / "data" / "gpus.json").read_text(encoding="utf-8")
-    raw = json.loads(text)["backends"]
+    raw = read_data_json("gpus.json")["backends"]
     return MappingProxyType({name: Backend(name, raw[name]["provides"], raw[name]["runs_on"], raw[name]["source"])
                              for name in BACKENDS})

@@ -63,19 +63,9 @@ class Inventory:
         """LoRA A/B and expert-adapter parameters (without modules_to_save copies and DoRA magnitudes)."""
         return sum(rec.params for rec in self.of(Role.ADAPTER, Role.EXPERT_ADAPTER))
 
-    def layer_adapter_params(self, layer: int) -> int:
-        """Adapter parameters of one block of the kind that starts at ``layer``."""
-        return sum(rec.elements for rec in self.of(Role.ADAPTER, Role.EXPERT_ADAPTER) if rec.layer == layer)
-
     def layer_trainable_bytes(self, layer: int) -> int:
         """Trainable bytes of one block of the kind that starts at ``layer`` (its gradients, made in its backward)."""
         return sum(rec.elements * DTYPE_BYTES[rec.dtype] for rec in self.trainable if rec.layer == layer)
-
-    @property
-    def trainable_shapes(self) -> list[tuple[int, int, int]]:
-        """(rows, cols, count) of the trainable tensors: Adafactor factors them, bitsandbytes' 8-bit states block
-        them."""
-        return [(rec.rows, rec.cols, rec.count) for rec in self.trainable]
 
 
 # ---------------------------------------------------------------------------

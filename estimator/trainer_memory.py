@@ -306,10 +306,6 @@ def trainer_step_peaks(r, phases_module):
     return fwd, bwd, opt, sizes, tuple(extra)
 
 
-# what the step holds throughout (estimator/components.py): carried into the trainers' own phases
-_STATIC_NAMES = STATIC_NAMES
-
-
 def _reference_item(r, policy, Item):
     """(bytes, item) of the reference model in every phase (a reward model: its input embedding and score head)."""
     plan = r.plan
@@ -343,7 +339,7 @@ def _rows_note(plan, policy) -> str:
 def _orpo_loss_phases(r, policy, fwd, Item, PhasePeak):
     """(forward, ORPO's backward candidate): the full-logits loss in place of the chunked head's terms."""
     fwd_loss, bwd_loss = orpo_logits_bytes(policy)
-    base = tuple(i for i in fwd.items if i.name in (*_STATIC_NAMES, "activations"))
+    base = tuple(i for i in fwd.items if i.name in (*STATIC_NAMES, "activations"))
     below = sum(i.bytes for i in base)
     note = (f"ORPO's loss on the full logits: {policy.tokens} tokens x {r.spec.vocab_size} vocab in fp32 "
             "(accelerate's upcast), the chosen rows' cross-entropy and Triton selective_log_softmax")
@@ -358,12 +354,12 @@ def _with_reference_forward(policy, fwd, Item, PhasePeak):
     """DPO/KTO: the forward phase, or the reference forward on top of the policy's kept tensors if larger."""
     ref_fwd = reference_forward_bytes(policy)
     kept = {i.name: i.bytes for i in fwd.items}
-    statics = sum(kept.get(n, 0) for n in _STATIC_NAMES)
+    statics = sum(kept.get(n, 0) for n in STATIC_NAMES)
     loss_kept = m.loss_forward_bytes(policy) + m.lm_head_cast_bytes(policy)
     total = statics + kept.get("activations", 0) + loss_kept + ref_fwd
     if total <= fwd.bytes:
         return fwd
-    items = tuple(i for i in fwd.items if i.name in (*_STATIC_NAMES, "activations"))
+    items = tuple(i for i in fwd.items if i.name in (*STATIC_NAMES, "activations"))
     return PhasePeak("forward", total, (
         *items,
         Item("logits_and_loss", loss_kept,
@@ -376,7 +372,7 @@ def _generation_phase(r, policy, fwd, Item, PhasePeak):
     """GRPO without vLLM: model.generate's KV cache and temporaries on top of the static set."""
     plan = r.plan
     kv, transient, when = generation_bytes(policy, plan)
-    statics = tuple(i for i in fwd.items if i.name in _STATIC_NAMES)
+    statics = tuple(i for i in fwd.items if i.name in STATIC_NAMES)
     rows = generation_rows(plan)
     if when == "decode":
         tokens = plan.seq_len
