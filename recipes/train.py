@@ -105,4 +105,11 @@ def end_process_group(*, wait_for_peers: bool) -> None:
     if dist.is_available() and dist.is_initialized():
         if wait_for_peers:
             dist.barrier()
-        dist.destroy_process_group()
+        deepspeed_comm = sys.modules.get("deepspeed.comm")
+        if deepspeed_comm is not None and deepspeed_comm.is_initialized():
+            # DeepSpeed keeps its own references to the groups it made (deepspeed/utils/groups.py, 0.19); torch's
+            # destroy leaves them, and the gloo groups then die at interpreter exit, which aborts the same way
+            # (one ZeRO-3 two-node run in 15 here). Its destroy calls torch's and releases them.
+            deepspeed_comm.destroy_process_group()
+        else:
+            dist.destroy_process_group()
