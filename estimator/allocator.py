@@ -11,7 +11,11 @@ import math
 from .constants import constant
 
 
+# Read once: every byte count of the model goes through round_block, and the calibration file does not change while
+# the process runs.
+CUDA_BLOCK_BYTES = int(constant("CUDA_BLOCK_BYTES"))
+
+
 def round_block(nbytes: float) -> int:
     """Round up to the CUDA caching allocator's 512-byte block, as every allocation is."""
-    block = int(constant("CUDA_BLOCK_BYTES"))
-    return int(math.ceil(nbytes / block) * block) if nbytes > 0 else 0
+    return int(math.ceil(nbytes / CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES) if nbytes > 0 else 0

@@ -17,9 +17,9 @@ from .constants import CALIBRATION_VERSION, GIB
 from .errors import PlanError, UnknownGPUError
 from .inventory import inventory_of
 from .model_sources import ResolvedModel, resolve_model
-from .phases import step_peaks
+from .phases import PhasePeak, step_peaks
 from .plan import TrainingPlan
-from .resolved import resolve
+from .resolved import ResolvedPlan, resolve
 from .trainers import resolved_trainer_fields
 
 Verdict = Literal["fits", "tight", "does_not_fit", "unknown"]
@@ -148,11 +148,39 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     without bf16) and, for several GPUs without a sharding, the cheapest sharding that fits."""
     resolved_model = model or resolve_model(plan.model)
     chosen: list[str] = []
+    measured = _measure_with_choices(plan, resolved_model, chosen)
+    return _estimate_of(measured, resolved_model, chosen)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the search needs of an estimate: the plan (with what the estimate chose for the hardware), the verdict
+    and the budget. ``judge`` computes the same peak as ``estimate`` and skips the itemized result, which the
+    search builds only for the plans it returns."""
+
+    plan: TrainingPlan
+    verdict: Verdict
+    budget_bytes: int
+    used_fraction: float | None
+    host_memory_bytes: int
+    gpu_usable_bytes: int | None
+
+
+def judge(plan: TrainingPlan, model: ResolvedModel | None = None) -> Judgement:
+    """``estimate(plan, model)``'s plan, verdict and budget, without its breakdown, assumptions and warnings."""
+    measured = _measure_with_choices(plan, model or resolve_model(plan.model), [])
+    return Judgement(plan=measured.plan, verdict=measured.verdict, budget_bytes=measured.budget.budget,
+                     used_fraction=measured.fraction, host_memory_bytes=measured.sizes["host_memory"],
+                     gpu_usable_bytes=measured.gpu.usable_bytes if measured.gpu else None)
+
+
+def _measure_with_choices(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> _Measured:
+    """The plan measured after the choices it leaves to the hardware (dtype, sharding), each said in ``chosen``."""
     gpu = resolve_gpu(plan)  # once: neither choice below changes the GPU
     plan = _dtype_for_the_gpu(plan, gpu, chosen)
     if plan.sharding_unset:
         return _cheapest_sharding(plan, resolved_model, gpu, chosen)
-    return _estimate(plan, resolved_model, gpu, chosen)
+    return _measure(plan, resolved_model, gpu)
 
 
 # The shardings tried, cheapest first, for several GPUs given without one: DDP keeps the step as on one GPU (the
@@ -175,27 +203,48 @@ def _dtype_for_the_gpu(plan: TrainingPlan, gpu: GPUTarget | None, chosen: list[s
 
 
 def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget | None,
-                       chosen: list[str]) -> Estimate:
-    """The first of SHARDING_CHOICE_ORDER that fits (or the one needing least when none does), said in the notes."""
-    tried: list[Estimate] = []
+                       chosen: list[str]) -> _Measured:
+    """The first of SHARDING_CHOICE_ORDER that fits (or the one needing least when none does), said in ``chosen``."""
+    tried: list[_Measured] = []
     for sharding in SHARDING_CHOICE_ORDER:
-        est = _estimate(plan.replace(sharding=sharding), resolved_model, gpu, [])
-        tried.append(est)
-        if est.verdict in ("fits", "unknown"):
+        measured = _measure(plan.replace(sharding=sharding), resolved_model, gpu)
+        tried.append(measured)
+        if measured.verdict in ("fits", "unknown"):
             break
-    fitting = [e for e in tried if e.verdict in ("fits", "unknown")]
-    best = fitting[0] if fitting else min(tried, key=lambda e: e.budget_bytes)
+    fitting = [t for t in tried if t.verdict in ("fits", "unknown")]
+    best = fitting[0] if fitting else min(tried, key=lambda t: t.budget.budget)
     sharding = best.plan.sharding
     if fitting:
         why = ("the cheapest that fits" if best.verdict == "fits" else "the simplest (no GPU given to judge)")
     else:
         why = "none of " + ", ".join(SHARDING_CHOICE_ORDER) + " fits; this one needs the least"
-    note = f"sharding {sharding} over {plan.gpus_words()}: {why} (sharding was not given; set it to choose)"
-    return best.model_copy(update={"chosen_defaults": [*chosen, note]})
+    chosen.append(f"sharding {sharding} over {plan.gpus_words()}: {why} (sharding was not given; set it to choose)")
+    return best
 
 
-def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget | None,
-              chosen: list[str]) -> Estimate:
+@dataclass(frozen=True)
+class _Measured:
+    """One plan's phase peaks, budget and verdict: everything an Estimate is built from."""
+
+    plan: TrainingPlan
+    gpu: GPUTarget | None
+    r: ResolvedPlan
+    forward: PhasePeak
+    backward: PhasePeak
+    optimizer: PhasePeak
+    extra: tuple[PhasePeak, ...]
+    peak: PhasePeak
+    sizes: dict
+    unmodelled: int
+    unmodelled_bytes: int
+    params_warning: str | None
+    budget: _Budget
+    verdict: Verdict
+    reason: str
+    fraction: float | None
+
+
+def _measure(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget | None) -> _Measured:
     if gpu is not None and gpu.bf16 is False and plan.dtype == "bf16":
         raise PlanError(
             f"dtype: the {gpu.name} has no bf16 support; use dtype 'fp16' (or 'fp32')", field="dtype"
@@ -207,6 +256,15 @@ def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget 
     unmodelled_bytes = unmodelled * r.weight_bytes_per_param  # loaded as frozen weights in the plan's dtype
     b = _budget(plan, gpu, peak.bytes + unmodelled_bytes)
     verdict, reason, fraction = _verdict(plan, gpu, b, sizes["host_memory"])
+    return _Measured(plan=plan, gpu=gpu, r=r, forward=forward, backward=backward, optimizer=optimizer, extra=extra,
+                     peak=peak, sizes=sizes, unmodelled=unmodelled, unmodelled_bytes=unmodelled_bytes,
+                     params_warning=params_warning, budget=b, verdict=verdict, reason=reason, fraction=fraction)
+
+
+def _estimate_of(measured: _Measured, resolved_model: ResolvedModel, chosen: list[str]) -> Estimate:
+    """The itemized Estimate of a measured plan."""
+    r, plan, gpu, b = measured.r, measured.plan, measured.gpu, measured.budget
+    peak, unmodelled_bytes = measured.peak, measured.unmodelled_bytes
     return Estimate(
         model=resolved_model.id,
         model_source=resolved_model.source,
@@ -222,17 +280,18 @@ def _estimate(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: GPUTarget 
         budget_bytes=b.budget,
         gpu=gpu,
         gpu_usable_bytes=gpu.usable_bytes if gpu else None,
-        used_fraction=fraction,
-        verdict=verdict,
-        verdict_reason=reason,
+        used_fraction=measured.fraction,
+        verdict=measured.verdict,
+        verdict_reason=measured.reason,
         per_gpu=plan.num_gpus > 1,
-        phases={"forward": forward.bytes + unmodelled_bytes, "backward": backward.bytes + unmodelled_bytes,
-                "optimizer": optimizer.bytes + unmodelled_bytes,
-                **{p.phase: p.bytes + unmodelled_bytes for p in extra}},
-        breakdown=_breakdown(r, gpu, peak, unmodelled, unmodelled_bytes, b),
-        host_memory_bytes=sizes["host_memory"],
+        phases={"forward": measured.forward.bytes + unmodelled_bytes,
+                "backward": measured.backward.bytes + unmodelled_bytes,
+                "optimizer": measured.optimizer.bytes + unmodelled_bytes,
+                **{p.phase: p.bytes + unmodelled_bytes for p in measured.extra}},
+        breakdown=_breakdown(r, gpu, peak, measured.unmodelled, unmodelled_bytes, b),
+        host_memory_bytes=measured.sizes["host_memory"],
         assumptions=assumptions(r),
-        warnings=_warnings(resolved_model, r, params_warning),
+        warnings=_warnings(resolved_model, r, measured.params_warning),
         calibration_version=CALIBRATION_VERSION,
         plan=plan,
         chosen_defaults=list(chosen),

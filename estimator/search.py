@@ -31,7 +31,7 @@ from . import catalog
 from .backends import gpu_runs_plan
 from .costs import COST_MODEL_TEXT, FULLNESS_FREE_BELOW, Change, Cost, cost_of, sort_key
 from .errors import CanIFinetuneError, PlanError
-from .estimate import Estimate, estimate
+from .estimate import Estimate, Judgement, estimate, judge
 from .knobs import GPU_COUNTS, MULTI_GPU_SHARDINGS, Knob, build_knobs, divisors_below
 from .model_sources import ResolvedModel, resolve_model
 from .plan import MAX_NUM_GPUS, MAX_STRING, PLAN_FIELDS, TrainingPlan
@@ -92,12 +92,14 @@ def _freeze(v):
 
 
 class _Evaluator:
-    """Evaluates plans (original + changes) once each, skipping illegal ones."""
+    """Evaluates plans (original + changes) once each, skipping illegal ones. A plan is judged (verdict and budget,
+    estimator/estimate.py ``judge``); the itemized estimate is built only for the plans the search returns."""
 
     def __init__(self, plan: TrainingPlan, rm: ResolvedModel):
         self.plan = plan
         self.rm = rm
-        self.cache: dict[frozenset, tuple[TrainingPlan, Estimate] | None] = {}
+        self.cache: dict[frozenset, tuple[TrainingPlan, Judgement] | None] = {}
+        self.estimates: dict[frozenset, Estimate] = {}
         self.tp_cache: dict[frozenset, Throughput] = {}
         self.cards: dict[str, catalog.CatalogGPU | None] = {}
 
@@ -112,7 +114,7 @@ class _Evaluator:
     def clean(self, changes: dict) -> dict:
         return {k: v for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v)}
 
-    def get(self, changes: dict) -> tuple[TrainingPlan, Estimate] | None:
+    def get(self, changes: dict) -> tuple[TrainingPlan, Judgement] | None:
         k = self.key(changes)
         if k in self.cache:
             return self.cache[k]
@@ -122,14 +124,22 @@ class _Evaluator:
             if card is not None and gpu_runs_plan(card, plan) is not None:
                 out = None  # the card does not run the plan's kernels (bitsandbytes, flash-attn): never suggested
             else:
-                est = estimate(plan, model=self.rm)
-                out = (plan, est)
+                out = (plan, judge(plan, model=self.rm))
         except (ValidationError, CanIFinetuneError):
             out = None
         self.cache[k] = out
         return out
 
-    def least_budget(self) -> tuple[TrainingPlan, Estimate] | None:
+    def estimate(self, changes: dict) -> Estimate:
+        """The itemized estimate of a plan already judged legal (``get``)."""
+        k = self.key(changes)
+        if k not in self.estimates:
+            got = self.get(changes)
+            assert got is not None, "estimate() of a plan the search found illegal"
+            self.estimates[k] = estimate(got[0], model=self.rm)
+        return self.estimates[k]
+
+    def least_budget(self) -> tuple[TrainingPlan, Judgement] | None:
         """The plan with the least budget of every plan evaluated so far on the original number of GPUs (the first
         evaluated on a tie), or None when none was legal."""
         best = None
@@ -695,7 +705,8 @@ def _rank(search: _Search, result: SuggestResult, max_suggestions: int, training
     everything = ranked
     ranked = _with_qlora_early(_best_of_each_kind(ranked, search), everything, search)
     for i, ch in enumerate(ranked[:max_suggestions]):
-        new_plan, est = ev.get(ch)  # type: ignore[misc]
+        new_plan = ev.get(ch)[0]  # type: ignore[index]
+        est = ev.estimate(ch)
         result.suggestions.append(Suggestion(rank=i + 1, qlora_rule=ev.key(ch) == search.qlora_pick,
                                              changes=_changes_list(plan, new_plan), cost=search.cost(ch),
                                              estimate=est, throughput=ev.throughput(ch, training_tokens),

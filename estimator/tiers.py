@@ -2,7 +2,8 @@
 
 Every estimate answer carries it (issue 21), so "would QLoRA fit?" is answered before it is asked. Each tier is the
 plan as given with only the method changed (and what the method change needs: a quantization setting, adapter
-fields only adapters have, PEFT's targets where the family has no default), estimated by :func:`estimate` itself.
+fields only adapters have, PEFT's targets where the family has no default), judged by :func:`judge` (the same
+peak as :func:`estimate`, without the itemized result the row does not show).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from .errors import CanIFinetuneError
-from .estimate import Estimate, Speed, TierFit, estimate
+from .estimate import Estimate, Speed, TierFit, estimate, judge
 from .model_sources import ResolvedModel
 from .plan import METHODS, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS
@@ -45,7 +46,7 @@ def tier_row(est: Estimate, model: ResolvedModel) -> list[TierFit]:
                                used_fraction=est.used_fraction))
             continue
         try:
-            other = estimate(method_variant(est.plan, method, model), model=model)
+            other = judge(method_variant(est.plan, method, model), model=model)
         except (ValidationError, CanIFinetuneError) as exc:
             row.append(TierFit(method=method, label=TIER_WORDS[method], verdict=None,
                                refused=str(exc).splitlines()[0][:200]))
