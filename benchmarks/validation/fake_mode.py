@@ -479,8 +479,11 @@ def measurement_report(counter, state: dict, timeline: list, routed, resolved) -
     }
 
 
-def measure_fake(plan, config: dict, *, loss: str = "trl_fused") -> dict:
-    """The fake-tensor measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict)."""
+def measure_fake(plan, config: dict, *, loss: str = "trl_fused", driver: str = "trainer") -> dict:
+    """The fake-tensor measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict).
+
+    driver "trainer" (the default): the recipe's own trainer runs each step (sft_trainer_fake.py; the loss is the
+    plan's); "loop": :func:`run_steps`, the step written out with ``loss``."""
     import peft
     import torch
     import transformers
@@ -490,7 +493,10 @@ def measure_fake(plan, config: dict, *, loss: str = "trl_fused") -> dict:
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan(**plan)
     t0 = time.perf_counter()
-    result = run_steps(plan, config, fake=True, loss=loss)
+    if driver == "trainer":
+        result = _beside("sft_trainer_fake").run_trainer_sft_steps(plan, config, fake=True)
+    else:
+        result = run_steps(plan, config, fake=True, loss=loss)
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
     for name in ("trl", "bitsandbytes"):
@@ -507,11 +513,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the model's config.json")
     parser.add_argument("--out", help="write the result JSON here (also printed)")
     parser.add_argument("--loss", choices=("trl_fused", "model"), default="trl_fused",
-                        help="trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); "
+                        help="with --driver loop: trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); "
                              "model: transformers' own loss with full logits")
+    parser.add_argument("--driver", choices=("trainer", "loop"), default="trainer",
+                        help="trainer: the recipe's own trainer runs the step (its compute_loss and training_step: "
+                             "its object lifetimes; the loss is the plan's); loop: the step written out here")
     args = parser.parse_args(argv)
-    return run_and_report(lambda plan, config: measure_fake(plan, config, loss=args.loss), args.plan, args.config,
-                          args.out)
+    return run_and_report(lambda plan, config: measure_fake(plan, config, loss=args.loss, driver=args.driver),
+                          args.plan, args.config, args.out)
 
 
 def run_and_report(measure, plan_path: str, config_path: str, out: str | None) -> int:

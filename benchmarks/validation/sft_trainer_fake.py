@@ -1,0 +1,175 @@
+"""An SFT step run by the recipe's own trainer under fake tensors: object lifetimes are the trainer's.
+
+The loop in ``fake_mode.run_steps`` writes the step out (``outputs = model(...)``; ``loss.backward()``) and so keeps
+the model output alive through backward, which no trainer does: transformers 5.24's ``Trainer.compute_loss`` (and
+TRL 1.16's ``SFTTrainer.compute_loss``) returns the loss alone, so the output, its logits and accelerate's fp32 copy
+of them are freed before backward starts (issue 24). Here the step is the trainer's:
+
+- the model is built as the runtime builds it (``recipes/model_setup.build_model``), then handed to the trainer class
+  the runtime uses (``recipes/runtime._trainer_class``: TRL's ``SFTTrainer``, or its subclass calling
+  ``transformers.Trainer.compute_loss`` for the standard loss) with the runtime's ``SFTConfig``
+  (``runtime.sft_config_kwargs``) and a dataset of full-length token-id rows, so ``SFTTrainer.__init__`` does what it
+  does to a model (its fused LM head, ``enable_input_require_grads``, the bf16 cast of QLoRA adapters);
+- ``trainer.accelerator.prepare(model, optimizer)`` wraps the forward as a training run does (autocast, fp32 outputs);
+- each step is ``trainer.training_step(model, batch, num_items_in_batch)`` on a batch from the trainer's own
+  ``data_collator``, then the optimizer phase of ``fake_mode.optimizer_phase`` (Trainer's order: clip, step,
+  zero_grad).
+
+Where a CPU build or fake tensors take a path a CUDA run does not, the CUDA path is emulated (docs/validation.md,
+"Emulated CUDA paths"): the GPU routing of ``fake_mode.gpu_routing``; the optimizer of ``model_setup.build_optimizer``
+(foreach/fused as on CUDA); the all-ones ``attention_mask`` of unpadded rows is not passed to the model (on a GPU
+transformers reads the mask, finds no padding and drops it for ``is_causal``; it cannot read a fake mask, and would
+keep a 4-D mask that rules out the flash kernel), while the trainer's own code still sees it; and a read of a fake
+scalar (``.item()``, ``bool(t)``: TRL's logging metrics and token counts) returns 1, which allocates nothing. Those
+reads are counted in the report (``scalar_reads``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _fake_mode_module():
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import fake_mode
+
+    return fake_mode
+
+
+def _counter_with_scalar_reads(fm):
+    """The live-memory counter, answering reads of a fake scalar with 1 (counted) while ``stub_scalars`` is set: only
+    inside ``training_step``, so the optimizer step (bitsandbytes' kernels read scalars) still fails loudly."""
+    import torch
+
+    base = fm._make_counter_class()
+
+    class TrainerStepCounter(base):
+        def __init__(self):
+            super().__init__()
+            self.scalar_reads = 0
+            self.stub_scalars = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.stub_scalars and func is torch.ops.aten._local_scalar_dense.default:
+                self.scalar_reads += 1
+                dtype = args[0].dtype
+                if dtype == torch.bool:
+                    return True
+                return 1.0 if dtype.is_floating_point else 1
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return TrainerStepCounter()
+
+
+def stand_in_tokenizer(folder: Path):
+    """A tokenizer TRL can hold: pad/eos/unk only (the samples are token ids already)."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1, "<unk>": 2}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _rows(vocab: int, seq_len: int, count: int) -> list[list[int]]:
+    """Full-length rows of token ids (3 and up: not the stand-in tokenizer's pad/eos/unk), deterministic."""
+    import random
+
+    rng = random.Random(0)
+    return [[rng.randrange(3, vocab) for _ in range(seq_len)] for _ in range(count)]
+
+
+def _without_all_ones_mask(model):
+    """Let ``model``'s forward drop ``attention_mask``: the rows are unpadded, so the mask is all ones and a GPU run
+    resolves it to no mask (is_causal); the trainer's own code still reads it from the batch."""
+    forward = model.forward
+
+    def forward_without_mask(*args, attention_mask=None, **kwargs):
+        return forward(*args, **kwargs)
+
+    model.forward = forward_without_mask
+
+
+def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, route_sdpa: bool = True) -> dict:
+    """Build the model as the runtime does, hand it to the runtime's trainer class, and run ``steps`` steps through
+    ``trainer.training_step``, counting live memory (``fake``: under FakeTensorMode, else real CPU tensors: tiny
+    models only)."""
+    from datasets import Dataset
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from trl import SFTConfig
+
+    from canifinetune.recipes import model_setup, runtime
+
+    fm = _fake_mode_module()
+    counter = _counter_with_scalar_reads(fm)
+    fake_mode = FakeTensorMode(allow_fallback_kernels=False) if fake else contextlib.nullcontext()
+    model = optimizer = None
+    timeline: list[dict] = []
+    state: dict[str, Any] = {}
+
+    def category_tensors():
+        return {
+            "parameters": fm._model_state_tensors(model) if model is not None else [],
+            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
+            "optimizer_states": fm._optimizer_state_tensors(optimizer),
+        }
+
+    counter.category_tensors = category_tensors
+    folder = Path(tempfile.mkdtemp(prefix="canifinetune-trainer-fake-"))
+    tokenizer = stand_in_tokenizer(folder / "tokenizer")
+    vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size"))
+    dataset = Dataset.from_dict({"input_ids": _rows(vocab, plan.seq_len, plan.batch_size * steps)})
+    apply_ctx = fm.classic_module_apply() if fake else contextlib.nullcontext()
+    peft_ctx = fm._beside("peft_fake").fake_peft_support(fake)
+    with fm.gpu_routing(route_sdpa) as routed, apply_ctx, peft_ctx as build_ctx, fake_mode, counter:
+        counter.set_phase("build")
+        with build_ctx():
+            model = model_setup.build_model(plan, config)
+        args = SFTConfig(**runtime.sft_config_kwargs(plan, output_dir=str(folder / "out"), use_cpu=True,
+                                                     max_steps=steps))
+        trainer = runtime._trainer_class(plan)(model=model, args=args, train_dataset=dataset,
+                                               processing_class=tokenizer)
+        optimizer = model_setup.build_optimizer(plan, trainer.model)
+        trainer.optimizer = optimizer
+        resolved = model_setup.resolved_settings(plan, trainer.model, optimizer)
+        _without_all_ones_mask(trainer.model)
+        wrapped, _ = trainer.accelerator.prepare(trainer.model, optimizer)
+        model = trainer.model
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        backward = trainer.accelerator.backward
+        step_now = {"n": 0}
+
+        def backward_in_its_phase(loss, **kwargs):
+            counter.set_phase(f"step{step_now['n']}.backward")
+            return backward(loss, **kwargs)
+
+        trainer.accelerator.backward = backward_in_its_phase
+        state["after_build"] = counter.current
+        state["after_build_categories"] = counter.categories_now()
+        counter.reset_peak()
+        for step in range(1, steps + 1):
+            batch = trainer.data_collator([dataset[i] for i in range((step - 1) * plan.batch_size,
+                                                                     step * plan.batch_size)])
+            scored = plan.batch_size * (plan.seq_len - 1)  # every label is a token (full-length, unpadded rows)
+            step_now["n"] = step
+            counter.set_phase(f"step{step}.forward")
+            start = counter.current
+            counter.stub_scalars = fake
+            trainer.training_step(wrapped, batch, num_items_in_batch=scored)
+            counter.stub_scalars = False
+            del batch
+            fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
+            timeline.append({"step": step, "start": start, "end": counter.current})
+        counter.set_phase("done")
+    report = fm.measurement_report(counter, state, timeline, routed, resolved)
+    loss = "trl_fused" if plan.effective_loss_implementation == "chunked" else "model"
+    return {**report, "loss": loss, "fake": fake, "driver": "trainer", "trainer_class": type(trainer).__name__,
+            "scalar_reads": counter.scalar_reads}
