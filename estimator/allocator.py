@@ -10,7 +10,6 @@ import math
 
 from .constants import constant
 
-
 # Read once: every byte count of the model goes through round_block, and the calibration file does not change while
 # the process runs.
 CUDA_BLOCK_BYTES = int(constant("CUDA_BLOCK_BYTES"))

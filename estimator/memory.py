@@ -404,16 +404,32 @@ def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
         if spec.num_kv_heads != spec.num_heads:
             kernel += round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2  # repeat_kv copies
     parts[BlockPart.ATTENTION] += kernel + attention_mask_and_view_bytes(r)
-    # o_proj: its input is the attention output already counted; only adapters (and an 8-bit o_proj) add
     o_proj = attn[-1]
+    copy = o_proj_input_copy_bytes(r)
+    if full:
+        parts[BlockPart.ATTENTION] += copy  # o_proj trains and saves its input: the copy, when there is one
+    # o_proj's adapters: its input is the attention output already counted (or its copy, counted here once)
     if r.adapted(o_proj):
         o_parts = _consumer_parts(r, (o_proj,), BlockPart.ATTENTION)
-        if full:
-            o_parts[BlockPart.ATTENTION] -= round_block(a * t * o_proj.in_features)
-        elif r.quantization != "int8" and _reads_block_tensor(r):
+        if r.quantization != "int8" and _reads_block_tensor(r):
             o_parts[BlockPart.ADAPTER_INPUTS] -= round_block(a * t * o_proj.in_features)
+            o_parts[BlockPart.ADAPTER_INPUTS] += copy
         _add(parts, o_parts)
     return parts
+
+
+def o_proj_input_copy_bytes(r: ResolvedPlan) -> int:
+    """o_proj's input as a tensor of its own, a·T·q_dim, where the flash kernel's output is not laid out as o_proj
+    reads it; 0 where that input is a view of the kernel's output (counted with the kernel).
+
+    transformers 5.24 reshapes the attention output with ``.transpose(1, 2).contiguous()``. The flash kernel's output
+    takes q's layout: after an elementwise rotary (Llama, Qwen, ...) q is a (B, heads, S, D) view of a (B, S, heads, D)
+    tensor, so the transpose is contiguous already and no copy is made; Phi-3's rotary ends in ``torch.cat``
+    (``spec.rotary_concatenates``), q is contiguous as (B, heads, S, D), and ``.contiguous()`` copies (issue 24 item
+    3; measured under fake tensors, cohort v11). The memory-efficient and math kernels write (B, S, heads, D)."""
+    if not (r.spec.rotary_concatenates and r.attention_kernel == "flash"):
+        return 0
+    return round_block(r.act_bytes * r.tokens * r.spec.q_dim)
 
 
 def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
@@ -566,8 +582,9 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
 
     chunked (TRL 1.16 fused LM head, trl/trainer/utils.py add_fused_lm_head): the final hidden
     states of the N = B·(S-1) scored positions, copied contiguous (a·N·H), and seven fp32 per-token
-    statistics. standard (transformers ForCausalLMLoss): the logits a·T·V (kept by the model output)
-    and log_softmax's fp32 output 4·T·V (saved for backward); the fp32 upcast it was taken of is freed
+    statistics. standard (transformers ForCausalLMLoss): the logits a·T·V (held by the model output until
+    the trainer's compute_loss returns: :func:`standard_logits_bytes`) and log_softmax's fp32 output 4·T·V
+    (saved for backward); the fp32 upcast it was taken of is freed
     once log_softmax has run (:func:`loss_forward_transient_bytes`). A model that softcaps its logits
     (Gemma2: ``logits = tanh(logits / cap) * cap`` in transformers 5.24 modeling_gemma2.py) also keeps
     tanh's output for its backward, another a·T·V (found on cohort v2 case v23, where three T x V
@@ -583,6 +600,27 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     # + a trainable modules_to_save head's input (and cast): peft_memory.head_copy_saved_bytes
     return (round_block(a * t * spec.vocab_size) + softcap + round_block(4 * t * spec.vocab_size)
             + peft_memory.head_copy_saved_bytes(r, lm_head_cast_bytes(r)))
+
+
+def standard_logits_bytes(r: ResolvedPlan) -> int:
+    """The standard loss's logits in the compute dtype, a·T·V (0 for the chunked head, where they never exist).
+
+    They are alive through the loss forward and die before its backward: transformers 5.24's
+    ``Trainer.compute_loss`` (and TRL 1.16's, which calls it or returns its own loss alone) returns only the loss,
+    so the model output that holds them, and accelerate's fp32 copy of them, are freed when it returns; autograd
+    keeps only log_softmax's output (measured: a real Trainer.training_step under fake tensors, cohort v11)."""
+    if r.loss_implementation == "chunked":
+        return 0
+    return round_block(r.act_bytes * r.tokens * r.spec.vocab_size)
+
+
+def loss_backward_start_bytes(r: ResolvedPlan) -> int:
+    """What the loss holds when its backward starts: what its forward keeps (:func:`loss_forward_bytes`, with
+    autocast's head-weight cast) less the logits the trainer has freed (:func:`standard_logits_bytes`), plus the
+    loss's own gradients (:func:`loss_backward_bytes`). Standard loss: log_softmax's fp32 output and the two fp32
+    gradients, 12·T·V (plus tanh's output for a softcapping model); the LM head's gradient comes later, in the head
+    matmul's backward (phases.py ``_head_moment``)."""
+    return (loss_forward_bytes(r) + lm_head_cast_bytes(r) - standard_logits_bytes(r)) + loss_backward_bytes(r)
 
 
 def lm_head_cast_bytes(r: ResolvedPlan) -> int:

@@ -231,12 +231,12 @@ def standard_head_copy_start(r: ResolvedPlan, loss_start: int, head_grad: int,
     """(loss bytes, head-gradient bytes) of the larger of two moments at the loss end of backward, under the standard
     loss with a modules_to_save head: nll_loss's and log_softmax's fp32 gradients with every forward loss tensor
     (``loss_start``, no head gradient yet), or lm_head's own backward, which writes the head gradient once those are
-    freed: the logits a·T·V (held by the model output), their gradient cast back to the compute dtype a·T·V, the
-    head's saved input (:func:`head_copy_saved_bytes`) and, on a kbit-prepared base, the head weight's cast
-    (``frozen_head_cast``: memory.lm_head_cast_bytes(r))."""
+    freed: the logits' gradient cast back to the compute dtype a·T·V (the logits themselves died with the model
+    output when the trainer's compute_loss returned), the head's saved input (:func:`head_copy_saved_bytes`) and, on a
+    kbit-prepared base, the head weight's cast (``frozen_head_cast``: memory.lm_head_cast_bytes(r))."""
     a = r.act_bytes
     vocab = r.tokens * r.spec.vocab_size
-    moment = 2 * round_block(a * vocab) + head_copy_saved_bytes(r, frozen_head_cast) + frozen_head_cast
+    moment = round_block(a * vocab) + head_copy_saved_bytes(r, frozen_head_cast) + frozen_head_cast
     if loss_start >= moment + head_grad:
         return loss_start, 0
     return moment, head_grad

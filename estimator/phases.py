@@ -65,6 +65,7 @@ class _Activations:
     loss_fwd: int
     loss_fwd_tmp: int
     loss_bwd: int
+    loss_bwd_start: int  # what the loss holds as its backward starts (its forward's kept tensors less the logits)
     dequant: int
     adapter_tmp: int
     note: str
@@ -146,6 +147,7 @@ def _activations(r: ResolvedPlan) -> _Activations:
         layer_full=layer_full, boundary=boundary, saved_per_layer=saved_per_layer, saved_layers=saved_layers,
         shared=m.shared_activation_bytes(r), loss_fwd=m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r),
         loss_fwd_tmp=m.loss_forward_transient_bytes(r), loss_bwd=m.loss_backward_bytes(r),
+        loss_bwd_start=m.loss_backward_start_bytes(r),
         dequant=m.dequantization_bytes(r), adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
 
 
@@ -213,18 +215,28 @@ def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: i
 
 
 def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad: int) -> _Live:
-    """The loss's backward, before any block's: every activation saved, the loss's gradients, the head's."""
-    # the standard loss's lm_head backward writes the head's gradient (the chunked head counts its own)
-    start_head = head_grad if r.loss_implementation == "standard" else 0
-    loss_start = acts.loss_fwd + acts.loss_bwd
-    if start_head and not r.full:
-        # a modules_to_save head's gradient comes once the loss's fp32 gradients are freed (peft_memory)
-        loss_start, start_head = peft_memory.standard_head_copy_start(r, loss_start, start_head,
-                                                                     m.lm_head_cast_bytes(r))
+    """The loss's backward, before any block's: every activation saved, the loss's gradients (and, under the
+    standard loss, the larger of that moment and the LM head's own backward, which writes the head's gradient)."""
+    loss_start, start_head = acts.loss_bwd_start, 0
+    if r.loss_implementation == "standard" and head_grad:  # the chunked head counts its gradient in loss_bwd
+        loss_start, start_head = _head_moment(r, loss_start, head_grad)
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     # the gradient-reduction buckets (DDP's reducer, ZeRO's) live from the first step on: counted at every moment
     start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head + st.buckets
     return _Live(start, start_gather, (acts.saved_layers + acts.shared, loss_start, start_head, 0))
+
+
+def _head_moment(r: ResolvedPlan, loss_start: int, head_grad: int) -> tuple[int, int]:
+    """(loss bytes, head-gradient bytes) of the larger of two moments under the standard loss when the head trains:
+    the loss's fp32 gradients (``loss_start``, no head gradient yet), or the head matmul's backward once those are
+    freed, which writes the head's gradient beside the logits' gradient in the compute dtype (a·T·V). A
+    modules_to_save copy also keeps its input there (peft_memory.standard_head_copy_start)."""
+    if not r.full:
+        return peft_memory.standard_head_copy_start(r, loss_start, head_grad, m.lm_head_cast_bytes(r))
+    moment = m.standard_logits_bytes(r)  # the logits' gradient, cast back to the compute dtype
+    if loss_start >= moment + head_grad:
+        return loss_start, 0
+    return moment, head_grad
 
 
 def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad: int, best: _Live) -> _Live:

@@ -109,6 +109,9 @@ class ModelSpec:
     attention_out_bias: bool = False
     mlp_bias: bool = False
     fused_qkv: bool = False  # phi3: qkv_proj and gate_up_proj
+    # phi3: apply_rotary_pos_emb ends in torch.cat, so q is contiguous in (B, heads, S, D) and a flash kernel's output
+    # takes that layout; o_proj's input (transpose(1, 2).contiguous()) is then a copy, not a view of it
+    rotary_concatenates: bool = False
     qk_norm: str = "none"  # "none", "head" (qwen3, gemma3: per head_dim), "full" (olmo2: over all heads)
     norms_per_layer: int = 2
     moe: MoESpec | None = None
@@ -336,6 +339,8 @@ class FamilyTraits:
     qkv_bias_field: str | None = None  # the config field that says it instead (qwen2_moe: qkv_bias, default true)
     out_bias: bool | None = None  # o_proj's bias (None: as the q/k/v biases)
     fused_qkv: bool = False  # one qkv_proj and one gate_up_proj (phi3)
+    # apply_rotary_pos_emb returns torch.cat([rotated, passed-through], dim=-1) (phi3: modeling_phi3.py, 5.24)
+    rotary_concatenates: bool = False
     qk_norm: str = "none"  # "head": RMSNorm over head_dim on q and k; "full": over the whole projection
     norms_per_layer: int = 2
     embed_scale: bool = False  # embeddings scaled by sqrt(hidden) (a temporary of the embedding's size)
@@ -352,7 +357,7 @@ FAMILY_TRAITS: dict[str, FamilyTraits] = {
     "gemma": FamilyTraits(embed_scale=True),
     "gemma2": FamilyTraits(embed_scale=True, norms_per_layer=4, logit_softcapping=True),
     "gemma3_text": FamilyTraits(embed_scale=True, norms_per_layer=4, qk_norm="head"),
-    "phi3": FamilyTraits(fused_qkv=True),
+    "phi3": FamilyTraits(fused_qkv=True, rotary_concatenates=True),
     "olmo2": FamilyTraits(qk_norm="full"),
 }
 
@@ -459,6 +464,7 @@ def _trait_fields(config: dict, model_type: str) -> dict:
         attention_out_bias=attention_bias if traits.out_bias is None else traits.out_bias,
         mlp_bias=mlp_bias,
         fused_qkv=traits.fused_qkv,
+        rotary_concatenates=traits.rotary_concatenates,
         qk_norm=traits.qk_norm,
         norms_per_layer=traits.norms_per_layer,
         embed_scale=traits.embed_scale,
