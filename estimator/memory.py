@@ -16,30 +16,23 @@ How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from enum import Enum
 
-from . import peft_memory
+from . import moe_adapter_memory, peft_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .inventory import inventory_of
-from .moe_adapters import expert_adapter_shapes
+from .knob_terms import BlockPart, KnobTerms
 from .resolved import ResolvedPlan
 from .spec import LinearSpec
 from .tensor_records import Role
 
-
-class BlockPart(Enum):
-    """What part of a decoder block a saved tensor belongs to (:func:`block_saved_parts`)."""
-
-    NORMS = "norms"  # RMSNorms' fp32 inputs (and outputs when their weights train), q/k norms
-    ATTENTION = "attention"  # q/k/v's input when their weights train, the kernel's tensors, mask and views
-    MLP = "mlp"  # a dense block's gated MLP
-    MOE = "moe"  # an MoE block's router, routed and shared experts, expert adapters
-    ADAPTER_INPUTS = "adapter inputs"  # LoRA's own saved tensors: its input (cast, dropped out or the block's own)
-    INT8_INPUTS = "8-bit inputs"  # what bitsandbytes' 8-bit matmul keeps of its input
-    DORA = "DoRA"  # DoRA's base and LoRA results and weight copies
-
+# Every knob's transient terms (estimator/knob_terms.py): the terms below fold over them. A knob that adds memory for
+# part of a step appends its KnobTerms here (its static tensors go to inventory.BUILDERS).
+KNOB_TERMS: tuple[KnobTerms, ...] = (
+    peft_memory.DORA_TERMS,
+    peft_memory.SAVED_COPY_TERMS,
+    moe_adapter_memory.EXPERT_ADAPTER_TERMS,
+)
 
 # what the lora_adapters component holds: everything that trains beside a frozen base
 ADAPTER_ROLES = (Role.ADAPTER, Role.EXPERT_ADAPTER, Role.SAVED_COPY, Role.DORA_MAGNITUDE)
@@ -303,7 +296,7 @@ def int8_kept_input_bytes(r: ResolvedPlan, layer: int) -> int:
 def down_proj_saved_bytes(r: ResolvedPlan, layer: int) -> int:
     """What a dense block's down_proj keeps for backward (the MLP product when its weight trains or is
     8-bit, its adapter's tensors when adapted); for an MoE block the experts' product when their
-    weights train (full) and 0 otherwise (expert adapters: :func:`expert_adapter_backward_bytes`)."""
+    weights train (full) and 0 otherwise (expert adapters: moe_adapter_memory.expert_adapter_backward_bytes)."""
     spec = r.spec
     if spec.is_moe_layer(layer):
         if not r.full:
@@ -360,7 +353,8 @@ def block_saved_parts(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
         parts[BlockPart.MOE] += _moe_activation_bytes(r)
     else:
         _add(parts, _mlp_parts(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens))
-    parts[BlockPart.DORA] += peft_memory.dora_layer_saved_bytes(r, layer)  # weight copies, base and LoRA results
+    for knob in KNOB_TERMS:  # DoRA's results and weight copies, expert adapters' merged weights, ...
+        _add(parts, knob.block_saved(r, layer))
     return parts
 
 
@@ -498,52 +492,9 @@ def _moe_activation_bytes(r: ResolvedPlan) -> int:
     width = moe.expert_intermediate
     saved += 3 * round_block(a * routed * width) + (round_block(a * routed * width) if r.full else 0)
     saved += round_block(a * routed * h)  # expert outputs, kept for the routing-weight product
-    saved += expert_adapter_saved_bytes(r)
     if moe.shared_intermediate:
         saved += 4 * round_block(a * t * moe.shared_intermediate)
         saved += round_block(a * t * h) * 2  # shared expert output and its sigmoid gate product
-    return saved
-
-
-def expert_adapter_saved_bytes(r: ResolvedPlan) -> int:
-    """What PEFT 0.21's ParamWrapper adapters on the fused experts add to an MoE block's saved tensors
-    (0 without expert adapters; estimator/moe_adapters.py says which plans get them).
-
-    Each forward, ``_LoraFactorsProxy`` (peft/tuners/lora/layer.py) builds the merged weight
-    W' = baddbmm(W, B, A, alpha=scaling) for gate_up_proj and for down_proj, full-size and in the weight
-    dtype w (the frozen dtype: bf16, fp32 for mixed precision or after kbit preparation); transformers'
-    grouped-mm experts forward (integrations/moe.py) keeps W' for the input gradient and, W' requiring
-    grad, its input for the weight gradient. So per block:
-
-    - the merged experts: w·E·(2I·H + H·I) when both are adapted (w·E·3·H·I), the layer's expert weights
-      again;
-    - the casts of the factors to w (``lhs.to(W.dtype)``, ``rhs.to(W.dtype)``, kept by baddbmm) when the
-      adapter dtype differs from w: w·E·(r_gu·(H + 2I) + r_down·(I + H)); none for bf16 adapters on a bf16
-      base (the casts return the parameters' views);
-    - the down projection's input, the act x up product (a·top_k·T·I), when down_proj is adapted;
-    - the router: its merged weight W + (B @ A)·scaling (w·E·H, kept by F.linear) and its input, the
-      normalized hidden states (a·T·H), when the router is adapted.
-    """
-    if not r.expert_adapters:
-        return 0
-    spec = r.spec
-    moe = spec.moe
-    lora = r.expert_lora
-    assert moe is not None and lora is not None
-    w = DTYPE_BYTES[r.frozen_dtype]
-    a = r.act_bytes
-    e, h, i = moe.num_experts, spec.hidden_size, moe.expert_intermediate
-    saved = 0
-    if lora.gate_up_rank:
-        saved += round_block(w * e * 2 * i * h)
-    if lora.down_rank:
-        saved += round_block(w * e * h * i)
-        saved += round_block(a * r.tokens * moe.top_k * i)
-    if r.adapter_dtype != r.frozen_dtype:
-        stacked = expert_adapter_shapes(replace(lora, router_rank=0), e, h, i)
-        saved += sum(round_block(w * rows * cols) for rows, cols in stacked)
-    if lora.router_rank:
-        saved += round_block(w * e * h) + round_block(a * r.tokens * h)
     return saved
 
 
@@ -597,9 +548,10 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
         return round_block(a * n * spec.hidden_size) + 8 * round_block(4 * n)
     t = r.tokens
     softcap = round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
-    # + a trainable modules_to_save head's input (and cast): peft_memory.head_copy_saved_bytes
+    # + what a knob keeps there (a trainable modules_to_save head's input and cast: peft_memory.SAVED_COPY_TERMS)
+    cast = lm_head_cast_bytes(r)
     return (round_block(a * t * spec.vocab_size) + softcap + round_block(4 * t * spec.vocab_size)
-            + peft_memory.head_copy_saved_bytes(r, lm_head_cast_bytes(r)))
+            + sum(knob.loss_saved(r, cast) for knob in KNOB_TERMS))
 
 
 def standard_logits_bytes(r: ResolvedPlan) -> int:
@@ -655,7 +607,7 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
         if r.full:
             total += round_block(4 * spec.vocab_size * spec.hidden_size)
             total += round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
-        total += peft_memory.head_copy_loss_backward_bytes(r)  # a modules_to_save head: fp32 gradient and its cast
+        total += sum(knob.loss_backward(r) for knob in KNOB_TERMS)  # a modules_to_save head's fp32 gradient, cast
         return total
     t = r.tokens
     return 2 * round_block(4 * t * spec.vocab_size)
@@ -697,8 +649,7 @@ def layer_backward_transient_bytes(r: ResolvedPlan, layer: int) -> int:
     q = quantized_output_bytes(r)  # the MLP's tensors and their gradients: fp32 on a kbit-prepared base
     e = residual_bytes(r)
     mlp = 3 * round_block(q * width_tokens) + 2 * round_block(e * t * h) - down_proj_saved_bytes(r, layer)
-    if spec.is_moe_layer(layer):
-        mlp += expert_adapter_backward_bytes(r)
+    mlp += sum(knob.mlp_backward(r, layer) for knob in KNOB_TERMS)  # expert adapters' merged-weight gradients
     attn = round_block(a * t * spec.q_dim) + 2 * round_block(a * t * spec.kv_dim) + round_block(4 * t * spec.q_dim)
     attn += 2 * round_block(e * t * h)
     return max(mlp, attn, eager_softmax_backward_bytes(r))
@@ -722,27 +673,6 @@ def eager_softmax_backward_bytes(r: ResolvedPlan) -> int:
             + 2 * round_block(residual_bytes(r) * t * spec.hidden_size))
 
 
-def expert_adapter_backward_bytes(r: ResolvedPlan) -> int:
-    """The merged-weight gradient inside an MoE block's backward with PEFT expert adapters (0 without).
-
-    The grouped-mm backward of an adapted expert projection writes dW', full-size in the weight dtype w,
-    before baddbmm's backward reduces it to the factors' gradients. down_proj runs first: its dW'
-    (w·E·H·I) coexists with both merged weights; then its W' is released and gate_up_proj's dW'
-    (w·E·2I·H) is made. Extra at the worst moment: max(dW'_down, dW'_gate_up - W'_down), w·E·H·I when
-    both are adapted (w·E·2I·H when only gate_up_proj is).
-    """
-    if not r.expert_adapters:
-        return 0
-    moe = r.spec.moe
-    lora = r.expert_lora
-    assert moe is not None and lora is not None
-    w = DTYPE_BYTES[r.frozen_dtype]
-    e, h, i = moe.num_experts, r.spec.hidden_size, moe.expert_intermediate
-    down = round_block(w * e * h * i) if lora.down_rank else 0
-    gate_up = round_block(w * e * 2 * i * h) if lora.gate_up_rank else 0
-    return max(down, gate_up - down)
-
-
 def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
     """What a LoRA adapter allocates and frees while its block runs forward (again during checkpoint
     recomputation), for the widest adapted linear.
@@ -761,8 +691,8 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
             widest = max(widest, lin.in_features)
     if not widest:
         return 0
-    # DoRA: the weight-norm work of its largest linear comes on top (peft_memory.dora_forward_transient_bytes)
-    dora = peft_memory.dora_forward_transient_bytes(r)
+    # a knob's own work in the adapted linear comes on top (DoRA's weight norm: peft_memory.DORA_TERMS)
+    knobs = sum(knob.adapter_forward(r) for knob in KNOB_TERMS)
     t = r.tokens
     total = round_block(r.act_bytes * t * widest)
     if r.adapter_dtype != r.compute_dtype:
@@ -770,7 +700,7 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
         total += round_block(per * t * widest)
         if r.plan.lora_dropout > 0:
             total += round_block(per * t * widest)
-    return total + dora
+    return total + knobs
 
 
 def dequantization_bytes(r: ResolvedPlan) -> int:

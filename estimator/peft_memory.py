@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from .allocator import round_block
 from .constants import DTYPE_BYTES
+from .knob_terms import BlockPart, KnobTerms
 from .peft_knobs import EMBEDDING, HEAD, MODELLED_MODULES_TO_SAVE
 from .resolved import ResolvedPlan
 from .spec import LinearSpec
@@ -226,22 +227,6 @@ def dora_forward_transient_bytes(r: ResolvedPlan) -> int:
     )
 
 
-def standard_head_copy_start(r: ResolvedPlan, loss_start: int, head_grad: int,
-                             frozen_head_cast: int) -> tuple[int, int]:
-    """(loss bytes, head-gradient bytes) of the larger of two moments at the loss end of backward, under the standard
-    loss with a modules_to_save head: nll_loss's and log_softmax's fp32 gradients with every forward loss tensor
-    (``loss_start``, no head gradient yet), or lm_head's own backward, which writes the head gradient once those are
-    freed: the logits' gradient cast back to the compute dtype a·T·V (the logits themselves died with the model
-    output when the trainer's compute_loss returned), the head's saved input (:func:`head_copy_saved_bytes`) and, on a
-    kbit-prepared base, the head weight's cast (``frozen_head_cast``: memory.lm_head_cast_bytes(r))."""
-    a = r.act_bytes
-    vocab = r.tokens * r.spec.vocab_size
-    moment = round_block(a * vocab) + head_copy_saved_bytes(r, frozen_head_cast) + frozen_head_cast
-    if loss_start >= moment + head_grad:
-        return loss_start, 0
-    return moment, head_grad
-
-
 def adapter_note_suffix(r: ResolvedPlan) -> str:
     """What the lora_adapters item holds beside the LoRA matrices, for its explanation ('' without the knobs)."""
     parts = []
@@ -254,3 +239,27 @@ def adapter_note_suffix(r: ResolvedPlan) -> str:
         parts.append(f"trainable copies of {', '.join(copies)} (modules_to_save: {len(copies) * each / 1e6:.4g}M, "
                      f"{saved_copy_dtype(r)})")
     return "; plus " + " and ".join(parts) if parts else ""
+
+
+# ---------------------------------------------------------------------------
+# the knobs' transient terms, as the memory terms fold them (estimator/knob_terms.py)
+
+
+def _dora_block_saved(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
+    return {BlockPart.DORA: dora_layer_saved_bytes(r, layer)}
+
+
+def head_copy_moment_bytes(r: ResolvedPlan, frozen_head_cast: int) -> int:
+    """What a trainable head copy keeps while the standard loss's head matmul runs backward, beside the logits'
+    gradient: its saved input (:func:`head_copy_saved_bytes`) and, on a kbit-prepared base, the frozen head weight's
+    cast (``frozen_head_cast``: memory.lm_head_cast_bytes(r)). It writes its gradient then, once nll_loss's and
+    log_softmax's fp32 gradients are freed (phases.py ``_head_moment`` takes the larger moment)."""
+    if not head_trains_as_copy(r):
+        return 0
+    return head_copy_saved_bytes(r, frozen_head_cast) + frozen_head_cast
+
+
+DORA_TERMS = KnobTerms("use_dora", block_saved=_dora_block_saved, adapter_forward=dora_forward_transient_bytes)
+SAVED_COPY_TERMS = KnobTerms("modules_to_save", loss_saved=head_copy_saved_bytes,
+                             loss_backward=head_copy_loss_backward_bytes, head_gradient=head_copy_grad_bytes,
+                             head_moment=head_copy_moment_bytes)

@@ -191,7 +191,7 @@ def _head_grad_bytes(r: ResolvedPlan, grad_factor: float) -> int:
     """The LM head's gradient (full fine-tuning), or a modules_to_save copy's, made at the loss end of backward."""
     if r.full:
         return int(r.spec.vocab_size * r.spec.hidden_size * r.trainable_bytes_per_param * grad_factor)
-    return int(peft_memory.head_copy_grad_bytes(r) * grad_factor)
+    return int(sum(knob.head_gradient(r) for knob in m.KNOB_TERMS) * grad_factor)  # modules_to_save's copy
 
 
 def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: int) -> PhasePeak:
@@ -227,13 +227,12 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
 
 
 def _head_moment(r: ResolvedPlan, loss_start: int, head_grad: int) -> tuple[int, int]:
-    """(loss bytes, head-gradient bytes) of the larger of two moments under the standard loss when the head trains:
+    """(loss bytes, head-gradient bytes) of the larger of two moments under the standard loss when a head trains:
     the loss's fp32 gradients (``loss_start``, no head gradient yet), or the head matmul's backward once those are
-    freed, which writes the head's gradient beside the logits' gradient in the compute dtype (a·T·V). A
-    modules_to_save copy also keeps its input there (peft_memory.standard_head_copy_start)."""
-    if not r.full:
-        return peft_memory.standard_head_copy_start(r, loss_start, head_grad, m.lm_head_cast_bytes(r))
-    moment = m.standard_logits_bytes(r)  # the logits' gradient, cast back to the compute dtype
+    freed, which writes the head's gradient beside the logits' gradient in the compute dtype (a·T·V) and what a
+    knob keeps there (a modules_to_save copy's input: peft_memory.head_copy_moment_bytes)."""
+    cast = m.lm_head_cast_bytes(r)
+    moment = m.standard_logits_bytes(r) + sum(knob.head_moment(r, cast) for knob in m.KNOB_TERMS)
     if loss_start >= moment + head_grad:
         return loss_start, 0
     return moment, head_grad
