@@ -12,7 +12,6 @@ Run it with ``canifinetune serve`` (stdio) or ``canifinetune serve --http`` (str
 
 from __future__ import annotations
 
-import contextvars
 import difflib
 import functools
 import inspect
@@ -22,13 +21,14 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
 from mcp.types import CallToolResult, Completion, ResourceLink, TextContent, ToolAnnotations
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, InstanceOf, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from canifinetune.estimator.errors import CanIFinetuneError, safe_text
@@ -38,7 +38,6 @@ from canifinetune.server.config_face import load_call_config, mcp_structured, mc
 from canifinetune.server.mcp_views import (
     MEMORY_FIELDS,
     PLAN_SCHEMA_URI,
-    RAW_TEXTS,
     RECIPE_FIELDS,
     RECIPE_URI_PREFIX,
     EstimateView,
@@ -47,6 +46,7 @@ from canifinetune.server.mcp_views import (
     compact_schema,
     estimate_view,
     explain_validation_error,
+    keep_texts_as_sent,
     output_model,
     plan_data,
     suggest_view,
@@ -226,6 +226,19 @@ def call_inputs(arguments: dict[str, Any], sent: frozenset[str] | None = None) -
     return CallInputs(plan, model_config, loaded)
 
 
+@dataclass
+class ToolCall:
+    """One tool call's own data, handed on explicitly: CanIFinetuneServer.call_tool makes it and gives it to the tool
+    function (the hidden argument TOOL_CALL_ARGUMENT), which hands it to the implementation (``tool_call``); a direct
+    call may give its own, or none. ``sent`` names the arguments the client sent (the SDK fills every default in;
+    None: a direct call, whose arguments hold only what was given, :func:`call_inputs`). ``models`` is filled in by
+    the call: how its model was read (:func:`_model_for`), which the answer cache reads to decide whether the answer
+    may be kept, and what would make it stale."""
+
+    sent: frozenset[str] | None = None
+    models: list[tuple] = dataclass_field(default_factory=list)
+
+
 def describe_error(exc: BaseException) -> str:
     """The text a model reads for a failed call: the field, the bad value and the valid choices, read from the
     error's structured form (server/mcp_views.py explain_validation_error)."""
@@ -266,13 +279,15 @@ def _resolve(name: str, offline: bool):
     return resolve_any(name, offline=offline)
 
 
-def _model_for(plan: TrainingPlan, offline: bool, model_config: dict | None = None):
-    """The plan's model: built from its model_config when the call gave one, else resolved by name."""
+def _model_for(plan: TrainingPlan, offline: bool, model_config: dict | None = None, notes: list | None = None):
+    """The plan's model: built from its model_config when the call gave one, else resolved by name; how it was read
+    is added to ``notes`` (a ToolCall's ``models``, for the answer cache) when given."""
     if model_config is not None:
         rm = resolved_from_config(plan.model, model_config)
     else:
         rm = _resolve(plan.model, offline)
-    _note_model(plan.model, rm, offline)
+    if notes is not None:
+        notes.append(model_note(plan.model, rm, offline))
     return rm
 
 
@@ -285,7 +300,6 @@ def _model_for(plan: TrainingPlan, offline: bool, model_config: dict | None = No
 ANSWER_CACHE_ENTRIES = 1024
 ANSWER_CACHE_BYTES = 16 * 1024 * 1024  # the answers' JSON, all together
 ANSWER_CACHE_MAX_ANSWER_BYTES = 256 * 1024  # a larger answer is not kept
-_CALL_MODELS: contextvars.ContextVar[list | None] = contextvars.ContextVar("canifinetune_call_models", default=None)
 
 
 def _files_fingerprint(where: str) -> tuple | None:
@@ -309,20 +323,16 @@ def _files_fingerprint(where: str) -> tuple | None:
                        for f, st in zip(files, stats, strict=True))
 
 
-def _note_model(name: str, rm, offline: bool) -> None:
-    """Record, for the answer cache, how this call's model was read (nothing outside a server's call_tool)."""
-    notes = _CALL_MODELS.get()
-    if notes is None:
-        return
+def model_note(name: str, rm, offline: bool) -> tuple:
+    """How a call's model (``rm``, asked for as ``name``) was read, for the answer cache: (kind, what, expected)."""
     if rm.source == "catalog":
-        notes.append(("not-local", name, None))
-    elif rm.source == "model_config" or (rm.source == "hub-cache" and offline):
-        notes.append(("pure", None, None))
-    elif rm.source == "local":
+        return ("not-local", name, None)
+    if rm.source == "model_config" or (rm.source == "hub-cache" and offline):
+        return ("pure", None, None)
+    if rm.source == "local":
         fingerprint = _files_fingerprint(rm.id)
-        notes.append(("files", rm.id, fingerprint) if fingerprint is not None else ("uncacheable", None, None))
-    else:  # the Hub, or the cache of an online server (which may ask the Hub): never kept
-        notes.append(("uncacheable", None, None))
+        return ("files", rm.id, fingerprint) if fingerprint is not None else ("uncacheable", None, None)
+    return ("uncacheable", None, None)  # the Hub, or the cache of an online server (which may ask the Hub): never kept
 
 
 def _still_valid(note: tuple) -> bool:
@@ -398,23 +408,28 @@ class AnswerCache:
                 self.bytes -= old[2]
 
 
-def _estimate(plan: TrainingPlan, offline: bool, model_config: dict | None = None, tiers: bool = False) -> Estimate:
-    """The estimate of ``plan`` (``tiers``: with its full / LoRA / QLoRA row, estimator/tiers.py)."""
+def _estimate(plan: TrainingPlan, offline: bool, model_config: dict | None = None, tiers: bool = False,
+              notes: list | None = None) -> Estimate:
+    """The estimate of ``plan`` (``tiers``: with its full / LoRA / QLoRA row, estimator/tiers.py); how its model was
+    read goes to ``notes`` when given (:func:`_model_for`)."""
     from canifinetune.estimator.estimate import estimate
     from canifinetune.estimator.tiers import estimate_with_tiers
 
-    model = _model_for(plan, offline, model_config)
+    model = _model_for(plan, offline, model_config, notes)
     return estimate_with_tiers(plan, model) if tiers else estimate(plan, model=model)
 
 
 def estimate_memory_impl(arguments: dict[str, Any], *, offline: bool = False,
-                         sent: frozenset[str] | None = None) -> CallToolResult:
-    """estimate_memory's answer; ``sent``: the argument names the client sent (:func:`call_inputs`)."""
+                         tool_call: ToolCall | None = None) -> CallToolResult:
+    """estimate_memory's answer; ``tool_call``: the call's own data (:class:`ToolCall`: the argument names the client
+    sent; filled in with how the model was read)."""
     from .text import format_estimate_brief
 
+    this = tool_call if tool_call is not None else ToolCall()
+
     def run() -> tuple[Estimate, LoadedConfig | None]:
-        call = call_inputs(arguments, sent)
-        return _estimate(call.plan, offline, call.model_config, tiers=True), call.config
+        call = call_inputs(arguments, this.sent)
+        return _estimate(call.plan, offline, call.model_config, tiers=True, notes=this.models), call.config
 
     est, loaded = _guard("estimate_memory", run)
     text = format_estimate_brief(est, next_move=_next_move(est))
@@ -459,17 +474,19 @@ def _get(obj: Any, *names: str) -> Any:
 
 
 def suggest_impl(arguments: dict[str, Any], *, offline: bool = False,
-                 sent: frozenset[str] | None = None) -> CallToolResult:
-    """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text; ``sent``: the
-    argument names the client sent (:func:`call_inputs`)."""
+                 tool_call: ToolCall | None = None) -> CallToolResult:
+    """The search's own answer (estimator/search.py ``suggest``), unchanged, with the shared text; ``tool_call``: the
+    call's own data (:class:`ToolCall`)."""
     from canifinetune.estimator.search import SuggestResult, suggest
 
     from .text import format_suggestions_brief
 
+    this = tool_call if tool_call is not None else ToolCall()
+
     def run() -> tuple[SuggestResult, LoadedConfig | None]:
-        call = call_inputs(arguments, sent)
+        call = call_inputs(arguments, this.sent)
         # the search resolves catalog and local models itself; Hub models and model_configs are passed in
-        rm = _model_for(call.plan, offline, call.model_config)
+        rm = _model_for(call.plan, offline, call.model_config, this.models)
         extra = {"model": rm} if rm.source not in ("catalog", "local") else {}
         return suggest(call.plan, keep=arguments.get("keep") or (), **extra), call.config
 
@@ -481,19 +498,21 @@ def suggest_impl(arguments: dict[str, Any], *, offline: bool = False,
 
 
 def recipe_impl(arguments: dict[str, Any], *, offline: bool = False,
-                sent: frozenset[str] | None = None) -> CallToolResult:
+                tool_call: ToolCall | None = None) -> CallToolResult:
     """The recipe's files as resource links (canifinetune://recipe/<plan>/<file>): the text says what they are
-    and how to run them; a client reads a file only when it needs it. ``sent``: the argument names the client sent
-    (:func:`call_inputs`)."""
+    and how to run them; a client reads a file only when it needs it. ``tool_call``: the call's own data
+    (:class:`ToolCall`)."""
     from .mcp_views import cli_command, mime_of, recipe_key
     from .text import format_recipe_brief
+
+    this = tool_call if tool_call is not None else ToolCall()
 
     def run() -> tuple[dict, dict[str, str], dict[str, int], str | None, LoadedConfig | None]:
         from canifinetune.recipes.render import make_recipe
 
-        call = call_inputs(arguments, sent)
+        call = call_inputs(arguments, this.sent)
         plan, model_config = call.plan, call.model_config
-        est = _estimate(plan, offline, model_config)
+        est = _estimate(plan, offline, model_config, notes=this.models)
         made = make_recipe(est.plan, est)  # the plan with what the estimate chose for the hardware (dtype, sharding)
         key = recipe_key(plan, model_config)  # the plan asked for: reading a link makes the very same files again
         uris = {name: f"{RECIPE_URI_PREFIX}{key}/{name}" for name in made.files}
@@ -540,22 +559,23 @@ def recipe_file(key: str, name: str, *, offline: bool = False) -> str:
     return made.files[name]
 
 
-# The names of the arguments the client sent (the SDK fills every default in before the tool function runs): given
-# by CanIFinetuneServer.call_tool to the tool function as this argument, which the published schema leaves out and
-# a client cannot send (call_tool refuses names that are not in the schema).
-SENT_ARGUMENT = "sent_arguments"
+# The call's own data (a ToolCall: the names of the arguments the client sent, as the SDK fills every default in
+# before the tool function runs; and how the model was read, for the answer cache): given by
+# CanIFinetuneServer.call_tool to the tool function as this argument, which the published schema leaves out and a
+# client cannot send (call_tool refuses names that are not in the schema).
+TOOL_CALL_ARGUMENT = "tool_call"
 
 
 def _tool_function(name: str, impl, params: list[inspect.Parameter], output: type[BaseModel], doc: str):
     """A tool function with the given parameters (server/mcp_views.py tool_parameters) and output model (plus the
-    optional config report), and the hidden SENT_ARGUMENT that it hands to ``impl`` as ``sent``."""
+    optional config report), and the hidden TOOL_CALL_ARGUMENT that it hands to ``impl`` as ``tool_call``."""
 
     def fn(**arguments):
-        sent = arguments.pop(SENT_ARGUMENT, None)
-        return impl(arguments, sent=sent)
+        tool_call = arguments.pop(TOOL_CALL_ARGUMENT, None)
+        return impl(arguments, tool_call=tool_call)
 
-    hidden = inspect.Parameter(SENT_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=Annotated[frozenset[str] | None, SkipJsonSchema()])
+    hidden = inspect.Parameter(TOOL_CALL_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[InstanceOf[ToolCall] | None, SkipJsonSchema()])
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
     fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -630,15 +650,16 @@ class CanIFinetuneServer(MCPServer):
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ToolError(f"{name}: {safe_text(repr(key), 80)} is not an argument of {name}{hint} "
                             f"(arguments: {', '.join(known)}; other plan fields: {PLAN_SCHEMA_URI})")
-        RAW_TEXTS.set({k: v for k in ("config", "model_config") if isinstance(v := arguments.get(k), str)})
         cache = self.answer_cache
         key = cache.key(name, arguments) if cache is not None else None
         if cache is not None and key is not None and (kept := cache.get(key)) is not None:
             return kept
-        notes: list = []
-        token = _CALL_MODELS.set(notes)  # how the call's model was read (_note_model), seen by its worker thread
-        try:  # with the names it sent: the SDK fills every default in (_tool_function)
-            result = await super().call_tool(name, {**arguments, SENT_ARGUMENT: frozenset(arguments)}, context)
+        # the call's own data, handed to the tool function (_tool_function): the names it sent (the SDK fills every
+        # default in), and, once it has run, how its model was read; its texts as sent (mcp_views.SentText)
+        tool_call = ToolCall(sent=frozenset(arguments))
+        try:
+            result = await super().call_tool(name, {**keep_texts_as_sent(arguments), TOOL_CALL_ARGUMENT: tool_call},
+                                             context)
         except UnexpectedToolError as exc:
             cause = exc.__cause__ or exc
             logger.error("%s crashed: %r", name, cause)
@@ -651,10 +672,8 @@ class CanIFinetuneServer(MCPServer):
             if isinstance(inner, ToolError):  # our own message, without the SDK's prefix
                 raise ToolError(safe_text(inner)) from inner
             raise
-        finally:
-            _CALL_MODELS.reset(token)
         if cache is not None and key is not None and isinstance(result, CallToolResult) and not result.is_error:
-            cache.put(key, result, notes)
+            cache.put(key, result, tool_call.models)
         return result
 
 

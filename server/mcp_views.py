@@ -12,7 +12,6 @@ whole structure.
 
 from __future__ import annotations
 
-import contextvars
 import difflib
 import functools
 import inspect
@@ -20,6 +19,7 @@ import json
 import re
 import shlex
 import threading
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -109,19 +109,32 @@ def plan_parameter(name: str) -> inspect.Parameter:
 
 
 MODEL_CONFIG_PARAMETER = "model_config_text"
-# The text arguments exactly as the client sent them (set by the server's call_tool): the SDK parses a string
-# argument that holds JSON into an object before validation, which a JSON config must not go through.
-RAW_TEXTS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("raw_texts", default=None)
+# The arguments that hold a text the user wrote (a training config, a model's config.json), kept as sent.
+TEXT_ARGUMENTS = ("config", "model_config")
 
 
-def text_as_sent(name: str, value: Any) -> Any:
-    """A text argument (``config``, ``model_config``) as the client sent it, where the SDK turned its JSON into an
-    object (its pre-parsing of stringified arguments); without the sent text (a direct call), that object as JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    sent = (RAW_TEXTS.get() or {}).get(name)
-    if isinstance(sent, str):
-        return sent
+@dataclass(frozen=True)
+class SentText:
+    """A text argument exactly as the client sent it. The SDK parses a string argument that holds JSON into an object
+    before validation (its pre-parsing of stringified arguments), which a JSON config must not go through; it leaves
+    any other value alone. So the server's call_tool hands each text argument on in one of these
+    (:func:`keep_texts_as_sent`), and the argument's validator (:func:`text_as_sent`) takes its text back."""
+
+    text: str
+
+
+def keep_texts_as_sent(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` with each string among :data:`TEXT_ARGUMENTS` wrapped in a :class:`SentText`, which the SDK's
+    pre-parsing passes by untouched."""
+    return {k: SentText(v) if k in TEXT_ARGUMENTS and isinstance(v, str) else v for k, v in arguments.items()}
+
+
+def text_as_sent(value: Any) -> Any:
+    """A text argument (``config``, ``model_config``) as the client sent it (a :class:`SentText` from the server's
+    call_tool); an object the SDK made of its JSON without the text (arguments validated without call_tool), or an
+    object the client sent, as JSON."""
+    if isinstance(value, SentText):
+        return value.text
     if isinstance(value, (dict, list)):
         return json.dumps(value)
     return value
@@ -137,13 +150,13 @@ def tool_parameters(names: tuple[str, ...], *, keep: bool = False) -> list[inspe
     params.append(inspect.Parameter("plan", kw, default=None, annotation=Annotated[
         dict[str, Any] | None, Field(description=PLAN_DESCRIPTION)]))
     params.append(inspect.Parameter("config", kw, default=None, annotation=Annotated[
-        str | None, BeforeValidator(functools.partial(text_as_sent, "config")),
+        str | None, BeforeValidator(text_as_sent),
         Field(max_length=MAX_CONFIG_BYTES, description=CONFIG_DESCRIPTION)]))
     params.append(inspect.Parameter("config_format", kw, default=None, annotation=Annotated[
         Literal[CONFIG_FORMATS] | None, BeforeValidator(_lower)]))
     # 'model_config' is pydantic's own attribute: the parameter has another name and the argument its alias
     params.append(inspect.Parameter(MODEL_CONFIG_PARAMETER, kw, default=None, annotation=Annotated[
-        str | None, BeforeValidator(functools.partial(text_as_sent, "model_config")),
+        str | None, BeforeValidator(text_as_sent),
         Field(alias="model_config", max_length=MAX_MODEL_CONFIG_CHARS, description=MODEL_CONFIG_DESCRIPTION)]))
     if keep:
         params.append(inspect.Parameter("keep", kw, default=None, annotation=Annotated[

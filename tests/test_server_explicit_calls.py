@@ -1,7 +1,7 @@
 """The MCP tools hand a call's inputs on explicitly (issue 23, item 8): the names of the arguments the client sent and
 the user's training config as read travel as parameters and return values (mcp_server.call_inputs, CallInputs,
-config_face.load_call_config, mcp_text, mcp_structured), never through context variables. So a direct call of the
-core path takes the server's path, and nothing of one call reaches the next."""
+ToolCall, config_face.load_call_config, mcp_text, mcp_structured), never through context variables. So a direct
+call of the core path takes the server's path, and nothing of one call reaches the next."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from mcp import Client
 
 from canifinetune.server import config_face, mcp_server
 from canifinetune.server.mcp_server import (
-    SENT_ARGUMENT,
+    TOOL_CALL_ARGUMENT,
+    ToolCall,
     build_server,
     call_inputs,
     estimate_memory_impl,
@@ -122,8 +123,8 @@ async def test_the_server_and_a_direct_call_give_the_same_answer():
     assert served.structured_content["plan"]["seq_len"] == 2048  # the file's: seq_len was not sent
 
     filled = server._tool_manager.get_tool("estimate_memory").fn_metadata.validate_arguments(arguments)
-    filled.pop(SENT_ARGUMENT)
-    direct = estimate_memory_impl(dict(filled), offline=True, sent=frozenset(arguments))
+    filled.pop(TOOL_CALL_ARGUMENT)
+    direct = estimate_memory_impl(dict(filled), offline=True, tool_call=ToolCall(sent=frozenset(arguments)))
     assert answer(direct) == answer(served)
     assert answer(estimate_memory_impl(dict(arguments), offline=True)) == answer(served)
     defaults_win = estimate_memory_impl(dict(filled), offline=True)
@@ -136,6 +137,6 @@ async def test_the_server_and_a_direct_call_give_the_same_answer():
 async def test_the_sent_names_are_not_an_argument_a_client_can_give():
     async with Client(build_server(offline=True)) as client:
         tools = (await client.list_tools()).tools
-        assert all(SENT_ARGUMENT not in t.input_schema["properties"] for t in tools)
-        result = await client.call_tool("estimate_memory", {**WITH_CONFIG, SENT_ARGUMENT: ["gpu"]})
-    assert result.is_error and f"'{SENT_ARGUMENT}' is not an argument of estimate_memory" in text_of(result)
+        assert all(TOOL_CALL_ARGUMENT not in t.input_schema["properties"] for t in tools)
+        result = await client.call_tool("estimate_memory", {**WITH_CONFIG, TOOL_CALL_ARGUMENT: {"sent": ["gpu"]}})
+    assert result.is_error and f"'{TOOL_CALL_ARGUMENT}' is not an argument of estimate_memory" in text_of(result)
