@@ -43,7 +43,7 @@ GRID_CHANGES: dict[str, dict] = {
     "fp16": {"dtype": "fp16"},
     "fp32": {"dtype": "fp32"},
     "mixed": {"precision": "mixed"},
-    **{f"framework-{f}": {"framework": f} for f in ("transformers", "axolotl", "llama_factory", "unsloth")},
+    **{f"framework-{f}": {"framework": f} for f in ("transformers", "axolotl", "llama_factory", "unsloth", "litgpt")},
     "dpo": {"trainer": "dpo"},
     "dpo-copy": {"trainer": "dpo", "reference_model": "copy"},
     "dpo-precompute": {"trainer": "dpo", "precompute_ref_log_probs": True},

@@ -269,7 +269,7 @@ def _estimate_of(measured: _Measured, resolved_model: ResolvedModel, chosen: lis
         model=resolved_model.id,
         model_source=resolved_model.source,
         method=plan.method,
-        params_total=resolved_model.spec.total_params,
+        params_total=r.spec.total_params,  # the model as the stack builds it (LitGPT unties a tied head)
         params_trainable=inventory_of(r).trainable_params,
         params_exact=resolved_model.params_exact,
         params_source="safetensors" if resolved_model.params_exact else "config",

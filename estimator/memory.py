@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from . import moe_adapter_memory, peft_memory
+from . import litgpt_memory, moe_adapter_memory, peft_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .inventory import inventory_of
@@ -355,6 +355,8 @@ def block_saved_parts(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
         _add(parts, _mlp_parts(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens))
     for knob in KNOB_TERMS:  # DoRA's results and weight copies, expert adapters' merged weights, ...
         _add(parts, knob.block_saved(r, layer))
+    if r.framework == "litgpt":  # LitGPT's own block code (estimator/litgpt_memory.py)
+        _add(parts, litgpt_memory.block_deltas(r, layer))
     return parts
 
 
@@ -420,8 +422,9 @@ def o_proj_input_copy_bytes(r: ResolvedPlan) -> int:
     takes q's layout: after an elementwise rotary (Llama, Qwen, ...) q is a (B, heads, S, D) view of a (B, S, heads, D)
     tensor, so the transpose is contiguous already and no copy is made; Phi-3's rotary ends in ``torch.cat``
     (``spec.rotary_concatenates``), q is contiguous as (B, heads, S, D), and ``.contiguous()`` copies (issue 24 item
-    3; measured under fake tensors, cohort v11). The memory-efficient and math kernels write (B, S, heads, D)."""
-    if not (r.spec.rotary_concatenates and r.attention_kernel == "flash"):
+    3; measured under fake tensors, cohort v11). LitGPT's rotary (litgpt/model.py ``apply_rope``) ends in ``torch.cat``
+    for every family. The memory-efficient and math kernels write (B, S, heads, D)."""
+    if not ((r.spec.rotary_concatenates or r.framework == "litgpt") and r.attention_kernel == "flash"):
         return 0
     return round_block(r.act_bytes * r.tokens * r.spec.q_dim)
 
@@ -511,8 +514,12 @@ def shared_activation_bytes(r: ResolvedPlan) -> int:
     total = round_block(e * t * h)
     if spec.embed_scale:
         total += round_block(e * t * h)
-    total += 2 * round_block(e * t * spec.head_dim)
-    total += round_block(4 * t * h) + (round_block(a * t * h) if r.full else 0)
+    if r.framework == "litgpt":  # views of its fp32 rope cache; its final norm keeps the fp32 normalized input
+        total += litgpt_memory.rope_cache_bytes(r)
+        total += round_block(4 * t * h) + (round_block(4 * t * h) if r.full else 0)
+    else:
+        total += 2 * round_block(e * t * spec.head_dim)
+        total += round_block(4 * t * h) + (round_block(a * t * h) if r.full else 0)
     total += 2 * round_block(8 * t)
     return total
 
@@ -546,6 +553,8 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
     a = r.act_bytes
     if r.loss_implementation == "chunked":
         return round_block(a * n * spec.hidden_size) + 8 * round_block(4 * n)
+    if r.loss_implementation == "litgpt":  # the new step's fp32 logit chunks beside the held ones (litgpt_memory)
+        return litgpt_memory.logits_bytes(r) + litgpt_memory.softcap_bytes(r)
     t = r.tokens
     softcap = round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
     # + what a knob keeps there (a trainable modules_to_save head's input and cast: peft_memory.SAVED_COPY_TERMS)
@@ -561,7 +570,7 @@ def standard_logits_bytes(r: ResolvedPlan) -> int:
     ``Trainer.compute_loss`` (and TRL 1.16's, which calls it or returns its own loss alone) returns only the loss,
     so the model output that holds them, and accelerate's fp32 copy of them, are freed when it returns; autograd
     keeps only log_softmax's output (measured: a real Trainer.training_step under fake tensors, cohort v11)."""
-    if r.loss_implementation == "chunked":
+    if r.loss_implementation != "standard":
         return 0
     return round_block(r.act_bytes * r.tokens * r.spec.vocab_size)
 
@@ -572,7 +581,14 @@ def loss_backward_start_bytes(r: ResolvedPlan) -> int:
     loss's own gradients (:func:`loss_backward_bytes`). Standard loss: log_softmax's fp32 output and the two fp32
     gradients, 12·T·V (plus tanh's output for a softcapping model); the LM head's gradient comes later, in the head
     matmul's backward (phases.py ``_head_moment``)."""
+    if r.loss_implementation == "litgpt":  # the held list and each chunk's log-softmax output, a chunk's gradients
+        return litgpt_memory.log_softmax_bytes(r) + litgpt_memory.softcap_bytes(r) + loss_backward_bytes(r)
     return (loss_forward_bytes(r) + lm_head_cast_bytes(r) - standard_logits_bytes(r)) + loss_backward_bytes(r)
+
+
+def held_logits_bytes(r: ResolvedPlan) -> int:
+    """Logits a training loop holds through the whole step (0 but for LitGPT: litgpt_memory.held_logits_bytes)."""
+    return litgpt_memory.held_logits_bytes(r)
 
 
 def lm_head_cast_bytes(r: ResolvedPlan) -> int:
@@ -609,6 +625,8 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
             total += round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
         total += sum(knob.loss_backward(r) for knob in KNOB_TERMS)  # a modules_to_save head's fp32 gradient, cast
         return total
+    if r.loss_implementation == "litgpt":  # one chunk at a time (litgpt_memory.chunk_backward_bytes)
+        return litgpt_memory.chunk_backward_bytes(r)
     t = r.tokens
     return 2 * round_block(4 * t * spec.vocab_size)
 
@@ -616,8 +634,11 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
 def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
     """Peak extra memory inside the loss forward: for the chunked head one logits tile (compute dtype);
     for the standard loss the fp32 upcast of the logits (4·T·V) while log_softmax writes its output
-    (accelerate's fp32 copy of the returned logits is the same size and comes after it is freed)."""
+    (accelerate's fp32 copy of the returned logits is the same size and comes after it is freed); for LitGPT the
+    head's chunks in the compute dtype while Fabric converts them to fp32."""
     spec = r.spec
+    if r.loss_implementation == "litgpt":  # the head's bf16 chunks while Fabric converts them to fp32
+        return litgpt_memory.bf16_logits_bytes(r)
     if r.loss_implementation != "chunked":
         return round_block(4 * r.tokens * spec.vocab_size)
     n = r.scored_tokens

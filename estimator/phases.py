@@ -66,6 +66,7 @@ class _Activations:
     loss_fwd_tmp: int
     loss_bwd: int
     loss_bwd_start: int  # what the loss holds as its backward starts (its forward's kept tensors less the logits)
+    held: int  # logits the training loop holds through the whole step (LitGPT: memory.held_logits_bytes)
     dequant: int
     adapter_tmp: int
     note: str
@@ -147,7 +148,7 @@ def _activations(r: ResolvedPlan) -> _Activations:
         layer_full=layer_full, boundary=boundary, saved_per_layer=saved_per_layer, saved_layers=saved_layers,
         shared=m.shared_activation_bytes(r), loss_fwd=m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r),
         loss_fwd_tmp=m.loss_forward_transient_bytes(r), loss_bwd=m.loss_backward_bytes(r),
-        loss_bwd_start=m.loss_backward_start_bytes(r),
+        loss_bwd_start=m.loss_backward_start_bytes(r), held=m.held_logits_bytes(r),
         dequant=m.dequantization_bytes(r), adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
 
 
@@ -163,6 +164,7 @@ def _forward_peak(r: ResolvedPlan, st: _Static, acts: _Activations) -> PhasePeak
         fwd_loss, fwd_transient = 0, block_tmp
     else:
         fwd_loss, fwd_transient = acts.loss_fwd, acts.loss_fwd_tmp
+    fwd_loss += acts.held  # logits a training loop holds through the whole step (LitGPT's fit)
     fwd_gather, fwd_acts = st.gather, acts.saved_layers + acts.shared
     if st.fsdp is not None:
         # FSDP2's all-gather copy-outs: at the start (the tail unit and block 0, nothing saved yet but the shared
@@ -217,9 +219,11 @@ def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: i
 def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad: int) -> _Live:
     """The loss's backward, before any block's: every activation saved, the loss's gradients (and, under the
     standard loss, the larger of that moment and the LM head's own backward, which writes the head's gradient)."""
-    loss_start, start_head = acts.loss_bwd_start, 0
+    loss_start, start_head = acts.loss_bwd_start + acts.held, 0
     if r.loss_implementation == "standard" and head_grad:  # the chunked head counts its gradient in loss_bwd
         loss_start, start_head = _head_moment(r, loss_start, head_grad)
+    elif r.loss_implementation == "litgpt":  # the first chunk's head matmul writes the gradient; the others' follow
+        start_head = head_grad
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     # the gradient-reduction buckets (DDP's reducer, ZeRO's) live from the first step on: counted at every moment
     start = st.bytes + start_gather + acts.saved_layers + acts.shared + loss_start + start_head + st.buckets
@@ -256,9 +260,10 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
             released = st.fsdp.release_per_layer * (spec.num_layers - 1 - below) if st.fsdp else 0
             block_gather = st.gather_bwd - released
             live = (st.bytes + block_gather + saved_below + acts.shared + current + grads_above + transient
-                    + st.buckets)
+                    + st.buckets + acts.held)
             if live > best.bytes:
-                best = _Live(live, block_gather, (saved_below + acts.shared + current, 0, grads_above, transient))
+                best = _Live(live, block_gather,
+                             (saved_below + acts.shared + current, acts.held, grads_above, transient))
     return best
 
 
@@ -276,9 +281,9 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
         embed_grad = 2 * int(r.spec.embedding_params * r.trainable_bytes_per_param * st.grad_factor)
     end_gather = st.fsdp.backward_end if st.fsdp else st.gather_bwd
     end_grad += st.sh.backward_extra if st.sh is not None else 0  # HSDP's all-reduce buffers (sharding.py)
-    end = st.bytes + end_gather + st.grads + st.buckets + acts.shared + embed_grad + end_grad
+    end = st.bytes + end_gather + st.grads + st.buckets + acts.shared + embed_grad + end_grad + acts.held
     if end > best.bytes:
-        return _Live(end, end_gather, (acts.shared, 0, st.grads + embed_grad + end_grad, 0))
+        return _Live(end, end_gather, (acts.shared, acts.held, st.grads + embed_grad + end_grad, 0))
     return best
 
 
@@ -287,12 +292,14 @@ def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
     # DDP: every rank steps the whole model (its states are whole); a sharded engine steps its partition
     share = 1.0 if st.sh is None or r.plan.sharding == "ddp" else (1 / r.plan.shard_gpus if st.sh.states else 0)
     opt_tmp = int(m.optimizer_step_temporary_bytes(r) * share)
+    held = m.held_logits_bytes(r)  # LitGPT's fit holds the step's logits through optimizer.step()
     return PhasePeak(
         "optimizer",
-        st.bytes + st.grads + end_grad + st.buckets + opt_tmp,
+        st.bytes + st.grads + end_grad + st.buckets + opt_tmp + held,
         (
             *st.items,
             Item("gradients", st.grads + end_grad + st.buckets, _grad_note(r, st.sh)),
+            Item("logits_and_loss", held, _loss_note(r)),
             Item("optimizer_temporaries", opt_tmp, _optimizer_tmp_note(r)),
         ),
     )
@@ -389,6 +396,9 @@ def _grad_note(r: ResolvedPlan, sh) -> str:
 def _loss_note(r: ResolvedPlan) -> str:
     if r.loss_implementation == "chunked":
         return "TRL's chunked LM head: final hidden states, per-token statistics, a logits tile in backward"
+    if r.loss_implementation == "litgpt":
+        return (f"LitGPT's fp32 logit chunks (T x {r.spec.vocab_size} vocab), held by its training loop through the "
+                "step and beside the next step's at the end of a forward, and each chunk's log-softmax output")
     return f"full logits (T x {r.spec.vocab_size} vocab) in {r.compute_dtype}, their fp32 upcast and log-softmax"
 
 

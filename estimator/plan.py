@@ -38,7 +38,13 @@ Optim = Literal[
 AttnImplementation = Literal["sdpa", "flash_attention_2", "eager"]
 QuantType = Literal["nf4", "fp4"]
 LossImplementation = Literal["chunked", "standard"]
-Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth"]
+# The loss a plan runs: its own loss_implementation, or its framework's (LitGPT's chunked cross-entropy over fp32 logit
+# chunks is a framework's only: a plan cannot ask for it by itself)
+EffectiveLoss = Literal["chunked", "standard", "litgpt"]
+Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth", "litgpt"]
+# LitGPT 0.5.13's defaults where they differ from the plan's (TrainingPlan._framework_defaults)
+LITGPT_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "optim": "adamw_torch",
+                   "gradient_checkpointing": False, "batch_size": 1, "gradient_accumulation_steps": 16}
 AdapterDType = Literal["fp32", "bf16", "fp16"]
 Trainer = Literal["sft", "dpo", "orpo", "kto", "reward", "grpo"]
 ReferenceModel = Literal["copy", "adapter_disabled", "none"]
@@ -275,7 +281,8 @@ class TrainingPlan(BaseModel):
         description=(
             "The trainer the user runs: trl (TRL 1.16 SFTTrainer, the recipe's), transformers (transformers "
             "Trainer + PEFT as the PEFT/bitsandbytes docs teach: full logits, prepare_model_for_kbit_training "
-            "for 4/8-bit bases), axolotl, llama_factory or unsloth. It sets the defaults of loss_implementation, "
+            "for 4/8-bit bases), axolotl, llama_factory, unsloth or litgpt (LitGPT 0.5.13's finetune lora/full: "
+            "bf16-true, its own loss, no checkpointing). It sets the defaults of loss_implementation, "
             "prepare_model_for_kbit_training and adapter_dtype. Ask the user when they have their own script."
         ),
     )
@@ -440,6 +447,17 @@ class TrainingPlan(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _framework_defaults(cls, data):
+        """A framework whose defaults differ from TRL's in fields every plan has: LitGPT 0.5.13's finetune scripts
+        (litgpt/finetune/lora.py ``setup``: lora_r 8, lora_alpha 16, lora_dropout 0.05; micro_batch_size 1 of a
+        global batch of 16; AdamW (torch, foreach on CUDA); no activation checkpointing on one device) fill what the
+        plan leaves unset, so an unset field means what it means in that framework."""
+        if isinstance(data, dict) and data.get("framework") == "litgpt":
+            data = {**LITGPT_DEFAULTS, **data}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _gpu_count_in_name(cls, data):
         """'2x RTX 4090', '8xH100', 'Kaggle T4 x2': the count goes to num_gpus, the card to gpu. A count that
         contradicts num_gpus is an error naming both. Then the nodes: num_gpus = num_nodes x gpus_per_node
@@ -582,6 +600,8 @@ class TrainingPlan(BaseModel):
 
     def _check_stack_fields(self) -> None:
         """The PEFT/TRL knobs: refused where they mean nothing, or where their memory is not modelled."""
+        if self.framework == "litgpt":
+            self._check_litgpt()
         if self.activation_offloading:
             raise PlanError.about("activation_offloading",
                 "TRL's activation offloading (saved activations moved to the CPU) is not "
@@ -603,6 +623,40 @@ class TrainingPlan(BaseModel):
                 "load_in_8bit, or leave it null"
             )
 
+    def _check_litgpt(self) -> None:
+        """What LitGPT 0.5.13's single-device fine-tuning (litgpt/finetune/lora.py, full.py) runs, and nothing else."""
+        refusals = (
+            ("trainer", self.trainer != "sft", "LitGPT's finetune scripts are supervised fine-tuning (trainer 'sft')"),
+            ("method", self.method == "qlora" or self.load_in_8bit or bool(self.load_in_4bit),
+             "LitGPT's --quantize (bitsandbytes through Lightning's precision plugin) is not modelled yet; use "
+             "method 'lora' or 'full' with framework litgpt, or estimate QLoRA with framework 'trl'"),
+            ("num_gpus", self.num_gpus > 1, "LitGPT on several GPUs (FSDP through ModelParallelStrategy) is not "
+             "modelled yet; estimate one GPU"),
+            ("gradient_checkpointing", self.gradient_checkpointing, "LitGPT's single-device finetune scripts have no "
+             "activation checkpointing; set gradient_checkpointing false"),
+            ("loss_implementation", self.loss_implementation is not None, "LitGPT computes its own loss (chunked "
+             "cross-entropy over fp32 logit chunks); leave loss_implementation null"),
+            ("dtype", self.dtype != "bf16" or self.precision != "pure", "the LitGPT stack is modelled for its "
+             "bf16-true precision (dtype bf16, precision pure)"),
+            ("attn_implementation", self.attn_implementation not in (None, "sdpa"), "LitGPT runs "
+             "scaled_dot_product_attention (attn_implementation sdpa)"),
+        )
+        for field, refused, why in refusals:
+            if refused:
+                raise PlanError.about(field, f"framework litgpt: {why}")
+        for name in ("modules_to_save", "use_dora", "packing", "padding_free"):
+            if getattr(self, name) not in (None, False):
+                raise PlanError.about(name, "framework litgpt: LitGPT has no such setting here; leave it unset")
+        targets = self.target_modules
+        if isinstance(targets, list):
+            mlp = {"gate_proj", "up_proj", "down_proj"}
+            unknown = sorted(set(targets) - mlp - {"q_proj", "k_proj", "v_proj", "o_proj"})
+            if unknown or (mlp & set(targets) and not mlp <= set(targets)):
+                raise PlanError.about("target_modules", "framework litgpt: LitGPT's LoRA flags adapt q_proj, k_proj, "
+                                      "v_proj and o_proj each (lora_query, lora_key, lora_value, lora_projection) "
+                                      "and gate_proj, up_proj and down_proj together (lora_mlp); got "
+                                      + ", ".join(targets))
+
     @property
     def quantized_4bit(self) -> bool:
         """Whether the frozen base is stored in 4 bit (explicitly, or because the method is qlora)."""
@@ -614,7 +668,7 @@ class TrainingPlan(BaseModel):
         return STACKS[self.framework]
 
     @property
-    def effective_loss_implementation(self) -> LossImplementation:
+    def effective_loss_implementation(self) -> EffectiveLoss:
         """The plan's loss_implementation, or its framework's when left null."""
         return self.loss_implementation or self.stack.loss_implementation
 

@@ -6,14 +6,14 @@ runtime resolves the same plan into the same settings, and a test compares the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from . import peft_knobs
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
-from .plan import AdapterDType, AttnImplementation, DType, Framework, LossImplementation, TrainingPlan
+from .plan import AdapterDType, AttnImplementation, DType, EffectiveLoss, Framework, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 from .trainers import check_supported
 
@@ -42,7 +42,7 @@ class ResolvedPlan:
     attention_kernel: AttentionKernel  # what runs on the GPU
     warnings: tuple[str, ...]
     framework: Framework = "trl"  # the training stack (estimator/stacks.py)
-    loss_implementation: LossImplementation = "chunked"  # the plan's, or its framework's
+    loss_implementation: EffectiveLoss = "chunked"  # the plan's, or its framework's
     kbit_prepared: bool = False  # peft.prepare_model_for_kbit_training ran on the quantized base
     frozen_dtype: DType = "bf16"  # dtype of the base's unquantized parameters (fp32 after kbit preparation)
     residual_dtype: DType = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
@@ -160,6 +160,17 @@ def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: 
     return "efficient"
 
 
+def _litgpt_model(spec: ModelSpec) -> ModelSpec:
+    """The model as LitGPT 0.5.13 builds it (litgpt/model.py ``GPT``): an ``lm_head`` of its own even where the
+    Hugging Face checkpoint ties it to the embedding (its converter copies the weight). MoE families run LitGPT's own
+    expert code, not modelled: refused."""
+    if spec.moe is not None or spec.fused_qkv:
+        why = "mixture-of-experts code" if spec.moe is not None else "layout of a fused-qkv family"
+        raise PlanError(f"framework litgpt: LitGPT's {why} is not modelled ({spec.model_type}); estimate it with "
+                        "framework 'trl'", field="framework")
+    return replace(spec, tie_word_embeddings=False) if spec.tie_word_embeddings else spec
+
+
 def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     """What the libraries would decide for ``plan`` on ``spec``: dtypes, quantization, adapter targets, attention."""
     warnings: list[str] = []
@@ -169,8 +180,11 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
                                           and plan.dtype != "fp32")
     weight_dtype = "fp32" if mixed else plan.dtype
     compute_dtype = plan.dtype
-    autocast = plan.dtype in ("bf16", "fp16")
+    # LitGPT's bf16-true runs the bf16 model as it is: no torch.autocast
+    autocast = plan.dtype in ("bf16", "fp16") and plan.framework != "litgpt"
     quantization = _quantization(plan)
+    if plan.framework == "litgpt":
+        spec = _litgpt_model(spec)
     if plan.trainer != "sft":
         # DPO/ORPO/KTO/GRPO/reward: what estimator/trainer_memory.py does not model is refused before it is needed
         check_supported(plan)

@@ -25,7 +25,7 @@ class Stack:
     name: str
     title: str  # how the text output names it
     version: str  # the version whose source these defaults were read from
-    loss_implementation: Literal["chunked", "standard"]  # the plan's LossImplementation
+    loss_implementation: Literal["chunked", "standard", "litgpt"]  # the plan's EffectiveLoss
     kbit_preparation: bool  # calls peft.prepare_model_for_kbit_training on a quantized base
     # adapter dtype on a 4/8-bit base; None = PEFT's (fp32 on a 16-bit compute dtype)
     adapter_dtype_quantized: Literal["fp32", "bf16", "fp16"] | None  # the plan's AdapterDType
@@ -116,9 +116,26 @@ STACKS: dict[str, Stack] = {
             "counts transformers' full-logits loss and PEFT's saved tensors instead: an upper bound"
         ),
     ),
+    "litgpt": Stack(
+        name="litgpt",
+        title="LitGPT",
+        version="litgpt 0.5.13",
+        loss_implementation="litgpt",
+        kbit_preparation=False,
+        adapter_dtype_quantized=None,
+        adapter_dtype_unquantized="bf16",
+        measured=True,
+        source=(
+            "litgpt/finetune/lora.py and full.py (0.5.13) on one device: Fabric precision bf16-true (every "
+            "parameter, LoRA's included, in bf16; the wrapped module's outputs converted to fp32), LitGPT's own model "
+            "code (fused qkv, k and v expanded to every head for grouped-query attention, an lm_head of its own even "
+            "where the checkpoint ties it), chunked_cross_entropy over 128-token lm_head chunks, torch AdamW, no "
+            "activation checkpointing; quantization and several GPUs are refused until modelled"
+        ),
+    ),
 }
 
-FRAMEWORKS: tuple[str, ...] = ("trl", "transformers", "axolotl", "llama_factory", "unsloth")
+FRAMEWORKS: tuple[str, ...] = ("trl", "transformers", "axolotl", "llama_factory", "unsloth", "litgpt")
 
 
 def stack(name: str) -> Stack:

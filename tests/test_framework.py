@@ -18,7 +18,7 @@ def test_every_framework_has_a_stack_with_its_version_and_source():
     assert set(STACKS) == set(FRAMEWORKS)
     for stack in STACKS.values():
         assert stack.version and stack.source and stack.title
-    assert {name for name, s in STACKS.items() if s.measured} == {"trl", "transformers"}
+    assert {name for name, s in STACKS.items() if s.measured} == {"trl", "transformers", "litgpt"}
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,30 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FAKE_MODE = HERE / "fake_mode.py"
 TRAINER_FAKE = HERE / "trainer_fake.py"
-LOSS_MODE = {"chunked": "trl_fused", "standard": "model"}
+LITGPT_FAKE = HERE / "litgpt_fake.py"
+LOSS_MODE = {"chunked": "trl_fused", "standard": "model", "litgpt": "model"}
+# LitGPT runs in a virtual environment of its own (litgpt_fake.py says how to make it)
+LITGPT_PYTHON = os.environ.get("CANIFINETUNE_LITGPT_PYTHON",
+                               str(HERE.parent.parent / ".venv-litgpt" / "bin" / "python"))
+# the Hugging Face projection names a LitGPT LoRA flag adapts (litgpt/lora.py Config: lora_query, ...)
+LITGPT_LORA_FLAGS = {"q_proj": "lora_query", "k_proj": "lora_key", "v_proj": "lora_value", "o_proj": "lora_projection",
+                     "gate_proj": "lora_mlp", "up_proj": "lora_mlp", "down_proj": "lora_mlp"}
+
+
+def litgpt_case(plan) -> dict:
+    """The litgpt_fake.py case of a ``framework: litgpt`` TrainingPlan: its model, method, shape and LoRA fields, the
+    target modules as LitGPT's flags (None: LitGPT's default, query and value)."""
+    case = {"model": plan.model, "method": plan.method, "seq_len": plan.seq_len, "batch_size": plan.batch_size}
+    if plan.uses_adapters:
+        case.update(lora_r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout)
+        targets = plan.target_modules
+        if targets == "all-linear":
+            targets = list(LITGPT_LORA_FLAGS)
+        if targets is not None:
+            flags = dict.fromkeys(LITGPT_LORA_FLAGS.values(), False)
+            flags.update({LITGPT_LORA_FLAGS[name]: True for name in targets})
+            case.update(flags)
+    return case
 
 
 def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
@@ -38,6 +62,12 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
         if validated.trainer != "sft":  # DPO/KTO/GRPO: their own training step (trainer_fake.py)
             cmd = [sys.executable, str(TRAINER_FAKE), "--plan", str(plan_path), "--config", str(config_path),
                    "--out", str(out_path)]
+        if validated.framework == "litgpt":  # LitGPT's own step, in its own virtual environment
+            if not Path(LITGPT_PYTHON).exists():
+                return {"error": f"LitGPT's virtual environment is missing ({LITGPT_PYTHON}); litgpt_fake.py says "
+                                 "how to make it"}
+            cmd = [LITGPT_PYTHON, str(LITGPT_FAKE), "--case", json.dumps(litgpt_case(validated)), "--out",
+                   str(out_path)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
