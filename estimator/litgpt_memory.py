@@ -11,7 +11,8 @@ tensor by tensor under fake tensors with LitGPT's own code (benchmarks/validatio
   next step's forward returns, so one list is alive through the whole step, the optimizer step included
   (:func:`held_logits_bytes`), and two at the end of a forward.
 - **The block.** Grouped-query attention expands k and v to every head before scaled_dot_product_attention
-  (``k.expand(...)``, saved by the kernel: 2·a·T·(q_dim - kv_dim) more than transformers' native GQA); the rotary
+  (``k.expand(...)``, saved by the kernel: 2·a·T·(q_dim - kv_dim) more than transformers' native GQA); without it,
+  v is a view of the fused qkv output, which the kernel's saved v then keeps whole (a·T·(q_dim + 2·kv_dim)); the rotary
   embedding ends in ``torch.cat``, so o_proj's input is a copy of the kernel's output (memory.o_proj_input_copy_bytes,
   as for Phi-3); an RMSNorm whose weight trains keeps its fp32 normalized input (``x_normed * weight.float()``),
   4·T·H where transformers keeps a·T·H; LoRA on the fused qkv linear (``LoRAQKVLinear``) drops out its input once,
@@ -84,9 +85,14 @@ def block_deltas(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
     parts = dict.fromkeys((BlockPart.ATTENTION, BlockPart.NORMS, BlockPart.ADAPTER_INPUTS), 0)
     if spec.num_kv_heads != spec.num_heads:  # k and v expanded to every head, and kept by the kernel
         parts[BlockPart.ATTENTION] += 2 * (round_block(a * t * spec.q_dim) - round_block(a * t * spec.kv_dim))
+    else:  # v is a view of the fused qkv output, which the kernel's saved v keeps whole
+        parts[BlockPart.ATTENTION] += (round_block(a * t * (spec.q_dim + 2 * spec.kv_dim))
+                                       - round_block(a * t * spec.kv_dim))
     if r.full and not spec.model_type.startswith("gemma"):  # fp32 normalized input instead of its a-byte output
-        per = round_block(4 * t * spec.hidden_size) - round_block(a * t * spec.hidden_size)
-        parts[BlockPart.NORMS] += spec.norms_per_layer * per
+        widths = [spec.hidden_size] * spec.norms_per_layer
+        if spec.qk_norm != "none":  # Qwen3's and OLMo2's q/k norms train too
+            widths += [spec.q_dim, spec.kv_dim]
+        parts[BlockPart.NORMS] += sum(round_block(4 * t * w) - round_block(a * t * w) for w in widths)
     qkv = [lin for lin in spec.attention_linears()[:-1] if r.adapted(lin)]
     if qkv:
         width = qkv[0].in_features

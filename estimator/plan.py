@@ -640,6 +640,8 @@ class TrainingPlan(BaseModel):
              "bf16-true precision (dtype bf16, precision pure)"),
             ("attn_implementation", self.attn_implementation not in (None, "sdpa"), "LitGPT runs "
              "scaled_dot_product_attention (attn_implementation sdpa)"),
+            ("optim", self.optim not in ("adamw_torch", "adamw_torch_fused", "sgd"), "the LitGPT stack is measured "
+             "with torch's AdamW (adamw_torch, LitGPT's default; adamw_torch_fused) and SGD (sgd)"),
         )
         for field, refused, why in refusals:
             if refused:

@@ -15,8 +15,9 @@ What one step is, read from LitGPT 0.5.13 (litgpt/finetune/lora.py and full.py, 
   ``lora_dropout`` and the ``lora_query`` / ``lora_key`` / ``lora_value`` / ``lora_projection`` / ``lora_mlp`` /
   ``lora_head`` flags; defaults 8, 16, 0.05, query and value), ``mark_only_lora_as_trainable``; full:
   ``litgpt.model.GPT``, everything trains;
-- the optimizer ``instantiate_torch_optimizer("AdamW", ...)``: ``torch.optim.AdamW``, which on CUDA takes the
-  foreach implementation (passed explicitly here: fake tensors are not foreach-supported types);
+- the optimizer ``instantiate_torch_optimizer("AdamW", ...)`` (``--optimizer``: AdamW by default, SGD as asked):
+  ``torch.optim.AdamW``, which on CUDA takes the foreach implementation (passed explicitly here: fake tensors are
+  not foreach-supported types), or ``fused`` for the plan's adamw_torch_fused;
 - each step: ``logits = model(input_ids, lm_head_chunk_size=128)`` (a list of 128-token chunks),
   ``logits[-1] = logits[-1][..., :-1, :]``, ``loss = chunked_cross_entropy(logits, targets[..., 1:])``,
   ``fabric.backward(loss)``, ``optimizer.step()``, ``optimizer.zero_grad()``; the ``logits`` list stays alive until
@@ -52,6 +53,21 @@ def litgpt_config(hf_model: str, config_class=None, **overrides):
         if hf.get("org") == org and hf.get("name") == name:
             return config_class.from_name(entry["name"], **overrides)
     raise ValueError(f"LitGPT 0.5.13 has no config for {hf_model}")
+
+
+# The plan's optim as LitGPT's --optimizer builds it (litgpt/utils.py instantiate_torch_optimizer: a torch.optim
+# class), with foreach/fused passed as CUDA picks them (fake tensors are not foreach-supported types)
+OPTIMIZERS = {"adamw_torch": ("AdamW", {"foreach": True}), "adamw_torch_fused": ("AdamW", {"fused": True}),
+              "sgd": ("SGD", {"foreach": True})}
+
+
+def _optimizer(optim: str, params):
+    import torch
+
+    if optim not in OPTIMIZERS:
+        raise ValueError(f"optim {optim!r}: LitGPT's step is measured with {', '.join(OPTIMIZERS)}")
+    name, kwargs = OPTIMIZERS[optim]
+    return getattr(torch.optim, name)(params, lr=3e-4, weight_decay=0.0, **kwargs)
 
 
 def run_litgpt_steps(case: dict, steps: int = 2) -> dict:
@@ -97,8 +113,7 @@ def run_litgpt_steps(case: dict, steps: int = 2) -> dict:
         if method == "lora":
             mark_only_lora_as_trainable(model)
         model = fabric.setup_module(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=case.get("learning_rate", 3e-4), weight_decay=0.0,
-                                      foreach=True)
+        optimizer = _optimizer(case.get("optim", "adamw_torch"), model.parameters())
         optimizer = fabric.setup_optimizers(optimizer)
         model.max_seq_length = seq
         state["after_build"] = counter.current
