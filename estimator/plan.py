@@ -632,6 +632,8 @@ class TrainingPlan(BaseModel):
              "method 'lora' or 'full' with framework litgpt, or estimate QLoRA with framework 'trl'"),
             ("num_gpus", self.num_gpus > 1, "LitGPT on several GPUs (FSDP through ModelParallelStrategy) is not "
              "modelled yet; estimate one GPU"),
+            ("sharding", self.sharding != "none" or self.offload_optimizer or self.offload_params, "LitGPT's "
+             "single-device finetune scripts shard and offload nothing (no DeepSpeed, no FSDP on one GPU)"),
             ("gradient_checkpointing", self.gradient_checkpointing, "LitGPT's single-device finetune scripts have no "
              "activation checkpointing; set gradient_checkpointing false"),
             ("loss_implementation", self.loss_implementation is not None, "LitGPT computes its own loss (chunked "

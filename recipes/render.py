@@ -461,6 +461,12 @@ def trl_equivalent(plan: TrainingPlan) -> tuple[TrainingPlan, str | None]:
     estimates, what the user's framework would. Everything else in the plan is the same field by field."""
     if plan.framework == "trl":
         return plan, None
+    if plan.framework == "litgpt":
+        # LitGPT's loss (fp32 logit chunks its loop holds through the step) and its model code have no TRL fields
+        raise RecipeError(
+            "framework: canifinetune writes TRL recipes, and LitGPT's own step (its model code, its fp32 logit chunks, "
+            "bf16-true) cannot be carried into one; run `litgpt finetune lora` (or `full`) with the estimated "
+            "settings, or make the plan with framework 'trl' for a TRL recipe (estimate it again: its memory differs)")
     changes: dict = {"framework": "trl", "loss_implementation": plan.effective_loss_implementation}
     if plan.quantized_4bit or plan.load_in_8bit:
         changes["prepare_model_for_kbit_training"] = plan.effective_kbit_preparation
