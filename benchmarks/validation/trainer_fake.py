@@ -1,6 +1,11 @@
 """Measure two training steps of TRL 1.16's preference/RL trainers (DPO, ORPO, KTO, reward, GRPO's loss step) under
 fake tensors.
 
+:func:`measure_trainer_fake` (and the command line) runs DPO, KTO, reward and GRPO's loss step through TRL's own
+trainer by default (``driver="trainer"``: benchmarks/validation/pref_trainer_fake.py, ``trainer.training_step`` on a
+trainer built as recipes/trainers.py builds it, so object lifetimes are the trainer's). ORPO, and any trainer with
+``driver="loop"``, runs the step written out below (:func:`run_trainer_steps`).
+
 The counting, the GPU routing of attention and of TRL's chunked log-prob kernel, PEFT under fake tensors and the
 model build are benchmarks/validation/fake_mode.py's and recipes/model_setup.py's. What is new is what one training step
 of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.11/site-packages/trl):
@@ -390,7 +395,12 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
     return {**report, "trainer": trainer, "reference": ref_mode, "loss": f"trl_{trainer}", "fake": True}
 
 
-def measure_trainer_fake(plan, config: dict) -> dict:
+def measure_trainer_fake(plan, config: dict, *, driver: str = "trainer", compact: bool = True) -> dict:
+    """The measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict).
+
+    driver "trainer" (the default): DPO, KTO, reward and GRPO's loss step run through TRL's own trainer
+    (pref_trainer_fake.py; ``compact``: its fused LM head's CUDA path, else the CPU build's that scores every
+    position); ORPO always, and every trainer with driver "loop": :func:`run_trainer_steps`."""
     import peft
     import torch
     import transformers
@@ -399,8 +409,14 @@ def measure_trainer_fake(plan, config: dict) -> dict:
 
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan(**plan)
+    if driver not in ("trainer", "loop"):
+        raise ValueError(f"driver {driver!r}: 'trainer' or 'loop'")
     t0 = time.perf_counter()
-    result = run_trainer_steps(plan, config)
+    pref = _fake_mode_module()._beside("pref_trainer_fake")
+    if driver == "trainer" and plan.trainer in pref.TRAINERS:
+        result = pref.run_pref_trainer_steps(plan, config, compact=compact)
+    else:
+        result = {**run_trainer_steps(plan, config), "driver": "loop"}
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
     for name in ("trl", "bitsandbytes"):
@@ -496,12 +512,22 @@ def generation_peaks(plan, config: dict, rows: int, prompt: int, total: int) -> 
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="fake-tensor measurement of a TRL 1.16 DPO/KTO/GRPO training step")
+    parser = argparse.ArgumentParser(description="fake-tensor measurement of a TRL 1.16 DPO/ORPO/KTO/reward/GRPO "
+                                                 "training step")
     parser.add_argument("--plan", required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--out")
+    parser.add_argument("--driver", choices=("trainer", "loop"), default="trainer",
+                        help="trainer: DPO/KTO/reward/GRPO run through TRL's own trainer (pref_trainer_fake.py); "
+                             "loop: the step written out here (ORPO always)")
+    parser.add_argument("--fused-head", choices=("compact", "every_position"), default="compact",
+                        help="with --driver trainer: TRL's fused LM head as CUDA runs it (the labelled positions "
+                             "only), or as a CPU build runs it (every position)")
     args = parser.parse_args(argv)
-    return _fake_mode_module().run_and_report(measure_trainer_fake, args.plan, args.config, args.out)
+    compact = args.fused_head == "compact"
+    return _fake_mode_module().run_and_report(
+        lambda plan, config: measure_trainer_fake(plan, config, driver=args.driver, compact=compact),
+        args.plan, args.config, args.out)
 
 
 if __name__ == "__main__":
