@@ -159,13 +159,21 @@ def _attention_knob(p: TrainingPlan) -> Knob | None:
     return Knob("attn_implementation", 0, attn) if attn else None
 
 
+# The smallest micro-batch a trainer trains: TRL 1.16's KTOTrainer refuses one row (its KL term pairs the rows of a
+# micro-batch; recipes/trainers.trainer_problems says so to the user)
+MIN_MICRO_BATCH = {"kto": 2}
+
+
 def _batch_knob(p: TrainingPlan) -> Knob | None:
     """A smaller micro-batch with more accumulation steps: the same effective batch."""
-    if p.batch_size <= 1:
+    least = MIN_MICRO_BATCH.get(p.trainer, 1)
+    if p.batch_size <= least:
         return None
     levels = [{"batch_size": d, "gradient_accumulation_steps": p.gradient_accumulation_steps * (p.batch_size // d)}
               for d in divisors_below(p.batch_size)
-              if p.gradient_accumulation_steps * (p.batch_size // d) <= 65536]
+              if d >= least and p.gradient_accumulation_steps * (p.batch_size // d) <= 65536]
+    if not levels:
+        return None
     return Knob("batch_size", 0, levels, monotone=True)
 
 

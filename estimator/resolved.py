@@ -51,6 +51,9 @@ class ResolvedPlan:
     use_dora: bool = False
     # PEFT 0.21's ParamWrapper adapters on the fused MoE experts and router (estimator/moe_adapters.py); None: none
     expert_lora: ExpertLoRA | None = None
+    # positions per row the loss scores, where fewer than S - 1 carry a label: GRPO's completions, which TRL 1.16's
+    # fused head scores alone on a CUDA GPU (its Triton path compacts the label-masked positions); None: S - 1
+    scored_per_row: int | None = None
     # what is derived from these facts, kept once computed (estimator/inventory.py's records, the adapted linears);
     # not an argument: dataclasses.replace builds a new resolved plan with an empty one
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -61,8 +64,10 @@ class ResolvedPlan:
 
     @property
     def scored_tokens(self) -> int:
-        """N = B·(S-1): the positions the causal-LM loss scores (each predicts the next token; at least one)."""
-        return self.plan.batch_size * max(self.plan.seq_len - 1, 1)
+        """N = B·(S-1): the positions the causal-LM loss scores (each predicts the next token; at least one); B x the
+        completion for GRPO's policy (``scored_per_row``)."""
+        per_row = self.scored_per_row if self.scored_per_row is not None else max(self.plan.seq_len - 1, 1)
+        return self.plan.batch_size * per_row
 
     @property
     def act_bytes(self) -> int:

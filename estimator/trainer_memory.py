@@ -21,6 +21,8 @@ generation/utils.py. Measured by benchmarks/validation/trainer_fake.py (cohorts 
 
 from __future__ import annotations
 
+import dataclasses
+
 from . import memory as m
 from .allocator import round_block
 from .components import STATIC_NAMES
@@ -40,8 +42,6 @@ def reward_spec(spec):
     (V x H, frozen under LoRA) is added back by :func:`reward_embedding_bytes`. The chunked head's terms at V = 1
     count the final hidden states the score keeps (a·N·H) and their gradient as fp32 plus compute dtype
     (4·N·H + a·N·H, where the score's backward makes a·T·H): an upper bound by 4·N·H."""
-    import dataclasses
-
     return dataclasses.replace(spec, vocab_size=1, tie_word_embeddings=True)
 
 
@@ -112,8 +112,6 @@ def orpo_qlora_policy(policy_resolved):
     fp32 head), while the fp32 norms feed bitsandbytes' Linear4bit fp32 inputs, whose outputs it casts back to fp32
     (``.to(inp_dtype)``): the residual stream is fp32 as after kbit preparation. The fp32 norm weights (a few x H
     per block) are counted in the compute dtype."""
-    import dataclasses
-
     if not (policy_resolved.plan.quantized_4bit and policy_resolved.plan.uses_adapters):
         return policy_resolved
     return dataclasses.replace(policy_resolved, kbit_prepared=False, frozen_dtype=policy_resolved.compute_dtype,
@@ -275,6 +273,8 @@ def trainer_step_peaks(r, phases_module):
     policy = resolve(sft_equivalent(plan), spec)
     if plan.trainer == "orpo":
         policy = orpo_qlora_policy(policy)
+    if plan.trainer == "grpo":  # the fused head scores the completions alone on a GPU (labels -100 on the prompt)
+        policy = dataclasses.replace(policy, scored_per_row=int(resolved_trainer_fields(plan)["max_completion_length"]))
     end_grad = reward_embedding_grad_bytes(policy, r.spec) if plan.trainer == "reward" else 0
     forward, backward, optimizer, sizes = phases_module.step_peaks(policy, end_grad=end_grad)
     ref_w, ref_item = _reference_item(r, policy, Item)

@@ -96,6 +96,10 @@ def trainer_problems(plan: TrainingPlan) -> list[str]:
         problems.append(f"reference_model: {t} compares with a reference model's log-probabilities; 'none' needs "
                         "precompute_ref_log_probs: true (computed once before training), or use 'adapter_disabled' "
                         "(LoRA) / 'copy'")
+    if t == "kto" and plan.batch_size < 2:
+        # KTOTrainer 1.16 __init__: its KL term pairs each completion with another row of the same micro-batch
+        problems.append("batch_size: KTO needs at least 2 rows per micro-batch (TRL's KTOTrainer refuses 1: its KL "
+                        "term pairs each completion with another row of the batch); use batch_size 2 or more")
     if t == "grpo":
         beta = setting(plan, "beta")
         if not beta and ref in ("copy", "adapter_disabled"):

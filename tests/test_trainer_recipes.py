@@ -158,6 +158,9 @@ def test_reference_model_combinations_trl_cannot_train_are_refused(tiny_model):
     assert any("adapter-disabled base" in p for p in trainer_problems(
         _plan(tiny_model, "grpo", beta=0.1, reference_model="copy")))
     assert not trainer_problems(_plan(tiny_model, "dpo", precompute_ref_log_probs=True, reference_model="none"))
+    # KTOTrainer 1.16 refuses a micro-batch of one row (its KL term pairs rows of the batch)
+    assert any("at least 2 rows" in p for p in trainer_problems(_plan(tiny_model, "kto", batch_size=1)))
+    assert not any("at least 2 rows" in p for p in trainer_problems(_plan(tiny_model, "kto", batch_size=2)))
     assert reference_of(_plan(tiny_model, "grpo", method="full", beta=0.1)) == "copy"
 
 

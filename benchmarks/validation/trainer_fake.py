@@ -38,7 +38,8 @@ logs metrics with ``.item()``, which fake tensors cannot answer); it is a few B-
 
 On a CPU (no Triton) TRL's fused head scores every position (``compact = _use_triton(device)`` is False); on a GPU
 it scores the label-masked positions only. For DPO/KTO every label is valid, so the two agree; for GRPO the CPU path
-scores the prompt positions as well (the estimator counts them too: an upper bound of the GPU's compact path).
+scores the prompt positions as well; pref_trainer_fake.py (the default driver) measures the GPU's compact path, which
+the estimator counts (the completions alone).
 
 ``kv_cache_bytes(plan, config, rows, tokens)`` measures the KV cache a ``model.generate`` would hold: one forward
 with ``use_cache=True`` over ``rows`` x ``tokens`` and the bytes of every key/value tensor of the returned cache.
