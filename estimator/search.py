@@ -44,6 +44,10 @@ NODE_FIELDS = ("num_gpus", "num_nodes", "gpus_per_node")
 # How many of the first suggestions must include a 4-bit (QLoRA) option when one fits (issue 21: the tier question
 # a practitioner asks first)
 QLORA_WITHIN_FIRST = 3
+# A larger GPU is a step up in memory, not the same class with a few more MiB: at least 10% more than the plan's card
+# (an RTX 3090's 24.0 GiB over an RTX 4090's 23.88 GiB is no "larger GPU": the plan would sit at the same boundary on
+# an older, slower card)
+LARGER_GPU_MIN_GAIN = 1.10
 
 
 class Suggestion(BaseModel):
@@ -459,7 +463,8 @@ class _Search:
         usable = self.ev.get({})[1].gpu_usable_bytes or 0  # type: ignore[index]
         vendor, category = (here.vendor, here.category) if here else ("nvidia", "datacenter")
         planned = self.ev.get(state)[0]  # type: ignore[index]
-        bigger = sorted((g for g in catalog.load_gpus() if g.vendor == vendor and g.total_memory_bytes > usable
+        bigger = sorted((g for g in catalog.load_gpus() if g.vendor == vendor
+                         and g.total_memory_bytes >= usable * LARGER_GPU_MIN_GAIN
                          and g.total_memory_bytes >= need and g.name != (here.name if here else None)
                          and gpu_runs_plan(g, planned) is None),
                         key=lambda g: (g.category != category, g.total_memory_bytes,
