@@ -34,7 +34,7 @@ def litgpt_case(plan) -> dict:
     """The litgpt_fake.py case of a ``framework: litgpt`` TrainingPlan: its model, method, shape and LoRA fields, the
     target modules as LitGPT's flags (None: LitGPT's default, query and value)."""
     case = {"model": plan.model, "method": plan.method, "seq_len": plan.seq_len, "batch_size": plan.batch_size,
-            "optim": plan.optim}
+            "optim": plan.optim, "gradient_accumulation_steps": plan.gradient_accumulation_steps}
     if plan.uses_adapters:
         case.update(lora_r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout)
         targets = plan.target_modules

@@ -120,17 +120,21 @@ def run_litgpt_steps(case: dict, steps: int = 2) -> dict:
         state["after_build_categories"] = counter.categories_now()
         counter.reset_peak()
         logits = None
+        # fit(): the optimizer steps when not is_accumulating; two micro-batches stand for any accumulation (the
+        # second, like every later one, runs with the earlier ones' gradients alive)
+        micro_steps = 2 if int(case.get("gradient_accumulation_steps", 1)) > 1 else 1
         for step in range(1, steps + 1):
-            input_ids = torch.randint(0, config.vocab_size, (batch, seq))
-            targets = input_ids.clone()
-            counter.set_phase(f"step{step}.forward")
             start = counter.current
-            logits = model(input_ids, lm_head_chunk_size=LM_HEAD_CHUNK)
-            logits[-1] = logits[-1][..., :-1, :]
-            loss = chunked_cross_entropy(logits, targets[..., 1:])
-            counter.set_phase(f"step{step}.backward")
-            fabric.backward(loss)
-            del loss
+            for _ in range(micro_steps):
+                input_ids = torch.randint(0, config.vocab_size, (batch, seq))
+                targets = input_ids.clone()
+                counter.set_phase(f"step{step}.forward")
+                logits = model(input_ids, lm_head_chunk_size=LM_HEAD_CHUNK)
+                logits[-1] = logits[-1][..., :-1, :]
+                loss = chunked_cross_entropy(logits, targets[..., 1:])
+                counter.set_phase(f"step{step}.backward")
+                fabric.backward(loss)
+                del loss
             counter.set_phase(f"step{step}.optimizer")
             optimizer.step()
             counter.classify()

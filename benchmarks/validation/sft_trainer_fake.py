@@ -13,7 +13,9 @@ of them are freed before backward starts (issue 24). Here the step is the traine
 - ``trainer.accelerator.prepare(model, optimizer)`` wraps the forward as a training run does (autocast, fp32 outputs);
 - each step is ``trainer.training_step(model, batch, num_items_in_batch)`` on a batch from the trainer's own
   ``data_collator``, then the optimizer phase of ``fake_mode.optimizer_phase`` (Trainer's order: clip, step,
-  zero_grad).
+  zero_grad); with gradient accumulation two micro-batches per optimizer step (:func:`accumulated_micro_steps`: the
+  second, like every later one, runs with the gradients of the earlier ones alive, as Trainer keeps them until its
+  optimizer step).
 
 Where a CPU build or fake tensors take a path a CUDA run does not, the CUDA path is emulated (docs/validation.md,
 "Emulated CUDA paths"): the GPU routing of ``fake_mode.gpu_routing``; the optimizer of ``model_setup.build_optimizer``
@@ -98,6 +100,12 @@ def _without_all_ones_mask(model):
     model.forward = forward_without_mask
 
 
+def accumulated_micro_steps(plan) -> int:
+    """Micro-batches run per optimizer step: two when the plan accumulates gradients (the second runs with the
+    first's gradients alive, as every later one does; a third would repeat it), else one."""
+    return 2 if plan.gradient_accumulation_steps > 1 else 1
+
+
 def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, route_sdpa: bool = True) -> dict:
     """Build the model as the runtime does, hand it to the runtime's trainer class, and run ``steps`` steps through
     ``trainer.training_step``, counting live memory (``fake``: under FakeTensorMode, else real CPU tensors: tiny
@@ -126,7 +134,8 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
     folder = Path(tempfile.mkdtemp(prefix="canifinetune-trainer-fake-"))
     tokenizer = stand_in_tokenizer(folder / "tokenizer")
     vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size"))
-    dataset = Dataset.from_dict({"input_ids": _rows(vocab, plan.seq_len, plan.batch_size * steps)})
+    dataset = Dataset.from_dict({"input_ids": _rows(vocab, plan.seq_len,
+                                                    plan.batch_size * steps * accumulated_micro_steps(plan))})
     apply_ctx = fm.classic_module_apply() if fake else contextlib.nullcontext()
     peft_ctx = fm._beside("peft_fake").fake_peft_support(fake)
     with fm.gpu_routing(route_sdpa) as routed, apply_ctx, peft_ctx as build_ctx, fake_mode, counter:
@@ -155,17 +164,20 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
         state["after_build"] = counter.current
         state["after_build_categories"] = counter.categories_now()
         counter.reset_peak()
+        micro_steps = accumulated_micro_steps(plan)
+        row = 0
         for step in range(1, steps + 1):
-            batch = trainer.data_collator([dataset[i] for i in range((step - 1) * plan.batch_size,
-                                                                     step * plan.batch_size)])
-            scored = plan.batch_size * (plan.seq_len - 1)  # every label is a token (full-length, unpadded rows)
             step_now["n"] = step
-            counter.set_phase(f"step{step}.forward")
             start = counter.current
-            counter.stub_scalars = fake
-            trainer.training_step(wrapped, batch, num_items_in_batch=scored)
-            counter.stub_scalars = False
-            del batch
+            for _ in range(micro_steps):  # Trainer: training_step per micro-batch, the optimizer after the last
+                batch = trainer.data_collator([dataset[i] for i in range(row, row + plan.batch_size)])
+                row += plan.batch_size
+                scored = plan.batch_size * (plan.seq_len - 1)  # every label is a token (full-length, unpadded rows)
+                counter.set_phase(f"step{step}.forward")
+                counter.stub_scalars = fake
+                trainer.training_step(wrapped, batch, num_items_in_batch=scored)
+                counter.stub_scalars = False
+                del batch
             fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
             timeline.append({"step": step, "start": start, "end": counter.current})
         counter.set_phase("done")
