@@ -488,7 +488,9 @@ def assumptions(r) -> list[str]:
         + (" under autocast" if r.autocast else ""),
     ]
     if plan.gradient_accumulation_steps > 1:
-        out.append("gradient accumulation adds no memory: gradients accumulate in place")
+        out.append(f"gradient accumulation over {plan.gradient_accumulation_steps} micro-batches: every one after the "
+                   "first runs with the earlier ones' gradients alive (added to in place), counted in its forward and "
+                   "backward")
     if plan.num_nodes > 1:
         out.append(f"{plan.sharding} over {plan.gpus_words()}; the figures are per GPU, host memory per node")
     elif plan.num_gpus > 1:
