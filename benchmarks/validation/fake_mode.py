@@ -479,14 +479,24 @@ def measurement_report(counter, state: dict, timeline: list, routed, resolved) -
     }
 
 
+def library_versions() -> dict[str, str]:
+    """The versions of the libraries a measurement ran (every harness reports them)."""
+    import peft
+    import torch
+    import transformers
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+    for name in ("trl", "bitsandbytes"):
+        with contextlib.suppress(Exception):
+            versions[name] = __import__(name).__version__
+    return versions
+
+
 def measure_fake(plan, config: dict, *, loss: str = "trl_fused", driver: str = "trainer") -> dict:
     """The fake-tensor measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict).
 
     driver "trainer" (the default): the recipe's own trainer runs each step (sft_trainer_fake.py; the loss is the
     plan's); "loop": :func:`run_steps`, the step written out with ``loss``."""
-    import peft
-    import torch
-    import transformers
 
     from canifinetune.estimator.plan import TrainingPlan
 
@@ -498,11 +508,7 @@ def measure_fake(plan, config: dict, *, loss: str = "trl_fused", driver: str = "
     else:
         result = run_steps(plan, config, fake=True, loss=loss)
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
-    for name in ("trl", "bitsandbytes"):
-        with contextlib.suppress(Exception):
-            versions[name] = __import__(name).__version__
-    result["versions"] = versions
+    result["versions"] = library_versions()
     result["plan"] = plan.model_dump(mode="json")
     return result
 

@@ -109,15 +109,7 @@ def _counter(fm):
     ``randperm`` is drawn for real (emulations 3 and 4)."""
     import torch
 
-    base = fm._make_counter_class()
-
-    class PreferenceStepCounter(base):
-        def __init__(self):
-            super().__init__()
-            self.scalar_reads = 0
-            self.known_scalar_reads = 0
-            self.stub_scalars = False
-
+    class PreferenceStepCounter(_beside("sft_trainer_fake").scalar_read_counter_class(fm)):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.stub_scalars and func in (torch.ops.aten.randperm.default, torch.ops.aten.randperm.generator):
                 # a host-side permutation (GRPO's shuffle_sequence_dict: torch.randperm on the CPU in a GPU run too):
@@ -126,15 +118,6 @@ def _counter(fm):
                 out = torch.ops.aten.lift_fresh_copy.default(real)
                 self.track(out)
                 return out
-            if self.stub_scalars and func is torch.ops.aten._local_scalar_dense.default:
-                if getattr(args[0], "constant", None) is not None:
-                    self.known_scalar_reads += 1  # FakeTensorMode answers from the constant
-                    return super().__torch_dispatch__(func, types, args, kwargs)
-                self.scalar_reads += 1
-                dtype = args[0].dtype
-                if dtype == torch.bool:
-                    return True
-                return 1.0 if dtype.is_floating_point else 1
             return super().__torch_dispatch__(func, types, args, kwargs)
 
     return PreferenceStepCounter()
@@ -538,10 +521,6 @@ def measure_pref_trainer_fake(plan, config: dict) -> dict:
     """The measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict), with versions."""
     import time
 
-    import peft
-    import torch
-    import transformers
-
     from canifinetune.estimator.plan import TrainingPlan
 
     if not isinstance(plan, TrainingPlan):
@@ -549,11 +528,7 @@ def measure_pref_trainer_fake(plan, config: dict) -> dict:
     t0 = time.perf_counter()
     result = run_pref_trainer_steps(plan, config)
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
-    for name in ("trl", "bitsandbytes"):
-        with contextlib.suppress(Exception):
-            versions[name] = __import__(name).__version__
-    result["versions"] = versions
+    result["versions"] = _fake_mode_module().library_versions()
     result["plan"] = plan.model_dump(mode="json")
     return result
 

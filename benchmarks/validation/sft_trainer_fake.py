@@ -45,21 +45,25 @@ def _fake_mode_module():
     return fake_mode
 
 
-def _counter_with_scalar_reads(fm):
-    """The live-memory counter, answering reads of a fake scalar with 1 (counted) while ``stub_scalars`` is set: only
-    inside ``training_step``, so the optimizer step (bitsandbytes' kernels read scalars) still fails loudly."""
+def scalar_read_counter_class(fm):
+    """The live-memory counter class of the trainer-driven harnesses. While ``stub_scalars`` is set (inside
+    ``training_step`` only, so the optimizer step, where bitsandbytes' kernels read scalars, still fails loudly), a read
+    of a fake scalar is answered from its constant when it has one (``known_scalar_reads``: FakeTensorMode answers),
+    else with 1 (``scalar_reads``)."""
     import torch
 
-    base = fm._make_counter_class()
-
-    class TrainerStepCounter(base):
+    class TrainerStepCounter(fm._make_counter_class()):
         def __init__(self):
             super().__init__()
             self.scalar_reads = 0
+            self.known_scalar_reads = 0
             self.stub_scalars = False
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.stub_scalars and func is torch.ops.aten._local_scalar_dense.default:
+                if getattr(args[0], "constant", None) is not None:
+                    self.known_scalar_reads += 1
+                    return super().__torch_dispatch__(func, types, args, kwargs)
                 self.scalar_reads += 1
                 dtype = args[0].dtype
                 if dtype == torch.bool:
@@ -67,7 +71,11 @@ def _counter_with_scalar_reads(fm):
                 return 1.0 if dtype.is_floating_point else 1
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    return TrainerStepCounter()
+    return TrainerStepCounter
+
+
+def _counter_with_scalar_reads(fm):
+    return scalar_read_counter_class(fm)()
 
 
 def stand_in_tokenizer(folder: Path):

@@ -402,10 +402,6 @@ def measure_trainer_fake(plan, config: dict, *, driver: str = "trainer", compact
     driver "trainer" (the default): DPO, KTO, reward and GRPO's loss step run through TRL's own trainer
     (pref_trainer_fake.py; ``compact``: its fused LM head's CUDA path, else the CPU build's that scores every
     position); ORPO always, and every trainer with driver "loop": :func:`run_trainer_steps`."""
-    import peft
-    import torch
-    import transformers
-
     from canifinetune.estimator.plan import TrainingPlan
 
     if not isinstance(plan, TrainingPlan):
@@ -419,11 +415,7 @@ def measure_trainer_fake(plan, config: dict, *, driver: str = "trainer", compact
     else:
         result = {**run_trainer_steps(plan, config), "driver": "loop"}
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
-    for name in ("trl", "bitsandbytes"):
-        with contextlib.suppress(Exception):
-            versions[name] = __import__(name).__version__
-    result["versions"] = versions
+    result["versions"] = _fake_mode_module().library_versions()
     result["plan"] = plan.model_dump(mode="json")
     return result
 
