@@ -25,7 +25,7 @@ tensor by tensor under fake tensors with LitGPT's own code (benchmarks/validatio
 from __future__ import annotations
 
 from .allocator import round_block
-from .knob_terms import BlockPart
+from .knob_terms import BlockPart, KnobTerms
 from .resolved import ResolvedPlan
 
 # litgpt/finetune/lora.py and full.py fit(): model(input_ids, lm_head_chunk_size=128)
@@ -80,7 +80,10 @@ def chunk_backward_bytes(r: ResolvedPlan) -> int:
 
 
 def block_deltas(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
-    """What a LitGPT block saves beyond transformers' block of the same plan (memory.block_saved_parts), by part."""
+    """What a LitGPT block saves beyond transformers' block of the same plan (memory.block_saved_parts), by part;
+    nothing under another framework."""
+    if r.framework != "litgpt":
+        return {}
     spec, t, a = r.spec, r.tokens, r.act_bytes
     parts = dict.fromkeys((BlockPart.ATTENTION, BlockPart.NORMS, BlockPart.ADAPTER_INPUTS), 0)
     if spec.num_kv_heads != spec.num_heads:  # k and v expanded to every head, and kept by the kernel
@@ -107,3 +110,7 @@ def rope_cache_bytes(r: ResolvedPlan) -> int:
     """LitGPT's cos and sin: fp32 buffers of max_seq_length (set to the sequence) x the rotary width, which every
     block reads as views (transformers instead makes a·T·head_dim copies per forward)."""
     return 2 * round_block(4 * r.plan.seq_len * r.spec.head_dim)
+
+
+# registered with the memory terms like a knob's (memory.KNOB_TERMS): the block kind's own saved tensors
+LITGPT_BLOCK_TERMS = KnobTerms("framework litgpt", block_saved=block_deltas)

@@ -32,6 +32,7 @@ KNOB_TERMS: tuple[KnobTerms, ...] = (
     peft_memory.DORA_TERMS,
     peft_memory.SAVED_COPY_TERMS,
     moe_adapter_memory.EXPERT_ADAPTER_TERMS,
+    litgpt_memory.LITGPT_BLOCK_TERMS,
 )
 
 # what the lora_adapters component holds: everything that trains beside a frozen base
@@ -353,10 +354,8 @@ def block_saved_parts(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
         parts[BlockPart.MOE] += _moe_activation_bytes(r)
     else:
         _add(parts, _mlp_parts(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens))
-    for knob in KNOB_TERMS:  # DoRA's results and weight copies, expert adapters' merged weights, ...
+    for knob in KNOB_TERMS:  # DoRA's results and weight copies, expert adapters' merged weights, LitGPT's block, ...
         _add(parts, knob.block_saved(r, layer))
-    if r.framework == "litgpt":  # LitGPT's own block code (estimator/litgpt_memory.py)
-        _add(parts, litgpt_memory.block_deltas(r, layer))
     return parts
 
 
@@ -422,9 +421,9 @@ def o_proj_input_copy_bytes(r: ResolvedPlan) -> int:
     takes q's layout: after an elementwise rotary (Llama, Qwen, ...) q is a (B, heads, S, D) view of a (B, S, heads, D)
     tensor, so the transpose is contiguous already and no copy is made; Phi-3's rotary ends in ``torch.cat``
     (``spec.rotary_concatenates``), q is contiguous as (B, heads, S, D), and ``.contiguous()`` copies (issue 24 item
-    3; measured under fake tensors, cohort v11). LitGPT's rotary (litgpt/model.py ``apply_rope``) ends in ``torch.cat``
-    for every family. The memory-efficient and math kernels write (B, S, heads, D)."""
-    if not ((r.spec.rotary_concatenates or r.framework == "litgpt") and r.attention_kernel == "flash"):
+    3; measured under fake tensors, cohort v11); so does LitGPT's for every family (resolved._litgpt_model). The
+    memory-efficient and math kernels write (B, S, heads, D)."""
+    if not (r.spec.rotary_concatenates and r.attention_kernel == "flash"):
         return 0
     return round_block(r.act_bytes * r.tokens * r.spec.q_dim)
 

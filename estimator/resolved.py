@@ -167,13 +167,15 @@ def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: 
 
 def _litgpt_model(spec: ModelSpec) -> ModelSpec:
     """The model as LitGPT 0.5.13 builds it (litgpt/model.py ``GPT``): an ``lm_head`` of its own even where the
-    Hugging Face checkpoint ties it to the embedding (its converter copies the weight). MoE families run LitGPT's own
+    Hugging Face checkpoint ties it to the embedding (its converter copies the weight), and a rotary that ends in
+    ``torch.cat``. MoE families run LitGPT's own
     expert code, not modelled: refused."""
     if spec.moe is not None or spec.fused_qkv:
         why = "mixture-of-experts code" if spec.moe is not None else "layout of a fused-qkv family"
         raise PlanError(f"framework litgpt: LitGPT's {why} is not modelled ({spec.model_type}); estimate it with "
                         "framework 'trl'", field="framework")
-    return replace(spec, tie_word_embeddings=False) if spec.tie_word_embeddings else spec
+    # its apply_rope (litgpt/model.py) ends in torch.cat for every family, as Phi-3's does
+    return replace(spec, tie_word_embeddings=False, rotary_concatenates=True)
 
 
 def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:

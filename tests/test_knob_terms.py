@@ -10,8 +10,8 @@ import inspect
 
 import pytest
 
+from canifinetune.estimator import litgpt_memory, moe_adapter_memory, peft_memory, phases
 from canifinetune.estimator import memory as m
-from canifinetune.estimator import moe_adapter_memory, peft_memory, phases
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.knob_terms import BlockPart, KnobTerms
 from canifinetune.estimator.model_sources import resolve_model
@@ -30,6 +30,7 @@ def test_every_knob_module_is_registered():
     assert peft_memory.DORA_TERMS in m.KNOB_TERMS
     assert peft_memory.SAVED_COPY_TERMS in m.KNOB_TERMS
     assert moe_adapter_memory.EXPERT_ADAPTER_TERMS in m.KNOB_TERMS
+    assert litgpt_memory.LITGPT_BLOCK_TERMS in m.KNOB_TERMS
     assert len({k.name for k in m.KNOB_TERMS}) == len(m.KNOB_TERMS)
 
 
