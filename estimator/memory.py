@@ -410,6 +410,10 @@ def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
             o_parts[BlockPart.ADAPTER_INPUTS] -= round_block(a * t * o_proj.in_features)
             o_parts[BlockPart.ADAPTER_INPUTS] += copy
         _add(parts, o_parts)
+    elif r.quantization == "int8" and not full:
+        # an unadapted 8-bit o_proj still keeps its input (MatMul8bitLt's ctx.tensors): the kernel's output, counted
+        # with the kernel, or its copy, counted here (as int8_kept_input_bytes counts it under checkpointing)
+        parts[BlockPart.INT8_INPUTS] += copy
     return parts
 
 
@@ -726,15 +730,36 @@ def adapter_forward_transient_bytes(r: ResolvedPlan) -> int:
 def dequantization_bytes(r: ResolvedPlan) -> int:
     """bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (gemm_4bit with
     more than one token: F.dequantize_4bit then a dense matmul), in forward and again for the input
-    gradient in backward: one transient copy of the largest quantized linear, a·out·in. 8-bit: the
-    int8 matmul needs an int8 copy of the input and its row scales (1·T·in + 4·T)."""
+    gradient in backward (:func:`backward_dequantization_bytes`): one transient copy of the largest quantized linear,
+    a·out·in. 8-bit: the largest 8-bit matmul's forward temporaries (:func:`int8_matmul_transient_bytes`)."""
     linears = [lin for lin, _ in quantized_linears(r)]
     if not linears:
         return 0
     if r.quantization == "int8":
-        widest = max(lin.in_features for lin in linears)
-        return round_block(r.tokens * widest) + round_block(4 * r.tokens)
+        return max(int8_matmul_transient_bytes(r, lin) for lin in linears)
     return round_block(r.act_bytes * max(lin.weight_params for lin in linears))
+
+
+def backward_dequantization_bytes(r: ResolvedPlan) -> int:
+    """What a frozen quantized linear allocates for its input gradient: the weight dequantized to the compute dtype,
+    a·out·in for the largest (4-bit: ``dequantize_4bit`` as in forward; 8-bit: ``MatMul8bitLt.backward``'s
+    ``CB.to(dtype_A, copy=True)``)."""
+    linears = [lin for lin, _ in quantized_linears(r)]
+    if not linears:
+        return 0
+    return round_block(r.act_bytes * max(lin.weight_params for lin in linears))
+
+
+def int8_matmul_transient_bytes(r: ResolvedPlan, lin: LinearSpec) -> int:
+    """What one 8-bit linear's forward (again in checkpoint recomputation) allocates and frees beyond its input and
+    output (bitsandbytes 0.50.2, autograd/_functions.py ``MatMul8bitLt.forward`` and the CUDA ops of
+    backends/cuda/ops.py): the int8 input and its fp32 row scales (1·T·in + 4·T), then ``int8_scaled_mm``'s int32
+    product (``int8_linear_matmul``, 4·T·out) and ``int8_mm_dequant``'s fp16 output (2·T·out), alive together while
+    it is cast to the compute dtype. Measured under fake tensors (cohort v14 i04: Phi-3-mini with checkpointing, its
+    largest transient the 4·T·out int32 product of gate_up_proj in the recomputation)."""
+    t = r.tokens
+    return (round_block(t * lin.in_features) + round_block(4 * t) + round_block(4 * t * lin.out_features)
+            + round_block(2 * t * lin.out_features))
 
 
 def workspace_bytes(r: ResolvedPlan) -> int:

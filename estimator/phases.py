@@ -69,7 +69,8 @@ class _Activations:
     loss_bwd: int
     loss_bwd_start: int  # what the loss holds as its backward starts (its forward's kept tensors less the logits)
     held: int  # logits the training loop holds through the whole step (LitGPT: memory.held_logits_bytes)
-    dequant: int
+    dequant: int  # a quantized linear's forward transient (also in checkpoint recomputation)
+    dequant_backward: int  # and its input gradient's
     adapter_tmp: int
     note: str
 
@@ -151,7 +152,8 @@ def _activations(r: ResolvedPlan) -> _Activations:
         shared=m.shared_activation_bytes(r), loss_fwd=m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r),
         loss_fwd_tmp=m.loss_forward_transient_bytes(r), loss_bwd=m.loss_backward_bytes(r),
         loss_bwd_start=m.loss_backward_start_bytes(r), held=m.held_logits_bytes(r),
-        dequant=m.dequantization_bytes(r), adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
+        dequant=m.dequantization_bytes(r), dequant_backward=m.backward_dequantization_bytes(r),
+        adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
 
 
 def _accumulated_grads(r: ResolvedPlan, st: _Static) -> int:
@@ -271,9 +273,10 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
     layer_grad = _layer_grad_bytes(r, st.grad_factor)
     accumulated = _accumulated_grads(r, st)
     for index, _ in spec.layer_groups:
-        # with checkpointing the block is first recomputed, so its adapters' forward temporaries recur
-        recompute = acts.adapter_tmp if r.plan.gradient_checkpointing else 0
-        transient = max(m.layer_backward_transient_bytes(r, index), recompute) + acts.dequant
+        # with checkpointing the block is first recomputed, so its adapters' and quantized linears' forward
+        # temporaries recur
+        recompute = acts.adapter_tmp + acts.dequant if r.plan.gradient_checkpointing else 0
+        transient = max(m.layer_backward_transient_bytes(r, index) + acts.dequant_backward, recompute)
         for below in (spec.num_layers - 1, 0):
             saved_below = _saved_below(r, below, acts.saved_per_layer)
             current = acts.layer_full[index]
