@@ -17,10 +17,7 @@ from pydantic import ValidationError
 
 from canifinetune.estimator.errors import CanIFinetuneError
 from canifinetune.estimator.estimate import estimate
-from canifinetune.estimator.inventory import inventory_of
-from canifinetune.estimator.model_sources import resolve_model
 from canifinetune.estimator.plan import TrainingPlan
-from canifinetune.estimator.resolved import resolve
 
 MODELS = ("Qwen/Qwen2.5-0.5B", "HuggingFaceTB/SmolLM2-360M", "meta-llama/Llama-3.2-1B")
 SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op")
@@ -68,6 +65,16 @@ def test_ddp_per_gpu_memory_does_not_fall_with_the_gpu_count(fields):
     assert all(p >= one.peak_allocated_bytes for p in peaks.values()), (fields, one.peak_allocated_bytes, peaks)
 
 
+# The extra trainable parameters, by hand from Qwen2.5-0.5B's config.json (hidden 896, 24 layers, 14 heads and 2 KV
+# heads of 64, vocab 151,936, tied embeddings), not from the estimator's inventory: modules_to_save=["lm_head"] is a
+# trainable copy of the V x H head, 151,936 x 896 = 136,134,656; DoRA adds a magnitude vector per adapted linear's
+# output, default targets q_proj (896) and v_proj (2 x 64 = 128): 24 x (896 + 128) = 24,576. The same counts reproduce
+# a measurement: benchmarks/validation/results/fake-cohort-v2-part2.jsonl case v42 (Qwen2.5-1.5B, DoRA + lm_head)
+# measures trainable_params 235,602,944 = 151,936 x 1536 + 28 x (1536 + 256) + its LoRA's 2,179,072.
+LM_HEAD_COPY = 151_936 * 896
+DORA_MAGNITUDES = 24 * (896 + 128)
+
+
 @pytest.mark.parametrize("sharding,whole", [("ddp", True), ("zero1", True), ("zero2", True), ("zero3", False),
                                             ("fsdp_full_shard", False)])
 @pytest.mark.parametrize("extras", [{"modules_to_save": ["lm_head"]}, {"use_dora": True},
@@ -76,12 +83,14 @@ def test_every_trainable_copy_is_on_each_gpu_as_its_sharding_places_it(sharding,
     fields = dict(model="Qwen/Qwen2.5-0.5B", method="lora", gpu_vram_gb=80.0, num_gpus=4, sharding=sharding)
     with_extras = estimate(TrainingPlan(**fields, **extras))
     plain = estimate(TrainingPlan(**fields))
-    plan = with_extras.plan
-    r = resolve(plan, resolve_model(plan.model).spec)
-    extra_params = inventory_of(r).trainable_params - inventory_of(r).adapter_params  # the copies and magnitudes
     parts = {c.name: c.bytes for c in with_extras.breakdown}
     base = {c.name: c.bytes for c in plain.breakdown}
     added = parts["lora_adapters"] - base["lora_adapters"]
     shards = 1 if whole else 4
-    # each extra parameter takes at least 2 bytes (bf16) on each GPU, divided only where the parameters are sharded
-    assert added >= extra_params * 2 // shards, (sharding, extras, added, extra_params)
+    # Each extra parameter is a bf16 or an fp32 value (the stack decides which: 2 or 4 bytes), whole on each GPU or a
+    # quarter of it where the parameters are sharded; the copy and the magnitudes may differ in dtype. Tolerance: one
+    # 512-byte allocator block for each of the at most 49 extra tensors (48 magnitude vectors, one head copy).
+    copy = LM_HEAD_COPY if "modules_to_save" in extras else 0
+    dora = DORA_MAGNITUDES if extras.get("use_dora") else 0
+    allowed = sorted({(copy * a + dora * b) // shards for a in (2, 4) for b in (2, 4)})
+    assert any(abs(added - x) <= 49 * 512 for x in allowed), (sharding, extras, added, allowed)

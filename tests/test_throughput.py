@@ -27,7 +27,13 @@ def test_causal_kernels_compute_half_the_attention_eager_the_whole_square():
     flash = flops_per_token(plan, spec, kernel="flash")
     eager = flops_per_token(plan, spec, kernel="math")
     assert flash.attention_forward == pytest.approx(eager.attention_forward / 2)
+    # by hand from Llama-3.1-8B's config.json (32 layers, 32 heads x 128 = 4096): QK^T and AV are 2 x 4096 FLOPs each
+    # per attended position and layer, 4 x 32 x 4096 x 8192 = 4,294,967,296 per token over the whole square
+    assert eager.attention_forward == 4 * 32 * 4096 * 8192
     assert flash.model == eager.model  # the MFU convention counts the whole square either way
+    # PaLM's model FLOPs per token (Chowdhery et al. 2022, appendix B): 6N + 12 L H Q T, N the matmul parameters
+    # (7,504,658,432 by hand: tests/test_search.py LLAMA8B_MATMUL), L 32, H x Q 4096, T 8192
+    assert flash.model == 6 * 7_504_658_432 + 12 * 32 * 4096 * 8192  # 57,912,852,480
     assert throughput(plan.replace(attn_implementation="eager")).tokens_per_second < throughput(plan).tokens_per_second
 
 
