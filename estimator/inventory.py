@@ -33,11 +33,20 @@ class Inventory:
 
     records: tuple[TensorRecord, ...]
 
+    @cached_property
+    def _by_role(self) -> dict[Role, tuple[TensorRecord, ...]]:
+        by_role: dict[Role, list[TensorRecord]] = {}
+        for rec in self.records:
+            by_role.setdefault(rec.role, []).append(rec)
+        return {role: tuple(recs) for role, recs in by_role.items()}
+
     def of(self, *roles: Role) -> tuple[TensorRecord, ...]:
+        if len(roles) == 1:
+            return self._by_role.get(roles[0], ())
         return tuple(rec for rec in self.records if rec.role in roles)
 
     def bytes_of(self, *roles: Role) -> int:
-        return sum(rec.bytes for rec in self.records if rec.role in roles)
+        return sum(rec.bytes for role in roles for rec in self._by_role.get(role, ()))
 
     @cached_property
     def trainable(self) -> tuple[TensorRecord, ...]:
@@ -50,7 +59,7 @@ class Inventory:
     @cached_property
     def trainable_tensors(self) -> int:
         """How many parameter tensors train (optimizer states and step counters are per tensor)."""
-        return sum(rec.count for rec in self.trainable)
+        return sum(rec.tensors for rec in self.trainable)
 
     @cached_property
     def trainable_bytes(self) -> int:
@@ -115,7 +124,7 @@ def _base_weight_records(spec: ModelSpec, quantization: str, dtype: str, trains:
     for i, n in spec.layer_groups:
         for lin in spec.layer_linears(i):
             out += _linear_records(lin, i, n, quantization, dtype, trains)
-        # one record per tensor of a block: ``count`` is always the number of blocks of the kind
+        # one record per tensor of a block: ``tensors`` is always the number of blocks of the kind
         out += [rec(f"norm{k}", h, 1, n, i) for k in range(spec.norms_per_layer)]
         if spec.qk_norm == "head":
             out += [rec("q_norm", spec.head_dim, 1, n, i), rec("k_norm", spec.head_dim, 1, n, i)]
@@ -201,8 +210,51 @@ BUILDERS: tuple[Callable[[ResolvedPlan], Iterable[TensorRecord]], ...] = (
 )
 
 
+def gradient_records(trainable: Iterable[TensorRecord]) -> list[TensorRecord]:
+    """One gradient per trainable tensor, in its dtype (autograd accumulates ``.grad`` in the leaf's dtype), unrounded
+    (as the memory model has always counted gradients: estimator/memory.py ``gradient_bytes``)."""
+    return [TensorRecord(Role.GRADIENT, rec.module, rec.rows, rec.cols, rec.tensors, rec.dtype, False,
+                         rec.elements * DTYPE_BYTES[rec.dtype], rec.layer) for rec in trainable]
+
+
+def optimizer_state_records(trainable: Iterable[TensorRecord], optim: str, trainable_bytes: int
+                            ) -> list[TensorRecord]:
+    """Each trainable tensor's optimizer state, one record per parameter record (the formulas, by optimizer, are in
+    estimator/memory.py ``optimizer_state_bytes``); ``trainable_bytes`` is the plan's bytes per trainable parameter,
+    in which Adafactor's factors are counted. SGD keeps none."""
+    counter = round_block(4)  # torch's per-tensor fp32 step counter, rounded to the allocator block
+    out = []
+    for rec in trainable:
+        if optim in ("adamw_torch_fused", "adamw_torch"):
+            each = 2 * rec.elements * DTYPE_BYTES[rec.dtype] + counter  # exp_avg, exp_avg_sq in the param's dtype
+        elif optim == "paged_adamw_32bit":
+            each = 2 * rec.elements * 4 + counter
+        elif optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
+            each = _bnb_8bit_state_bytes(rec.elements)
+        elif optim == "adafactor":
+            each = round_block(rec.rows * trainable_bytes) + (
+                round_block(rec.cols * trainable_bytes) if rec.cols != 1 else 0)
+        else:
+            continue  # sgd
+        out.append(TensorRecord(Role.OPTIMIZER_STATE, rec.module, rec.rows, rec.cols, rec.tensors, rec.dtype, False,
+                                each, rec.layer))
+    return out
+
+
+def _bnb_8bit_state_bytes(size: int) -> int:
+    """bitsandbytes Optimizer2State for one tensor of ``size`` elements: two uint8 states with one fp32 absmax per
+    BNB_8BIT_STATE_BLOCKSIZE, or two fp32 states under BNB_8BIT_MIN_SIZE."""
+    if size < constant("BNB_8BIT_MIN_SIZE"):
+        return 2 * round_block(size * 4)
+    return 2 * (round_block(size) + round_block(math.ceil(size / constant("BNB_8BIT_STATE_BLOCKSIZE")) * 4))
+
+
 def build(r: ResolvedPlan) -> Inventory:
-    return Inventory(tuple(rec for builder in BUILDERS for rec in builder(r)))
+    """The parameter records of every builder, then the training state of the trainable ones."""
+    params = tuple(rec for builder in BUILDERS for rec in builder(r))
+    trainable = [rec for rec in params if rec.trains]
+    return Inventory(params + tuple(gradient_records(trainable))
+                     + tuple(optimizer_state_records(trainable, r.plan.optim, r.trainable_bytes_per_param)))
 
 
 def inventory_of(r: ResolvedPlan) -> Inventory:

@@ -21,6 +21,10 @@ from .resolved import ResolvedPlan
 class BlockPart(Enum):
     """What part of a decoder block a saved tensor belongs to (memory.py ``block_saved_parts``)."""
 
+    # members are singletons: identity hashing (in C) instead of Enum's hash of the name (Python); every estimate
+    # keys a dict of parts per block kind
+    __hash__ = object.__hash__
+
     NORMS = "norms"  # RMSNorms' fp32 inputs (and outputs when their weights train), q/k norms
     ATTENTION = "attention"  # q/k/v's input when their weights train, the kernel's tensors, mask and views
     MLP = "mlp"  # a dense block's gated MLP

@@ -15,8 +15,6 @@ How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 
 from __future__ import annotations
 
-import math
-
 from . import litgpt_memory, moe_adapter_memory, peft_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
@@ -92,7 +90,7 @@ def adapter_bytes(r: ResolvedPlan) -> int:
 def gradient_bytes(r: ResolvedPlan) -> int:
     """Gradients of the trainable parameters, in the parameter's dtype (autograd accumulates
     ``.grad`` in the dtype of the leaf): the inventory's trainable records, each in its own dtype."""
-    return inventory_of(r).trainable_bytes
+    return inventory_of(r).bytes_of(Role.GRADIENT)
 
 
 def optimizer_state_bytes(r: ResolvedPlan) -> int:
@@ -112,28 +110,7 @@ def optimizer_state_bytes(r: ResolvedPlan) -> int:
       plan's trainable dtype (``r.trainable_bytes_per_param``).
     - sgd: torch.optim.SGD as Trainer builds it (lr only, momentum 0) keeps no state.
     """
-    inv = inventory_of(r)
-    optim = r.plan.optim
-    step_counters = inv.trainable_tensors * round_block(4)
-    if optim in ("adamw_torch_fused", "adamw_torch"):
-        return 2 * inv.trainable_bytes + step_counters
-    if optim == "paged_adamw_32bit":
-        return 2 * inv.trainable_params * 4 + step_counters
-    if optim in ("adamw_bnb_8bit", "paged_adamw_8bit"):
-        return sum(rec.count * _bnb_8bit_state_bytes(rec.elements) for rec in inv.trainable)
-    if optim == "adafactor":
-        per = r.trainable_bytes_per_param
-        return sum(rec.count * (round_block(rec.rows * per) + (round_block(rec.cols * per) if rec.cols != 1 else 0))
-                   for rec in inv.trainable)
-    return 0  # sgd
-
-
-def _bnb_8bit_state_bytes(size: int) -> int:
-    """bitsandbytes Optimizer2State for one tensor of ``size`` elements: two uint8 states with one fp32 absmax per
-    BNB_8BIT_STATE_BLOCKSIZE, or two fp32 states under BNB_8BIT_MIN_SIZE."""
-    if size < constant("BNB_8BIT_MIN_SIZE"):
-        return 2 * round_block(size * 4)
-    return 2 * (round_block(size) + round_block(math.ceil(size / constant("BNB_8BIT_STATE_BLOCKSIZE")) * 4))
+    return inventory_of(r).bytes_of(Role.OPTIMIZER_STATE)  # records: estimator/inventory.py optimizer_state_records
 
 
 def optimizer_step_temporary_bytes(r: ResolvedPlan) -> int:

@@ -100,6 +100,14 @@ class ResolvedPlan:
         return expert_adapter_shapes(self.expert_lora, moe.num_experts, self.spec.hidden_size, moe.expert_intermediate)
 
     @property
+    def trainable_dtype(self) -> str:
+        """The dtype of the trainable parameters: the weights' in full fine-tuning, else the adapters'."""
+        if self.full:
+            return self.weight_dtype
+        assert self.adapter_dtype is not None
+        return self.adapter_dtype
+
+    @property
     def trainable_bytes_per_param(self) -> int:
         if self.full:
             return self.weight_bytes_per_param

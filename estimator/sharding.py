@@ -55,6 +55,7 @@ from . import memory as m
 from .inventory import inventory_of
 from .plan import zero_stage
 from .resolved import ResolvedPlan
+from .tensor_records import Role, Split, TensorRecord
 
 # DeepSpeed ZeRO config defaults (deepspeed/runtime/zero/config.py, 0.19): accelerate's generated config
 # (deepspeed_config without a file) does not set them, and Trainer fills only values given as "auto".
@@ -86,6 +87,9 @@ class Shares:
     # alive at the end of backward only, freed before the optimizer step (FSDP2 HYBRID_SHARD: every unit's
     # reduce-dtype all-reduce buffer; its per-block growth is in grad_factor)
     backward_extra: int = 0
+    # the inventory's records as this engine places them (buffer, split, offloaded): the static fields above are
+    # their fold (:func:`fold`)
+    records: tuple[TensorRecord, ...] = ()
 
 
 def _fp32_trainable(r: ResolvedPlan) -> ResolvedPlan:
@@ -115,12 +119,46 @@ def _mixed(r: ResolvedPlan) -> bool:
     return r.plan.dtype in ("bf16", "fp16")  # accelerate mixed_precision bf16/fp16
 
 
+# The buffer a single GPU's records go in, by role (the breakdown's static components).
+_BUFFER = {Role.BASE_WEIGHT: "weights", Role.QUANTIZED_WEIGHT: "weights", Role.QUANTIZATION_STATE: "qconst",
+           **dict.fromkeys(m.ADAPTER_ROLES, "adapters"), Role.GRADIENT: "gradients", Role.OPTIMIZER_STATE: "states"}
+
+
+def fold(records: tuple[TensorRecord, ...], n: int, k: int) -> tuple[dict[str, int], int]:
+    """One GPU's bytes of each buffer, and the host bytes of one node (its ``k`` ranks), from placed records.
+
+    A buffer's records are summed and then divided by their split (n GPUs, or the k of a node): an engine splits a
+    flat buffer as one. An offloaded buffer's share is on the host, once per rank of the node. A buffer named
+    ``component/part`` is a buffer of its own that counts in ``component`` (ZeRO's fp32 gradient partition beside the
+    low-precision gradients)."""
+    sums: dict[tuple[str, Split, bool], int] = {}
+    for rec in records:
+        key = (rec.buffer, rec.split, rec.offloaded)
+        sums[key] = sums.get(key, 0) + rec.bytes
+    gpu: dict[str, int] = dict.fromkeys(("weights", "adapters", "qconst", "master", "gradients", "states"), 0)
+    host = 0
+    for (buffer, split, offloaded), total in sums.items():
+        share = total // (n if split is Split.SHARDED else k if split is Split.NODE_SHARDED else 1)
+        if offloaded:
+            host += share * k
+        else:
+            gpu[buffer.partition("/")[0]] += share
+    return gpu, host
+
+
+def _shares_of(records: tuple[TensorRecord, ...], folded: tuple[dict[str, int], int], **rest) -> Shares:
+    """Shares whose static fields are ``folded``, the fold of ``records``; ``rest`` gives the engine's transient
+    buffers."""
+    gpu, host = folded
+    return Shares(weights=gpu["weights"], adapters=gpu["adapters"], qconst=gpu["qconst"], master=gpu["master"],
+                  states=gpu["states"], grads=gpu["gradients"], host=host, records=records, **rest)
+
+
 def _ddp_shares(r: ResolvedPlan) -> Shares:
+    records = tuple(rec.placed(_BUFFER[rec.role]) for rec in inventory_of(r).records)  # every record whole
     grads_all = m.gradient_bytes(r)
-    return Shares(weights=m.weight_bytes(r), adapters=m.adapter_bytes(r), qconst=m.quantization_constant_bytes(r),
-                  master=0, states=m.optimizer_state_bytes(r), grads=grads_all, grad_factor=1.0, buckets=grads_all,
-                  gather_forward=0, gather_backward=0, tail_grads=0, host=0,
-                  note="DDP: replicated; reducer buckets copy the gradients")
+    return _shares_of(records, fold(records, 1, 1), grad_factor=1.0, buckets=grads_all, gather_forward=0,
+                      gather_backward=0, tail_grads=0, note="DDP: replicated; reducer buckets copy the gradients")
 
 
 def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
@@ -128,57 +166,69 @@ def _zero_shares(r: ResolvedPlan, stage: int) -> Shares:
     and a secondary partition of the weights over the node). Host memory: what the node's k ranks offload."""
     plan, spec, n, a = r.plan, r.spec, r.plan.num_gpus, r.act_bytes
     k = plan.node_gpus  # the ranks on one machine, whose offloaded states share its host RAM
-    tb, pt, mixed = r.trainable_bytes_per_param, inventory_of(r).trainable_params, _mixed(r)
-    weights = m.weight_bytes(r)
+    records = _zero_records(r, stage)
+    folded = fold(records, n, k)
+    gpu = folded[0]
     grads_all = m.gradient_bytes(r)
-    quantized = r.quantization != "none"
-    # DeepSpeed casts the module to the compute dtype (bf16/fp16 enabled), frozen and trainable alike
-    w16 = weights if (quantized or not mixed) else spec.total_params * a
-    # every trainable tensor beside the base: adapters, modules_to_save copies, DoRA magnitudes (issue 24: the copies
-    # were missing from each GPU's parameters)
-    a16 = 0 if r.full else inventory_of(r).trainable_params * (a if mixed else tb)
-    g16_per = a if mixed else tb  # low-precision gradient bytes per trainable param
-    # ZeRO-1/2 clone their fp32 master partition whatever the parameters' dtype (DeepSpeed 0.19.8 stage_1_and_2.py,
-    # ``single_partition_of_fp32_groups``: ``.detach().clone().to(dtype=master_weights_and_grads_dtype)``), so fp32
-    # plans hold it too; ZeRO-3 reuses an fp32 partition as its master (stage3.py ``_create_fp32_partitions``)
-    master = (pt * 4) // n if (mixed or stage in (1, 2)) else 0
-    grads32 = (pt * 4) // n if mixed else 0
-    states = m.optimizer_state_bytes(_fp32_trainable(r)) // n
-    if stage == 1:
-        g16 = pt * g16_per
-    elif stage == 2 or not mixed:
-        g16 = (pt * g16_per) // n
-    else:
-        g16 = 0  # ZeRO-3 reduces straight into the fp32 partition (DeepSpeed's estimator: 18P/n)
-    host = 0
-    if plan.offload_optimizer:
-        host += master * k + grads32 * k + states * k
-        master = grads32 = states = 0
-        if stage == 2:
-            g16 = 0
-    gather = 0
-    if stage == 3:
-        # ZeRO++ hpZ: every parameter also has a secondary partition over the node's k GPUs (_partition_param_sec)
-        hpz = plan.sharding == "zero3_hpz"
-        if plan.offload_params:  # the node's k partitions on its host (hpZ's secondary too: its remote_device)
-            host += (w16 + a16) * k // n + ((w16 // k + a16 // k) * k if hpz else 0)
-            w16 = a16 = 0
-        else:
-            w16 = w16 // n + (w16 // k if hpz else 0)
-            a16 = a16 // n + (a16 // k if hpz else 0)
-        gather = 2 * spec.largest_layer_params * a  # the largest layer's gathered params and its gradients (4L)
+    gather = 2 * spec.largest_layer_params * a if stage == 3 else 0  # the largest layer's params and grads (4L)
     bucket_bytes = DS_REDUCE_BUCKET_ELEMENTS * (4 if stage == 1 else a)
     if stage == 3:
         bucket_bytes += DS_PREFETCH_BUCKET_ELEMENTS * a
-    if pt == 0:
+    if inventory_of(r).trainable_params == 0:
         bucket_bytes = 0
-    grad_factor = ((g16 + grads32) / grads_all) if grads_all else 0.0
-    return Shares(weights=w16, adapters=a16, qconst=m.quantization_constant_bytes(r) // (n if stage == 3 else 1),
-                  master=master, states=states, grads=g16 + grads32, grad_factor=grad_factor, buckets=bucket_bytes,
-                  gather_forward=gather, gather_backward=gather, tail_grads=0, host=host,
-                  note=(f"DeepSpeed ZeRO-3 with ZeRO++ hpZ {_over(plan, n)}: a secondary copy of the weights "
-                        f"partitioned over the {k} GPUs of each node" if plan.sharding == "zero3_hpz"
-                        else f"DeepSpeed ZeRO-{stage} {_over(plan, n)}"))
+    return _shares_of(records, folded, grad_factor=(gpu["gradients"] / grads_all) if grads_all else 0.0,
+                      buckets=bucket_bytes, gather_forward=gather, gather_backward=gather, tail_grads=0,
+                      note=(f"DeepSpeed ZeRO-3 with ZeRO++ hpZ {_over(plan, n)}: a secondary copy of the weights "
+                            f"partitioned over the {k} GPUs of each node" if plan.sharding == "zero3_hpz"
+                            else f"DeepSpeed ZeRO-{stage} {_over(plan, n)}"))
+
+
+def _zero_records(r: ResolvedPlan, stage: int) -> tuple[TensorRecord, ...]:
+    """The inventory as DeepSpeed ZeRO places it.
+
+    * the module (``weights``; every trainable tensor beside the base in ``adapters``: adapters, modules_to_save
+      copies, DoRA magnitudes, which issue 24 found missing from each GPU's parameters): cast to the compute dtype
+      when bf16/fp16 is on (frozen and trainable alike; a quantized base keeps its packed weights), whole under
+      ZeRO-1/2, partitioned under ZeRO-3 (and offloaded with offload_params); ZeRO++ hpZ adds a secondary partition
+      over the node (``_partition_param_sec``);
+    * the fp32 master partition (``master``): ZeRO-1/2 clone it whatever the parameters' dtype (DeepSpeed 0.19.8
+      stage_1_and_2.py ``single_partition_of_fp32_groups``: ``.detach().clone().to(master dtype)``), so fp32 plans
+      hold it too; ZeRO-3 keeps one only under mixed precision (stage3.py ``_create_fp32_partitions`` reuses an fp32
+      partition);
+    * gradients: the fp32 partition under mixed precision (``gradients``, partitioned), and the low-precision ones:
+      whole under ZeRO-1, partitioned under ZeRO-2 (gone with offload_optimizer) and under ZeRO-3 without mixed
+      precision; ZeRO-3 with it reduces straight into the fp32 partition (DeepSpeed's estimator: 18P/n);
+    * optimizer states of the fp32 trainable parameters, partitioned; master, fp32 gradients and states offloaded
+      with offload_optimizer."""
+    plan, inv = r.plan, inventory_of(r)
+    mixed, quantized, hpz = _mixed(r), r.quantization != "none", plan.sharding == "zero3_hpz"
+    params_split = Split.SHARDED if stage == 3 else Split.WHOLE
+    params_off, optim_off = stage == 3 and plan.offload_params, plan.offload_optimizer
+    out: list[TensorRecord] = []
+
+    def module(recs, buffer: str, dtype: str | None) -> None:
+        out.extend(rec.placed(buffer, params_split, params_off, dtype=dtype) for rec in recs)
+        if hpz:
+            out.extend(rec.placed(buffer, Split.NODE_SHARDED, params_off, dtype=dtype) for rec in recs)
+
+    module(inv.of(Role.BASE_WEIGHT, Role.QUANTIZED_WEIGHT), "weights",
+           None if (quantized or not mixed) else r.compute_dtype)
+    if not r.full:
+        module(inv.trainable, "adapters", r.compute_dtype if mixed else r.trainable_dtype)
+    out.extend(rec.placed("qconst", params_split) for rec in inv.of(Role.QUANTIZATION_STATE))
+    if mixed or stage in (1, 2):
+        out.extend(rec.placed("master", Split.SHARDED, optim_off, dtype="fp32", role=Role.MASTER_WEIGHT)
+                   for rec in inv.trainable)
+    grads = inv.of(Role.GRADIENT)
+    if mixed:
+        out.extend(g.placed("gradients/fp32", Split.SHARDED, optim_off, dtype="fp32") for g in grads)
+    low_split = Split.WHOLE if stage == 1 else Split.SHARDED if (stage == 2 or not mixed) else None
+    if low_split is not None and not (optim_off and stage == 2):
+        out.extend(g.placed("gradients", low_split, dtype=r.compute_dtype if mixed else r.trainable_dtype)
+                   for g in grads)
+    out.extend(st.placed("states", Split.SHARDED, optim_off)
+               for st in inventory_of(_fp32_trainable(r)).of(Role.OPTIMIZER_STATE))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -254,38 +304,46 @@ def _fsdp_gathered(r: ResolvedPlan, param_a: int) -> FsdpGathered:
 def _fsdp_shares(r: ResolvedPlan) -> Shares:
     """FSDP2 as accelerate prepares it: fp32 trainable masters (mixed precision), everything sharded over n
     (HYBRID_SHARD: over the GPUs of one node). Host memory: what the node's k ranks offload."""
-    plan, spec, n, tb = r.plan, r.spec, r.plan.shard_gpus, r.trainable_bytes_per_param
+    plan, n, tb = r.plan, r.plan.shard_gpus, r.trainable_bytes_per_param
     k = plan.node_gpus
     mixed = _mixed(r)
-    master_tb = 4 if mixed and r.quantization == "none" else tb
+    master_fp32 = mixed and r.quantization == "none"
     param_a = r.act_bytes if mixed else r.weight_bytes_per_param  # all-gathered (param_dtype) bytes per param
-    if r.full:
-        w_sh = (spec.total_params * master_tb) // n
-        a_sh = 0
-    else:
-        w_sh = m.weight_bytes(r) // n
-        a_sh = (inventory_of(r).trainable_params * master_tb) // n  # adapters, modules_to_save copies, DoRA magnitudes
-    grads = (inventory_of(r).trainable_params * master_tb) // n
-    states = m.optimizer_state_bytes(_fp32_trainable(r) if master_tb == 4 else r) // n
-    grad_factor = (master_tb / tb / n) if tb else 0.0
+    grad_factor = ((4 if master_fp32 else tb) / tb / n) if tb else 0.0
     ar_buffers = 0
-    if plan.sharding == "fsdp_hybrid_shard" and param_a != master_tb and tb:
+    if plan.sharding == "fsdp_hybrid_shard" and param_a != (4 if master_fp32 else tb) and tb:
         # HSDP (torch 2.13 foreach_reduce): each unit's reduce-scatter output, in the reduce dtype, is all-reduced
         # across the nodes and then cast into the sharded gradient; FSDPParamGroup._all_reduce_state keeps that
         # buffer until finalize_backward, so every unit's is alive at the end of backward (a·Pt/n beside the
         # gradients; measured under fake tensors: docs/memory_model.md)
         ar_buffers = (inventory_of(r).trainable_params * param_a) // n
         grad_factor += param_a / tb / n
-    host = 0
     if plan.offload_params or plan.offload_optimizer:
-        host = (w_sh + a_sh + grads + states) * k
-        w_sh = a_sh = grads = states = 0
         grad_factor = 0.0
     g = _fsdp_gathered(r, param_a)
-    return Shares(weights=w_sh, adapters=a_sh, qconst=m.quantization_constant_bytes(r) // n, master=0, states=states,
-                  grads=grads, grad_factor=grad_factor, buckets=0, gather_forward=g.forward,
-                  gather_backward=g.backward, tail_grads=g.tail_grads, host=host,
-                  note=_fsdp_note(plan, n), fsdp=g, backward_extra=ar_buffers)
+    records = _fsdp_records(r, master_fp32)
+    return _shares_of(records, fold(records, n, k), grad_factor=grad_factor, buckets=0,
+                      gather_forward=g.forward, gather_backward=g.backward, tail_grads=g.tail_grads,
+                      note=_fsdp_note(plan, n), fsdp=g, backward_extra=ar_buffers)
+
+
+def _fsdp_records(r: ResolvedPlan, master_fp32: bool) -> tuple[TensorRecord, ...]:
+    """The inventory as FSDP2 places it: every record sharded over n; the trainable parameters (the whole module in
+    full fine-tuning), their gradients and optimizer states in fp32 under mixed precision (accelerate 1.15's
+    ``fsdp2_prepare_model`` upcasts them), in their own dtype otherwise; all but the quantization state offloaded
+    with CPUOffloadPolicy (offload_params or offload_optimizer: FSDP2 moves them together)."""
+    inv = inventory_of(r)
+    off = r.plan.offload_params or r.plan.offload_optimizer
+    master = "fp32" if master_fp32 else r.trainable_dtype
+    out = [rec.placed("weights", Split.SHARDED, off, dtype=master if r.full else None)
+           for rec in inv.of(Role.BASE_WEIGHT, Role.QUANTIZED_WEIGHT)]
+    if not r.full:  # adapters, modules_to_save copies, DoRA magnitudes
+        out += [rec.placed("adapters", Split.SHARDED, off, dtype=master) for rec in inv.trainable]
+    out += [rec.placed("qconst", Split.SHARDED) for rec in inv.of(Role.QUANTIZATION_STATE)]
+    out += [g.placed("gradients", Split.SHARDED, off, dtype=master) for g in inv.of(Role.GRADIENT)]
+    states = inventory_of(_fp32_trainable(r) if master_fp32 else r).of(Role.OPTIMIZER_STATE)
+    out += [st.placed("states", Split.SHARDED, off) for st in states]
+    return tuple(out)
 
 
 def _fsdp_note(plan, n: int) -> str:
