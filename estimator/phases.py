@@ -374,9 +374,9 @@ def _weights_note(r: ResolvedPlan) -> str:
     spec = r.spec
     base = f"{spec.total_params / 1e9:.3g}B parameters"
     if r.quantization in ("nf4", "fp4"):
-        base += f"; block linears in 4-bit {r.quantization} (0.5 byte/param), the rest in {r.weight_dtype}"
+        base += f"; block linears in 4-bit {r.quantization} (0.5 byte/param), the rest in {r.frozen_dtype}"
     elif r.quantization == "int8":
-        base += f"; block linears in int8, the rest in {r.weight_dtype}"
+        base += f"; block linears in int8, the rest in {r.frozen_dtype}"
     else:
         base += f" x {r.weight_bytes_per_param} bytes ({r.weight_dtype})"
     return base

@@ -125,10 +125,23 @@ def test_orpo_qlora_keeps_a_bf16_embedding_and_an_fp32_residual():
     plain = estimate(_plan(method="qlora", prepare_model_for_kbit_training=False))
     prepared = estimate(_plan(method="qlora", prepare_model_for_kbit_training=True))
     assert _items(orpo)["weights"] == _items(plain)["weights"] < _items(prepared)["weights"]
-    from canifinetune.estimator.resolved import resolve
 
-    r = tm.orpo_qlora_policy(resolve(tm.sft_equivalent(orpo.plan), spec))
+    r = tm.orpo_policy(orpo.plan, spec)
     assert r.residual_dtype == "fp32" and r.frozen_dtype == "bf16" and not r.kbit_prepared
+    assert r.adapter_dtype == "fp32"  # get_peft_model's default: no cast to bf16 (measured: cohort v6 o02, o04)
+
+
+def test_orpo_on_an_8bit_base_is_kbit_prepared():
+    """ORPOTrainer prepares an 8-bit base too and casts nothing back: fp32 embedding and norms, the head's autocast
+    copy, fp32 adapters and residual stream; measured through ORPOTrainer (cohort v7 e11: 6,503,671,808 bytes at the
+    peak, the SFT-like estimate 19.4% below)."""
+    plan = _plan(trainer="orpo", method="lora", load_in_8bit=True)
+    r = tm.orpo_policy(plan, resolve_model(QWEN).spec)
+    assert r.kbit_prepared and r.frozen_dtype == "fp32" and r.residual_dtype == "fp32" and r.adapter_dtype == "fp32"
+    measured = 6_503_671_808  # benchmarks/validation/results/fake-cohort-v7-rerun-orpo-trainer.jsonl, case e11
+    est = estimate(TrainingPlan(model=QWEN, trainer="orpo", method="lora", load_in_8bit=True, seq_len=512,
+                                batch_size=2))
+    assert -0.02 <= est.peak_allocated_bytes / measured - 1 <= 0.10
 
 
 def test_reward_full_fine_tuning_trains_the_embedding():

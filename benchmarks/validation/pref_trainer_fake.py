@@ -1,4 +1,4 @@
-"""DPO, KTO, reward and GRPO (its loss step) run by TRL 1.16's own trainers under fake tensors (issue 24 item 1).
+"""DPO, ORPO, KTO, reward and GRPO (its loss step) run by TRL 1.16's own trainers under fake tensors (issue 24 item 1).
 
 benchmarks/validation/trainer_fake.py writes each trainer's step out by hand (its loss arithmetic, and a loop that keeps
 ``outputs`` alive through backward). Here the step is the trainer's own, as benchmarks/validation/sft_trainer_fake.py
@@ -10,7 +10,13 @@ does for SFT, so object lifetimes are the trainer's:
   checkpointing and casts QLoRA adapters to bf16), the reference as ``trainers.reference_of`` decides it (DPO/KTO
   ``copy``: a second frozen model in ``eval()`` passed as ``ref_model``; ``adapter_disabled``: none passed, TRL disables
   the adapters for the reference forward; ``none``: precomputed log-probabilities, emulation 5), for reward
-  ``model.config.pad_token_id`` set to the tokenizer's, for GRPO a reward function;
+  ``model.config.pad_token_id`` set to the tokenizer's, for GRPO a reward function. ORPO is
+  ``trl.experimental.orpo.ORPOTrainer`` (trl/experimental/orpo/orpo_trainer.py, TRL 1.16.0) with ``ORPOConfig``, no
+  reference: its ``__init__`` runs ``prepare_model_for_kbit_training`` on a quantized base and, for a 4-bit one with
+  bf16, ``peft_module_casting_to_bf16`` (then ``compute_loss`` runs under ``autocast``), and disables dropout;
+  ``compute_loss`` is ``get_batch_loss_metrics``: one forward over the concatenated [chosen; rejected] rows returning
+  the model's full logits (fp32 from accelerate's prepared forward), the chosen rows' cross-entropy, ``get_batch_logps``
+  (``selective_log_softmax``: emulation 8), the odds-ratio loss and its metrics;
 - the base model is built as ``trainers.load_model`` loads it (``from_pretrained`` in the plan's dtype with its
   ``BitsAndBytesConfig``; full fine-tuning: ``requires_grad_(True)``; reward: ``num_labels=1``), from the config with
   recipes/model_setup.py's pieces (``hf_config``, ``weight_dtype``/``torch_dtype``, ``quantization_config`` and
@@ -26,26 +32,31 @@ does for SFT, so object lifetimes are the trainer's:
   ``_get_num_items_in_batch``, then ``fake_mode.optimizer_phase`` (Trainer's order: clip, step, zero_grad).
 
 The data: full-length rows (``seq_len`` tokens with the EOS TRL appends) of deterministic token ids
-(``sft_trainer_fake._rows``). DPOTrainer and KTOTrainer 1.16 always tokenize text themselves (their ``_prepare_dataset``
-has no pre-tokenized branch), so their rows are text of one word per token id, ``"t17 t4 ..."``, under a word-level
-stand-in tokenizer (:func:`word_tokenizer`) whose word ``t<i>`` is id ``i``: the ids TRL builds are exactly those. The
-prompt is empty, so every label is a completion label (as trainer_fake.py and the estimator assume); KTO's labels
-alternate desirable/undesirable. Reward rows are pre-tokenized (``chosen_ids``/``rejected_ids``). GRPO: emulation 6.
+(``sft_trainer_fake._rows``). DPOTrainer, ORPOTrainer and KTOTrainer 1.16 always tokenize text themselves (DPO/KTO's
+``_prepare_dataset`` has no pre-tokenized branch, ORPO's ``tokenize_row`` takes text), so their rows are text of one
+word per token id, ``"t17 t4 ..."``, under a word-level stand-in tokenizer (:func:`word_tokenizer`) whose word ``t<i>``
+is id ``i``: the ids TRL builds are exactly those (ORPO adds EOS, and no BOS: the tokenizer has none). The prompt is
+empty, so every label is a completion label (as trainer_fake.py and the estimator assume); KTO's labels alternate
+desirable/undesirable. Reward rows are pre-tokenized (``chosen_ids``/``rejected_ids``). GRPO: emulation 6.
 
 What a CPU build or fake tensors cannot run as a CUDA run does is emulated; each emulation:
 
 1. ``fake_mode.gpu_routing`` (the attention kernel, TRL's chunked log-prob tiles as its Triton kernels allocate,
-   dropout, bitsandbytes' 8-bit matmul), ``classic_module_apply`` and ``peft_fake`` (PEFT under fake tensors).
-2. The all-ones ``attention_mask`` (KTO: ``KL_attention_mask`` too) is not passed to the models (their forward drops
-   it): the rows are unpadded, and on a GPU transformers reads the mask, finds no padding and drops it for
-   ``is_causal``; it cannot read a fake mask, and would keep a 4-D mask that rules out the flash kernel. The trainer's
-   own code still reads it from the batch (its token counts).
+   dropout, bitsandbytes' 8-bit matmul), ``classic_module_apply`` and ``peft_fake`` (PEFT under fake tensors). ORPO on a
+   quantized base: ``prepare_model_for_kbit_training`` (PEFT) casts every 16-bit parameter not of class ``Params4bit``
+   to fp32, and the fake path's packed 4-bit weights are plain Parameters (recipes/model_setup.py ``_quantize_model``):
+   they are put back after the call, as a real ``Params4bit`` is left alone (as ``model_setup``'s own wrapper does).
+2. The all-ones ``attention_mask`` (KTO: ``KL_attention_mask`` too; ORPO: ``concatenated_attention_mask``) is not
+   passed to the models (their forward drops it): the rows are unpadded, and on a GPU transformers reads the mask,
+   finds no padding and drops it for ``is_causal``; it cannot read a fake mask, and would keep a 4-D mask that rules
+   out the flash kernel. The trainer's own code still reads it from the batch (its token counts; ORPO's labels).
 3. The batch's values are known. The dataloader runs on real CPU tensors outside the fake mode (host-side work, as in a
    GPU run), and each tensor of the batch enters the step as a fake *constant*: FakeTensorMode's own constant
    propagation (for tensors of one element in torch 2.13, ``CONSTANT_NUMEL_LIMIT``) is extended during the step to
    4 x the batch's largest tensor, so what is computed from the batch alone (labels from ``completion_mask``, KTO's
    ``torch.nonzero(labels)``, the boolean-mask indexing of the metrics and of the fused head's compact path, token
-   counts) is computed on the real values and gets its true shape. GRPO's ``torch.randperm`` (a CPU tensor in a GPU
+   counts, ORPO's concatenated inputs and its labels from the attention mask) is computed on the real values and gets
+   its true shape. GRPO's ``torch.randperm`` (a CPU tensor in a GPU
    run too) is drawn for real and is a constant as well. Weights and activations stay fake.
 4. A read of a fake scalar that is not a constant (``.item()`` of a metric computed from the model's outputs) returns 1,
    inside ``training_step`` only (the optimizer step still fails loudly on any read); a read of a constant returns its
@@ -72,8 +83,19 @@ What a CPU build or fake tensors cannot run as a CUDA run does is emulated; each
    and the outputs scattered back; the shapes come from the known mask (emulation 3). For DPO/KTO every label is valid
    here, so both paths score the same tokens; for GRPO the compact path leaves out the prompt positions (the CPU path,
    ``compact=False``, is what trainer_fake.py and the estimator count: an upper bound).
+8. TRL's ``selective_log_softmax`` (trl/trainer/utils.py; ORPO's ``get_batch_logps`` calls it on the full logits) as a
+   CUDA build with Triton runs it: ``is_triton_available() and _supports_trl_loss_kernel(logits, index)`` is True there
+   (a cuda device, fp32 logits of unit last stride), False on a CPU build, whose fallback (a per-row logsumexp and
+   ``torch.stack``) keeps other fp32 N x V tensors. trl/kernels/logprob_entropy.py (``_LogProbEntropyFunction``: its
+   forward allocates four fp32 row tensors and saves the logits view, its backward allocates ``grad_logits``) is loaded
+   under a stub ``triton`` whose ``@triton.jit`` kernels do nothing but count their launches (they only write into
+   buffers the caller allocated), and ``trl.trainer.utils``' ``is_triton_available``, ``_supports_trl_loss_kernel``
+   (its own conditions, the device's type left out) and ``_fused_logprob_entropy`` answer as on CUDA while the harness
+   runs; the report's ``triton_kernel_launches`` proves the kernel ran (forward and backward). The same branch of
+   ``entropy_from_logits`` and ``selective_log_softmax_and_entropy`` is routed too (DPO/KTO/reward/GRPO reach none of
+   the three: their log-probabilities come from the fused LM head).
 
-ORPO is not run here: trainer_fake.py's hand-written step measures it.
+trainer_fake.py's hand-written steps (``--driver loop``) are kept beside these.
 
 Usage (one case per process):
     python benchmarks/validation/pref_trainer_fake.py --plan plan.json --config config.json [--out result.json]
@@ -88,7 +110,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TRAINERS = ("dpo", "kto", "reward", "grpo")
+TRAINERS = ("dpo", "orpo", "kto", "reward", "grpo")
 
 
 def _fake_mode_module():
@@ -245,6 +267,127 @@ def _reference_from_config(plan, config: dict, active: bool):
         grpo_trainer.create_model_from_path = saved
 
 
+class _TritonStub:
+    """A stand-in ``triton`` package for importing trl/kernels/logprob_entropy.py on a CPU build: ``@triton.jit``
+    kernels that do nothing when launched (``kernel[grid](...)``) but count their launches, ``triton.cdiv``, and a
+    ``triton.language`` whose names (``tl.constexpr`` in the kernels' annotations) exist and are never used."""
+
+    def __init__(self):
+        import types
+
+        self.launches: dict[str, int] = {}
+        self.triton = types.ModuleType("triton")
+        self.language = types.ModuleType("triton.language")
+        self.language.__getattr__ = lambda name: object  # PEP 562: tl.constexpr, tl.float32, ... (annotations only)
+        self.triton.language = self.language
+        self.triton.jit = self.jit
+        self.triton.cdiv = lambda a, b: -(-a // b)
+
+    def jit(self, fn):
+        launches, name = self.launches, fn.__name__
+
+        class Kernel:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    launches[name] = launches.get(name, 0) + 1
+
+                return launch
+
+        return Kernel()
+
+
+def _load_logprob_kernel(stub: _TritonStub):
+    """trl/kernels/logprob_entropy.py as its own module, imported under ``stub`` (``sys.modules`` is restored)."""
+    import importlib.util
+
+    import trl.kernels
+
+    path = os.path.join(os.path.dirname(trl.kernels.__file__), "logprob_entropy.py")
+    saved = {name: sys.modules.get(name) for name in ("triton", "triton.language")}
+    sys.modules["triton"], sys.modules["triton.language"] = stub.triton, stub.language
+    try:
+        spec = importlib.util.spec_from_file_location("canifinetune_fake_trl_logprob_entropy", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = value
+    return module
+
+
+@contextlib.contextmanager
+def triton_log_softmax(active: bool = True):
+    """Emulation 8: TRL's ``selective_log_softmax`` (and ``entropy_from_logits``, ``selective_log_softmax_and_entropy``)
+    take their Triton branch, as on CUDA: ``_LogProbEntropyFunction`` from trl/kernels/logprob_entropy.py, loaded under
+    :class:`_TritonStub`. Yields the kernels' launch counts."""
+    import torch
+    from trl.trainer import utils
+
+    if not active:
+        yield {}
+        return
+    stub = _TritonStub()
+    kernel = _load_logprob_kernel(stub)
+
+    def supports(logits, index=None, row_mask=None):
+        # trl/trainer/utils.py _supports_trl_loss_kernel (TRL 1.16) less ``logits.device.type in ("cuda", "xpu")``
+        ok = (logits.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= logits.ndim <= 3
+              and logits.stride(-1) == 1 and logits.shape[-1] > 0)
+        if index is not None:
+            ok = (ok and index.shape == logits.shape[:-1] and index.dtype in (torch.int32, torch.int64)
+                  and index.device == logits.device)
+        if row_mask is not None:
+            ok = (ok and index is not None and row_mask.shape == index.shape
+                  and row_mask.dtype in (torch.bool, torch.int32, torch.int64) and row_mask.device == logits.device)
+        return ok
+
+    missing = object()
+    names = ("is_triton_available", "_supports_trl_loss_kernel", "_fused_logprob_entropy")
+    saved = {name: getattr(utils, name, missing) for name in names}
+    utils.is_triton_available = lambda: True
+    utils._supports_trl_loss_kernel = supports
+    utils._fused_logprob_entropy = kernel.selective_log_softmax_and_entropy
+    try:
+        yield stub.launches
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                delattr(utils, name)
+            else:
+                setattr(utils, name, value)
+
+
+@contextlib.contextmanager
+def _kbit_preparation_keeps_packed_weights(active: bool):
+    """Emulation 1, ORPO on a quantized base: ORPOTrainer.__init__'s ``prepare_model_for_kbit_training`` with the fake
+    path's packed 4-bit weights put back, as PEFT leaves a real ``Params4bit`` alone (recipes/model_setup.py
+    ``_prepare_model_for_kbit_training`` does the same for the recipe's own build)."""
+    if not active:
+        yield
+        return
+    from trl.experimental.orpo import orpo_trainer
+
+    original = orpo_trainer.prepare_model_for_kbit_training
+
+    def prepare_model_for_kbit_training(model, *args, **kwargs):
+        packed = {id(p): (p, p.data) for p in model.parameters()
+                  if getattr(p, "quant_state", None) is not None and type(p).__name__ != "Params4bit"}
+        model = original(model, *args, **kwargs)
+        for param, data in packed.values():
+            if param.dtype != data.dtype:
+                param.data = data
+        return model
+
+    orpo_trainer.prepare_model_for_kbit_training = prepare_model_for_kbit_training
+    try:
+        yield
+    finally:
+        orpo_trainer.prepare_model_for_kbit_training = original
+
+
 # ---------------------------------------------------------------------------------------------- model and data
 
 
@@ -263,8 +406,8 @@ def load_base_model(plan, config: dict, *, sequence_classification: bool = False
         cfg.num_labels = 1  # RewardTrainer: one scalar per sequence
     cls = AutoModelForSequenceClassification if sequence_classification else AutoModelForCausalLM
     model = cls.from_config(cfg, dtype=dtype, attn_implementation=plan.attn_implementation)
-    if qconfig is not None:
-        model_setup._quantize_model(model, plan, qconfig)
+    if qconfig is not None:  # the names are what model_setup.build_model records (resolved_settings reports them)
+        model._canifinetune_unquantized = model_setup._quantize_model(model, plan, qconfig)
     if plan.method == "full":
         model.requires_grad_(True)
     return model
@@ -299,7 +442,7 @@ def train_rows(plan, vocab: int, count: int):
     rows = _beside("sft_trainer_fake")._rows(vocab, plan.seq_len, 2 * count)
     body = plan.seq_len - 1  # TRL appends EOS to each completion
     t = plan.trainer
-    if t == "dpo":
+    if t in ("dpo", "orpo"):
         return Dataset.from_dict({"prompt": [""] * count, "chosen": [_text(r[:body]) for r in rows[:count]],
                                   "rejected": [_text(r[:body]) for r in rows[count:]]})
     if t == "kto":
@@ -354,7 +497,8 @@ def run_pref_trainer_steps(plan, config: dict, *, fake: bool = True, steps: int 
                            compact: bool = True) -> dict:
     """Build the trainer as recipes/trainers.build_trainer does, over a model built from ``config``, and run ``steps``
     steps through ``trainer.training_step``, counting live memory (``fake``: under FakeTensorMode, else real CPU
-    tensors: tiny models only). ``compact``: the fused LM head's CUDA path (emulation 7), else the CPU build's."""
+    tensors: tiny models only). ``compact``: the fused LM head's CUDA path (emulation 7), else the CPU build's.
+    TRL's Triton log-softmax (emulation 8) is routed in both (a real run's stub kernels leave its outputs unset)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from trl.trainer import dpo_trainer, kto_trainer
 
@@ -362,7 +506,7 @@ def run_pref_trainer_steps(plan, config: dict, *, fake: bool = True, steps: int 
 
     t = plan.trainer
     if t not in TRAINERS:
-        raise ValueError(f"trainer {t}: not run by this harness (it runs {', '.join(TRAINERS)}; orpo: trainer_fake.py)")
+        raise ValueError(f"trainer {t}: not run by this harness (it runs {', '.join(TRAINERS)})")
     fm = _fake_mode_module()
     counter = _counter(fm)
     fake_mode = FakeTensorMode(allow_fallback_kernels=False) if fake else contextlib.nullcontext()
@@ -395,8 +539,9 @@ def run_pref_trainer_steps(plan, config: dict, *, fake: bool = True, steps: int 
     precompute = t in ("dpo", "kto") and reference == "none"
     pre_ctx = _precomputed_reference(t) if precompute and fake else contextlib.nullcontext()
     grpo_ref_ctx = _reference_from_config(plan, config, t == "grpo" and reference == "copy")
-    with fm.gpu_routing(route_sdpa) as routed, compact_fused_head(compact), apply_ctx, peft_ctx as build_ctx, \
-            fake_mode, counter:
+    kbit_ctx = _kbit_preparation_keeps_packed_weights(t == "orpo" and fake)
+    with fm.gpu_routing(route_sdpa) as routed, compact_fused_head(compact), triton_log_softmax() as launches, \
+            apply_ctx, peft_ctx as build_ctx, fake_mode, counter:
         counter.set_phase("build")
         # recipes/trainers.build_trainer, with the model built from the config
         with build_ctx():
@@ -415,7 +560,7 @@ def run_pref_trainer_steps(plan, config: dict, *, fake: bool = True, steps: int 
             base.config.pad_token_id = tokenizer.pad_token_id
         if t == "grpo":
             kwargs["reward_funcs"] = _grpo_reward
-        with build_ctx(), pre_ctx, grpo_ref_ctx:
+        with build_ctx(), pre_ctx, grpo_ref_ctx, kbit_ctx:
             trainer = trainers._trainer_class(t)(**kwargs)
         del base, kwargs
         model = trainer.model
@@ -505,9 +650,11 @@ def run_pref_trainer_steps(plan, config: dict, *, fake: bool = True, steps: int 
                 module.use_adapter = saved_use_adapter
         counter.set_phase("done")
     report = fm.measurement_report(counter, state, timeline, routed, resolved)
+    # ORPOTrainer keeps its metrics in _stored_metrics (store_metrics), the others in _metrics
+    metrics = trainer._stored_metrics if t == "orpo" else trainer._metrics
     return {**report, "trainer": t, "reference": reference, "loss": f"trl_{t}", "fake": fake, "driver": "trainer",
-            "trainer_class": type(trainer).__name__, "trainer_metrics": sorted(trainer._metrics["train"]),
-            "fused_head": "compact" if compact else "every_position",
+            "trainer_class": type(trainer).__name__, "trainer_metrics": sorted(metrics["train"]),
+            "fused_head": "compact" if compact else "every_position", "triton_kernel_launches": dict(launches),
             "scalar_reads": counter.scalar_reads, "known_scalar_reads": counter.known_scalar_reads}
 
 
@@ -536,8 +683,8 @@ def measure_pref_trainer_fake(plan, config: dict) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="a DPO/KTO/reward/GRPO training step run by TRL's own trainer under "
-                                                 "fake tensors")
+    parser = argparse.ArgumentParser(description="a DPO/ORPO/KTO/reward/GRPO training step run by TRL's own trainer "
+                                                 "under fake tensors")
     parser.add_argument("--plan", required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--out")

@@ -1,10 +1,10 @@
 """Measure two training steps of TRL 1.16's preference/RL trainers (DPO, ORPO, KTO, reward, GRPO's loss step) under
 fake tensors.
 
-:func:`measure_trainer_fake` (and the command line) runs DPO, KTO, reward and GRPO's loss step through TRL's own
+:func:`measure_trainer_fake` (and the command line) runs DPO, ORPO, KTO, reward and GRPO's loss step through TRL's own
 trainer by default (``driver="trainer"``: benchmarks/validation/pref_trainer_fake.py, ``trainer.training_step`` on a
-trainer built as recipes/trainers.py builds it, so object lifetimes are the trainer's). ORPO, and any trainer with
-``driver="loop"``, runs the step written out below (:func:`run_trainer_steps`).
+trainer built as recipes/trainers.py builds it, so object lifetimes are the trainer's). With ``driver="loop"`` every
+trainer runs the step written out below (:func:`run_trainer_steps`).
 
 The counting, the GPU routing of attention and of TRL's chunked log-prob kernel, PEFT under fake tensors and the
 model build are benchmarks/validation/fake_mode.py's and recipes/model_setup.py's. What is new is what one training step
@@ -27,7 +27,10 @@ of each trainer runs, reproduced call for call from TRL 1.16 (.venv/lib/python3.
   no fused head (the model's own logits, upcast to fp32 as accelerate's prepared forward returns them), the chosen
   rows' cross-entropy, ``get_batch_logps`` with ``selective_log_softmax`` routed to what TRL's Triton kernel
   allocates on a GPU (:func:`orpo_gpu_routing`); on a 4-bit base, kbit preparation then
-  ``peft_module_casting_to_bf16`` as ORPOTrainer.__init__ does.
+  ``peft_module_casting_to_bf16`` as ORPOTrainer.__init__ does. Two things ORPOTrainer.__init__ does are not written
+  out here (the trainer driver runs them): it leaves PEFT's adapters in fp32 on a quantized base (this loop builds
+  them as recipes/model_setup.py does, bf16 as SFT/DPO have them), and it runs ``prepare_model_for_kbit_training`` on
+  an 8-bit base too (every unquantized weight, the embedding and lm_head included, to fp32).
 - GRPO (trainer/grpo_trainer.py ``_compute_loss``, completions given): one policy forward over B rows of
   prompt + completion (outputs ("log_probs", "entropy")), labels -100 on the prompt; old log-probs = the detached
   policy ones (num_iterations 1, steps aligned); the reference log-probs an input computed at generation time
@@ -399,9 +402,9 @@ def run_trainer_steps(plan, config: dict, *, steps: int = 2) -> dict:
 def measure_trainer_fake(plan, config: dict, *, driver: str = "trainer", compact: bool = True) -> dict:
     """The measurement of ``plan`` (a TrainingPlan or a dict) on ``config`` (a config.json dict).
 
-    driver "trainer" (the default): DPO, KTO, reward and GRPO's loss step run through TRL's own trainer
+    driver "trainer" (the default): DPO, ORPO, KTO, reward and GRPO's loss step run through TRL's own trainer
     (pref_trainer_fake.py; ``compact``: its fused LM head's CUDA path, else the CPU build's that scores every
-    position); ORPO always, and every trainer with driver "loop": :func:`run_trainer_steps`."""
+    position); driver "loop": :func:`run_trainer_steps`, the step written out."""
     from canifinetune.estimator.plan import TrainingPlan
 
     if not isinstance(plan, TrainingPlan):
@@ -511,8 +514,8 @@ def main(argv=None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--out")
     parser.add_argument("--driver", choices=("trainer", "loop"), default="trainer",
-                        help="trainer: DPO/KTO/reward/GRPO run through TRL's own trainer (pref_trainer_fake.py); "
-                             "loop: the step written out here (ORPO always)")
+                        help="trainer: DPO/ORPO/KTO/reward/GRPO run through TRL's own trainer "
+                             "(pref_trainer_fake.py); loop: the step written out here")
     parser.add_argument("--fused-head", choices=("compact", "every_position"), default="compact",
                         help="with --driver trainer: TRL's fused LM head as CUDA runs it (the labelled positions "
                              "only), or as a CPU build runs it (every position)")
