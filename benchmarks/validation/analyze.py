@@ -792,10 +792,12 @@ def main(argv: list[str] | None = None) -> int:
         text = render(*sections[0]) if len(sections) == 1 else render_all(sections)
         doc = Path(args.doc)
         old = doc.read_text(encoding="utf-8") if doc.exists() else ""
-        kept = old.find("\n## Throughput\n")  # bench_throughput_validation.py --doc writes that section: keep it
-        if kept >= 0:
-            end = old.find("\n## ", kept + 1)
-            text = text.rstrip("\n") + "\n\n" + old[kept + 1:end + 1 if end >= 0 else None].rstrip("\n") + "\n"
+        # sections other scripts write (bench_throughput_validation.py --doc, score_published.py --doc): keep them
+        for heading in ("## Throughput", "## Published measurements"):
+            kept = old.find("\n" + heading + "\n")
+            if kept >= 0:
+                end = old.find("\n## ", kept + 1)
+                text = text.rstrip("\n") + "\n\n" + old[kept + 1:end + 1 if end >= 0 else None].rstrip("\n") + "\n"
         doc.write_text(text, encoding="utf-8")
     return 0
 
