@@ -47,6 +47,31 @@ def litgpt_case(plan) -> dict:
     return case
 
 
+AXOLOTL_FAKE = HERE / "axolotl_fake.py"
+# Axolotl runs in a virtual environment of its own (axolotl_fake.py and .ci/stack-venvs.sh say how to make it)
+AXOLOTL_PYTHON = os.environ.get("CANIFINETUNE_AXOLOTL_PYTHON",
+                                str(HERE.parent.parent / ".venv-axolotl" / "bin" / "python"))
+# what axolotl_fake.py names each attention implementation (Axolotl's flash_attention / sdp_attention / eager_attention)
+AXOLOTL_ATTENTION = {"flash_attention_2": "flash_attention", "sdpa": "sdpa", "eager": "eager", None: "sdpa"}
+
+
+def axolotl_case(plan) -> dict:
+    """The axolotl_fake.py case of a ``framework: axolotl`` TrainingPlan: the Axolotl config keys of its model, method,
+    shape, checkpointing, packing, attention, optimizer and LoRA fields (target_modules all-linear: Axolotl's
+    lora_target_linear; None: the harness's q_proj and v_proj, PEFT's default for the families measured)."""
+    case: dict = {"model": plan.model, "method": plan.method, "seq_len": plan.seq_len,
+                  "micro_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                  "gradient_checkpointing": plan.gradient_checkpointing, "sample_packing": plan.packing,
+                  "attention": AXOLOTL_ATTENTION[plan.attn_implementation], "optimizer": plan.optim}
+    if plan.uses_adapters:
+        case.update(lora_r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout)
+        if plan.target_modules == "all-linear":
+            case["lora_target_linear"] = True
+        elif plan.target_modules is not None:
+            case["lora_target_modules"] = list(plan.target_modules)
+    return case
+
+
 def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
     """Measure one plan under fake tensors in a fresh interpreter."""
     from canifinetune.estimator.model_sources import resolve_model
@@ -69,8 +94,17 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
                                  "how to make it"}
             cmd = [LITGPT_PYTHON, str(LITGPT_FAKE), "--case", json.dumps(litgpt_case(validated)), "--out",
                    str(out_path)]
+        env = None
+        if validated.framework == "axolotl":  # Axolotl's own step, in its own virtual environment
+            if not Path(AXOLOTL_PYTHON).exists():
+                return {"error": f"Axolotl's virtual environment is missing ({AXOLOTL_PYTHON}); axolotl_fake.py says "
+                                 "how to make it"}
+            cmd = [AXOLOTL_PYTHON, str(AXOLOTL_FAKE), "--case", json.dumps(axolotl_case(validated)), "--out",
+                   str(out_path)]
+            env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+            env.update(HF_HUB_OFFLINE="1", AXOLOTL_DO_NOT_TRACK="1", WANDB_MODE="disabled")
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
         if out_path.exists():
