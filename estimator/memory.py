@@ -15,7 +15,7 @@ How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 
 from __future__ import annotations
 
-from . import litgpt_memory, moe_adapter_memory, peft_memory
+from . import axolotl_memory, litgpt_memory, moe_adapter_memory, peft_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .inventory import inventory_of
@@ -357,7 +357,11 @@ def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
     """One block's attention: q/k/v's inputs, q/k norms, the kernel's saved tensors, the mask and o_proj's adapters."""
     spec, plan, t, a, full = r.spec, r.plan, r.tokens, r.act_bytes, r.full
     attn = spec.attention_linears()
-    parts = _consumer_parts(r, attn[:-1], BlockPart.ATTENTION)  # q, k, v
+    kernels = axolotl_memory.kernel_groups(r)  # Axolotl's LoRA kernels in place of PEFT's adapted projections
+    if "qkv" in kernels:
+        parts = dict.fromkeys((BlockPart.ATTENTION, BlockPart.INT8_INPUTS), 0) | axolotl_memory.qkv_parts(r)
+    else:
+        parts = _consumer_parts(r, attn[:-1], BlockPart.ATTENTION)  # q, k, v
     parts[BlockPart.NORMS] = 0
     # q/k norms keep their fp32 inputs
     if spec.qk_norm != "none":
@@ -381,7 +385,9 @@ def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
     if full:
         parts[BlockPart.ATTENTION] += copy  # o_proj trains and saves its input: the copy, when there is one
     # o_proj's adapters: its input is the attention output already counted (or its copy, counted here once)
-    if r.adapted(o_proj):
+    if "o" in kernels:
+        _add(parts, axolotl_memory.o_parts(r))
+    elif r.adapted(o_proj):
         o_parts = _consumer_parts(r, (o_proj,), BlockPart.ATTENTION)
         if r.quantization != "int8" and _reads_block_tensor(r):
             o_parts[BlockPart.ADAPTER_INPUTS] -= round_block(a * t * o_proj.in_features)
@@ -447,6 +453,8 @@ def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
 def _mlp_parts(r: ResolvedPlan, linears, width: int, tokens: int) -> dict[BlockPart, int]:
     """A gated MLP: gate/up's inputs, gate (SiLU's input), act and up (the product's inputs), the product when
     down_proj trains, is adapted or is 8-bit."""
+    if "mlp" in axolotl_memory.kernel_groups(r):  # Axolotl's LoRA_MLP in place of PEFT's three adapted linears
+        return dict.fromkeys((BlockPart.MLP, BlockPart.ADAPTER_INPUTS), 0) | axolotl_memory.mlp_parts(r)
     a = r.act_bytes
     up_in = linears[:-1]
     down = linears[-1]
