@@ -69,18 +69,20 @@ STACKS: dict[str, Stack] = {
     "axolotl": Stack(
         name="axolotl",
         title="Axolotl",
-        version="axolotl 0.18.0",
+        version="axolotl 0.19.0",
         loss_implementation="standard",
         kbit_preparation=False,
         adapter_dtype_quantized=None,
         adapter_dtype_unquantized=None,
-        measured=False,
+        measured=True,
         source=(
-            "src/axolotl/loaders/model.py (0.18.0): AxolotlTrainer's loss is transformers' over full logits (cut "
-            "cross-entropy and Liger only as plugins); for lora/qlora on one GPU prepare_model_for_kbit_training runs, "
-            "then _convert_embedding_modules_dtype casts norms, embed_tokens and lm_head back to the compute dtype "
-            "(needs_fa2_dtype is forced for adapters), so the residual stream stays 16-bit; get_peft_model keeps "
-            "PEFT's fp32 adapters (no autocast_adapter_dtype override); lora_dropout defaults to 0"
+            "src/axolotl/loaders/model.py (0.18.0, 0.19.0): AxolotlTrainer's loss is transformers' over full logits "
+            "(cut cross-entropy and Liger only as plugins); for lora/qlora on one GPU prepare_model_for_kbit_training "
+            "runs, then _convert_embedding_modules_dtype casts norms, embed_tokens and lm_head back to the compute "
+            "dtype (needs_fa2_dtype is forced for adapters), so the residual stream stays 16-bit; get_peft_model keeps "
+            "PEFT's fp32 adapters (no autocast_adapter_dtype override); lora_dropout defaults to 0; its LoRA kernels "
+            "(axolotl/kernels/lora.py, on by default) replace fully adapted q/k/v, o and MLP groups "
+            "(estimator/axolotl_memory.py). Measured with Axolotl 0.19.0's own step: cohorts v15 and v16"
         ),
     ),
     "llama_factory": Stack(

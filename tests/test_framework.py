@@ -18,7 +18,20 @@ def test_every_framework_has_a_stack_with_its_version_and_source():
     assert set(STACKS) == set(FRAMEWORKS)
     for stack in STACKS.values():
         assert stack.version and stack.source and stack.title
-    assert {name for name, s in STACKS.items() if s.measured} == {"trl", "transformers", "litgpt"}
+    measured = {name for name, s in STACKS.items() if s.measured}
+    assert measured == {"trl", "transformers", "litgpt", "axolotl"}
+    # a stack says it is measured only where a frozen cohort with fake-mode results runs plans of it (the default
+    # framework, trl, is every plan that names none)
+    import json
+    from pathlib import Path
+
+    validation = Path(__file__).resolve().parent.parent / "benchmarks" / "validation"
+    with_results = set()
+    for cohort_path in validation.glob("cohort-v*.json"):
+        cohort = json.loads(cohort_path.read_text(encoding="utf-8"))
+        if any((validation / "results").glob(f"fake-{cohort['cohort']}*.jsonl")):
+            with_results |= {c["plan"].get("framework", "trl") for c in cohort["cases"]}
+    assert measured <= with_results, measured - with_results
 
 
 @pytest.mark.parametrize(
