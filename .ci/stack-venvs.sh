@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The other stacks' own environments, each pinned as its module's docstring says (their pins conflict with the main
-# venv's and with each other): LitGPT (benchmarks/validation/litgpt_fake.py), Axolotl (axolotl_fake.py) and torchtune
-# (torchtune_fake.py). .ci/run starts this in the background while it installs the main venv, and waits for it before
-# the tests, whose smoke cases run each stack's own step there (tests/test_litgpt.py, test_axolotl_harness.py,
-# test_torchtune_harness.py).
+# venv's and with each other): LitGPT (benchmarks/validation/litgpt_fake.py), Axolotl (axolotl_fake.py), torchtune
+# (torchtune_fake.py) and LLaMA-Factory (llamafactory_fake.py). .ci/run starts this in the background while it installs
+# the main venv, and waits for it before the tests, whose smoke cases run each stack's own step there
+# (tests/test_litgpt.py, test_axolotl_harness.py, test_torchtune_harness.py, test_llamafactory_harness.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -32,3 +32,11 @@ venv .venv-axolotl
     "python-dotenv==1.0.1" "zstandard==0.22.0" "schedulefree==1.4.1" "kernels<0.17.0,>=0.16.0" \
     "posthog==6.7.11" "evaluate==0.4.1" "numba<1.0,>=0.63.1" addict fire einops colorama requests \
     sentencepiece scipy fastcore pillow wandb
+
+# LLaMA-Factory 0.9.5 (llamafactory_fake.py): its requirements at their caps; torchvision 0.28.0 (the CUDA build that
+# pins torch 2.13.0) and torchaudio 2.11.1 do not load against the CPU torch and are removed (the harness says why)
+venv .venv-llamafactory
+.venv-llamafactory/bin/python -m pip install -q "torch==2.13.0" "torchvision==0.28.0" "torchaudio==2.11.1" \
+    "llamafactory==0.9.5" "transformers==5.6.0" "peft==0.18.1" "accelerate==1.11.0" "datasets==4.0.0" \
+    "trl==0.24.0" "bitsandbytes==0.50.2"
+.venv-llamafactory/bin/python -m pip uninstall -q -y torchvision torchaudio

@@ -72,6 +72,33 @@ def axolotl_case(plan) -> dict:
     return case
 
 
+LLAMAFACTORY_FAKE = HERE / "llamafactory_fake.py"
+# LLaMA-Factory runs in a virtual environment of its own (llamafactory_fake.py and .ci/stack-venvs.sh say how)
+LLAMAFACTORY_PYTHON = os.environ.get("CANIFINETUNE_LLAMAFACTORY_PYTHON",
+                                     str(HERE.parent.parent / ".venv-llamafactory" / "bin" / "python"))
+# LLaMA-Factory's flash_attn argument for each attention implementation (None: its "auto", transformers' default)
+LLAMAFACTORY_ATTENTION = {"flash_attention_2": "fa2", "sdpa": "sdpa", "eager": "disabled", None: "auto"}
+
+
+def llamafactory_case(plan) -> dict:
+    """The llamafactory_fake.py case of a ``framework: llama_factory`` TrainingPlan: LLaMA-Factory's argument names
+    for its model, method, shape, checkpointing, attention, optimizer and LoRA fields (target_modules all-linear: its
+    lora_target "all"; a list: the names joined)."""
+    case: dict = {"model": plan.model, "method": plan.method, "cutoff_len": plan.seq_len, "batch_size": plan.batch_size,
+                  "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                  "disable_gradient_checkpointing": not plan.gradient_checkpointing,
+                  "flash_attn": LLAMAFACTORY_ATTENTION[plan.attn_implementation], "optim": plan.optim}
+    if plan.uses_adapters:
+        case.update(lora_rank=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout)
+        if plan.target_modules == "all-linear":
+            case["lora_target"] = "all"
+        elif plan.target_modules is not None:
+            case["lora_target"] = ",".join(plan.target_modules)
+        if plan.quantized_4bit:
+            case["llamafactory"] = {"double_quantization": plan.bnb_4bit_use_double_quant}
+    return case
+
+
 def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
     """Measure one plan under fake tensors in a fresh interpreter."""
     from canifinetune.estimator.model_sources import resolve_model
@@ -103,6 +130,14 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
                    str(out_path)]
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
             env.update(HF_HUB_OFFLINE="1", AXOLOTL_DO_NOT_TRACK="1", WANDB_MODE="disabled")
+        if validated.framework == "llama_factory":  # LLaMA-Factory's own step, in its own virtual environment
+            if not Path(LLAMAFACTORY_PYTHON).exists():
+                return {"error": f"LLaMA-Factory's virtual environment is missing ({LLAMAFACTORY_PYTHON}); "
+                                 "llamafactory_fake.py says how to make it"}
+            cmd = [LLAMAFACTORY_PYTHON, str(LLAMAFACTORY_FAKE), "--case", json.dumps(llamafactory_case(validated)),
+                   "--out", str(out_path)]
+            env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+            env.update(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
