@@ -32,6 +32,7 @@ class BlockPart(Enum):
     ADAPTER_INPUTS = "adapter inputs"  # LoRA's own saved tensors: its input (cast, dropped out or the block's own)
     INT8_INPUTS = "8-bit inputs"  # what bitsandbytes' 8-bit matmul keeps of its input
     DORA = "DoRA"  # DoRA's base and LoRA results and weight copies
+    WEIGHT_CASTS = "weight casts"  # autocast's compute-dtype copies of fp32 linear weights (mixed precision)
 
 
 def _none(r: ResolvedPlan) -> int:

@@ -193,7 +193,10 @@ def _consumer_parts(r: ResolvedPlan, linears: tuple[LinearSpec, ...], home: Bloc
     width = linears[0].in_features
     parts = dict.fromkeys((home, BlockPart.INT8_INPUTS, BlockPart.ADAPTER_INPUTS), 0)
     if r.full:
-        parts[home] += round_block(a * t * width)
+        # under mixed precision the shared input is an fp32 norm output, which autocast casts for each linear
+        # separately (a cast of a non-leaf is not cached), and each linear saves its own copy (cohort v17 l09)
+        copies = len(linears) if autocast_casts(r) else 1
+        parts[home] += copies * round_block(a * t * width)
     elif r.quantization == "int8":
         parts[BlockPart.INT8_INPUTS] += round_block(_int8_input_bytes(r, linears[0]) * t * width)
     else:
@@ -331,6 +334,7 @@ def block_saved_parts(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
         parts[BlockPart.MOE] += _moe_activation_bytes(r)
     else:
         _add(parts, _mlp_parts(r, spec.dense_mlp_linears(), spec.intermediate_size, r.tokens))
+    parts[BlockPart.WEIGHT_CASTS] += weight_cast_bytes(r, layer)
     for knob in KNOB_TERMS:  # DoRA's results and weight copies, expert adapters' merged weights, LitGPT's block, ...
         _add(parts, knob.block_saved(r, layer))
     return parts
@@ -348,9 +352,29 @@ def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
     saved = round_block(4 * t * width)  # fp32 upcast input
     if r.spec.model_type.startswith("gemma"):
         saved += round_block(4 * t * width) if trainable else 0
-    elif trainable:
-        saved += round_block(r.act_bytes * t * width)
+    elif trainable:  # ``weight * normalized``: an fp32 weight (mixed precision) promotes the product to fp32
+        saved += round_block(max(r.act_bytes, r.weight_bytes_per_param) * t * width)
     return saved
+
+
+def autocast_casts(r: ResolvedPlan) -> bool:
+    """Whether autocast casts fp32 block linear weights to the compute dtype for every matmul: mixed precision (fp32
+    weights, bf16/fp16 autocast) on an unquantized base held whole on the GPU (DeepSpeed casts the module to the
+    compute dtype; FSDP2 all-gathers it in that dtype)."""
+    return (r.autocast and r.weight_dtype != r.compute_dtype and r.quantization == "none"
+            and r.plan.sharding in ("none", "ddp"))
+
+
+def weight_cast_bytes(r: ResolvedPlan, layer: int) -> int:
+    """The compute-dtype copies autocast makes of one block's fp32 linear weights (``F.linear`` under torch.autocast
+    casts the weight for each matmul), which autograd keeps for the input's gradient until the block's backward:
+    a·(the block's linear weights). Under mixed precision (:func:`autocast_casts`); measured with LLaMA-Factory's own
+    full fine-tuning step (fp32 weights under bf16 autocast, cohort v17: -13.8% without it, no checkpointing). A
+    trainable weight's cast is also kept in autocast's cache until the forward returns, with checkpointing too
+    (phases.py counts the other blocks' there)."""
+    if not autocast_casts(r):
+        return 0
+    return sum(round_block(r.act_bytes * lin.weight_params) for lin in r.spec.layer_linears(layer))
 
 
 def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
@@ -588,7 +612,10 @@ def lm_head_cast_bytes(r: ResolvedPlan) -> int:
     forward until its backward (the same lifetime as the loss's tensors). 0 when the head weight is
     already in the compute dtype, when there is no autocast, or when the head trains (full fine-tuning).
     """
-    if not (r.autocast and r.kbit_prepared and not r.full) or r.frozen_dtype == r.compute_dtype:
+    if not r.autocast or r.plan.sharding not in ("none", "ddp"):
+        return 0
+    head_dtype = r.weight_dtype if r.full else r.frozen_dtype
+    if head_dtype == r.compute_dtype:
         return 0
     return round_block(r.act_bytes * r.spec.vocab_size * r.spec.hidden_size)
 

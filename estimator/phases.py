@@ -69,6 +69,7 @@ class _Activations:
     loss_bwd: int
     loss_bwd_start: int  # what the loss holds as its backward starts (its forward's kept tensors less the logits)
     held: int  # logits the training loop holds through the whole step (LitGPT: memory.held_logits_bytes)
+    forward_cache: int  # autocast's cached weight casts of checkpointed blocks, alive until the forward returns
     dequant: int  # a quantized linear's forward transient (also in checkpoint recomputation)
     dequant_backward: int  # and its input gradient's
     adapter_tmp: int
@@ -141,6 +142,11 @@ def _activations(r: ResolvedPlan) -> _Activations:
         saved_layers = boundary * (spec.num_layers - 1) + sum(kept[i] * n for i, n in groups)
     else:
         saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
+    # autocast caches its casts of weights that require grad until the forward returns (torch autocast's
+    # cached_cast, cleared when accelerate's autocast context exits): with checkpointing, every block's casts are alive
+    # at the end of forward, though none is saved for backward (memory.weight_cast_bytes)
+    casts = {i: m.weight_cast_bytes(r, i) for i, _ in groups} if (ckpt and r.full) else {}
+    forward_cache = sum(casts[i] * n for i, n in groups) - max(casts.values()) if casts else 0
     note = (
         f"gradient checkpointing: each of {spec.num_layers} blocks keeps its input (a·T·H)"
         + (" and its 8-bit linears' inputs (bitsandbytes keeps them past checkpointing)" if any(kept.values()) else "")
@@ -151,7 +157,7 @@ def _activations(r: ResolvedPlan) -> _Activations:
         layer_full=layer_full, boundary=boundary, saved_per_layer=saved_per_layer, saved_layers=saved_layers,
         shared=m.shared_activation_bytes(r), loss_fwd=m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r),
         loss_fwd_tmp=m.loss_forward_transient_bytes(r), loss_bwd=m.loss_backward_bytes(r),
-        loss_bwd_start=m.loss_backward_start_bytes(r), held=m.held_logits_bytes(r),
+        loss_bwd_start=m.loss_backward_start_bytes(r), held=m.held_logits_bytes(r), forward_cache=forward_cache,
         dequant=m.dequantization_bytes(r), dequant_backward=m.backward_dequantization_bytes(r),
         adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
 
@@ -185,7 +191,7 @@ def _forward_peak(r: ResolvedPlan, st: _Static, acts: _Activations) -> PhasePeak
     else:
         fwd_loss, fwd_transient = acts.loss_fwd, acts.loss_fwd_tmp
     fwd_loss += acts.held  # logits a training loop holds through the whole step (LitGPT's fit)
-    fwd_gather, fwd_acts = st.gather, acts.saved_layers + acts.shared
+    fwd_gather, fwd_acts = st.gather, acts.saved_layers + acts.shared + acts.forward_cache
     accumulated = _accumulated_grads(r, st)
     if st.fsdp is not None:
         # FSDP2's all-gather copy-outs: at the start (the tail unit and block 0, nothing saved yet but the shared

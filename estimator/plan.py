@@ -45,6 +45,9 @@ Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth"
 # LitGPT 0.5.13's defaults where they differ from the plan's (TrainingPlan._framework_defaults)
 LITGPT_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "optim": "adamw_torch",
                    "gradient_checkpointing": False, "batch_size": 1, "gradient_accumulation_steps": 16}
+# LLaMA-Factory 0.9.5's defaults where they differ from the plan's (hparams/finetuning_args.py LoraArguments:
+# lora_rank 8, lora_alpha None -> 2 x rank, lora_dropout 0.0, lora_target "all"; model_args.py double_quantization True)
+LLAMA_FACTORY_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
 AdapterDType = Literal["fp32", "bf16", "fp16"]
 Trainer = Literal["sft", "dpo", "orpo", "kto", "reward", "grpo"]
 ReferenceModel = Literal["copy", "adapter_disabled", "none"]
@@ -450,10 +453,22 @@ class TrainingPlan(BaseModel):
     def _framework_defaults(cls, data):
         """A framework whose defaults differ from TRL's in fields every plan has: LitGPT 0.5.13's finetune scripts
         (litgpt/finetune/lora.py ``setup``: lora_r 8, lora_alpha 16, lora_dropout 0.05; micro_batch_size 1 of a
-        global batch of 16; AdamW (torch, foreach on CUDA); no activation checkpointing on one device) fill what the
-        plan leaves unset, so an unset field means what it means in that framework."""
-        if isinstance(data, dict) and data.get("framework") == "litgpt":
+        global batch of 16; AdamW (torch, foreach on CUDA); no activation checkpointing on one device) and
+        LLaMA-Factory 0.9.5's (:data:`LLAMA_FACTORY_DEFAULTS`, every linear adapted, 4-bit with double quantization)
+        fill what the plan leaves unset, so an unset field means what it means in that framework."""
+        if not isinstance(data, dict):
+            return data
+        framework = str(data.get("framework") or "").strip().lower()
+        if framework == "litgpt":
             data = {**LITGPT_DEFAULTS, **data}
+        elif framework == "llama_factory":  # its LoRA targets every linear; it loads 4-bit with double quantization
+            method = str(data.get("method") or "lora").strip().lower()
+            defaults: dict = dict(LLAMA_FACTORY_DEFAULTS)
+            if method in ("lora", "qlora"):
+                defaults["target_modules"] = "all-linear"
+            if method == "qlora" or data.get("load_in_4bit"):
+                defaults["bnb_4bit_use_double_quant"] = True
+            data = {**defaults, **data}
         return data
 
     @model_validator(mode="before")

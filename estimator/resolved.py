@@ -208,7 +208,8 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     # prepare_model_for_kbit_training casts every bf16/fp16 parameter but the packed 4-bit ones to fp32
     # (peft/utils/other.py, 0.21); the embedding output is then fp32, and so is every residual add after it
     frozen_dtype = "fp32" if kbit_prepared else weight_dtype
-    residual_dtype = "fp32" if kbit_prepared else compute_dtype
+    # so is the embedding output of an fp32 model under autocast (mixed precision): F.embedding is not autocast
+    residual_dtype = "fp32" if (kbit_prepared or (autocast and weight_dtype == "fp32")) else compute_dtype
     attn = _attn_implementation(plan, spec, compute_dtype)
     masked = sliding_window_mask(attn, spec, plan.seq_len)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
