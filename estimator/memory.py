@@ -612,6 +612,17 @@ def lm_head_cast_bytes(r: ResolvedPlan) -> int:
     forward until its backward (the same lifetime as the loss's tensors). 0 when the head weight is
     already in the compute dtype, when there is no autocast, or when the head trains (full fine-tuning).
     """
+    # TRL's fused LM head (the chunked loss) multiplies vocabulary tiles: autocast casts each slice and frees it
+    if r.loss_implementation == "chunked":
+        return 0
+    return head_weight_cast_bytes(r)
+
+
+def head_weight_cast_bytes(r: ResolvedPlan) -> int:
+    """The compute-dtype copy of an fp32 head weight that autocast makes when the head runs as one matmul over the
+    whole vocabulary (the standard loss; ORPO's full logits, trainer_memory.py), kept for the input's gradient: a·V·H,
+    or 0 when the head is already in the compute dtype, without autocast, or where the sharding engine holds the
+    module in the compute dtype."""
     if not r.autocast or r.plan.sharding not in ("none", "ddp"):
         return 0
     head_dtype = r.weight_dtype if r.full else r.frozen_dtype
@@ -637,7 +648,8 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
         total = round_block(a * tile) + round_block(4 * n * spec.hidden_size) + round_block(a * n * spec.hidden_size)
         if r.full:
             total += round_block(4 * spec.vocab_size * spec.hidden_size)
-            total += round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
+            if r.weight_bytes_per_param != 4:  # its cast to an fp32 weight's dtype is the gradient itself (v18 m04)
+                total += round_block(r.weight_bytes_per_param * spec.vocab_size * spec.hidden_size)
         total += sum(knob.loss_backward(r) for knob in KNOB_TERMS)  # a modules_to_save head's fp32 gradient, cast
         return total
     if r.loss_implementation == "litgpt":  # one chunk at a time (litgpt_memory.chunk_backward_bytes)

@@ -191,13 +191,16 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     warnings: list[str] = []
     # LLaMA-Factory's full fine-tuning casts every trainable weight to fp32 and trains under bf16 autocast: that is
     # 'mixed' precision whatever the plan's precision field says (estimator/stacks.py)
-    mixed = plan.precision == "mixed" or (plan.method == "full" and plan.stack.full_weight_dtype == "fp32"
-                                          and plan.dtype != "fp32")
+    quantization = _quantization(plan)
+    # a quantized base loads in the compute dtype whatever the precision (recipes/model_setup.py: fp32 only for an
+    # unquantized 'mixed' model; transformers' bitsandbytes loading in bnb_4bit_compute_dtype; measured: cohort v18 m07)
+    mixed = quantization == "none" and (
+        plan.precision == "mixed"
+        or (plan.method == "full" and plan.stack.full_weight_dtype == "fp32" and plan.dtype != "fp32"))
     weight_dtype = "fp32" if mixed else plan.dtype
     compute_dtype = plan.dtype
     # LitGPT's bf16-true runs the bf16 model as it is: no torch.autocast
     autocast = plan.dtype in ("bf16", "fp16") and plan.framework != "litgpt"
-    quantization = _quantization(plan)
     if plan.framework == "litgpt":
         spec = _litgpt_model(spec)
     if plan.trainer != "sft":

@@ -343,9 +343,10 @@ def _rows_note(plan, policy) -> str:
 
 def _orpo_loss_phases(r, policy, fwd, Item, PhasePeak):
     """(forward, ORPO's backward candidate): the full-logits loss in place of the chunked head's terms, with the
-    compute-dtype copy autocast makes of an fp32 head (an 8-bit base ORPOTrainer prepared: memory.lm_head_cast_bytes),
+    compute-dtype copy autocast makes of an fp32 head (an 8-bit base ORPOTrainer prepared:
+    memory.head_weight_cast_bytes),
     kept from the head's forward to its backward (cohort v7 e11)."""
-    head_copy = m.lm_head_cast_bytes(policy)
+    head_copy = m.head_weight_cast_bytes(policy)
     fwd_loss, bwd_loss = (size + head_copy for size in orpo_logits_bytes(policy))
     base = tuple(i for i in fwd.items if i.name in (*STATIC_NAMES, "activations"))
     below = sum(i.bytes for i in base)
