@@ -88,17 +88,19 @@ STACKS: dict[str, Stack] = {
     "llama_factory": Stack(
         name="llama_factory",
         title="LLaMA-Factory",
-        version="llamafactory 0.9.6.dev0",
+        version="llamafactory 0.9.5",
         loss_implementation="standard",
         kbit_preparation=False,
         adapter_dtype_quantized="fp32",
         adapter_dtype_unquantized="fp32",
-        measured=False,
+        measured=True,
         source=(
-            "src/llamafactory/model/adapter.py (0.9.6.dev0): never calls prepare_model_for_kbit_training "
+            "src/llamafactory/model/adapter.py (0.9.6.dev0, 0.9.5): never calls prepare_model_for_kbit_training "
             "(upcast_layernorm and upcast_lmhead_output default off); cast_trainable_params_to_fp32 (on unless "
             "pure_bf16) makes LoRA adapters fp32 and, for full fine-tuning, every trainable weight fp32 with bf16 "
-            "autocast; the loss is transformers' over full logits; gradient checkpointing on by default"
+            "autocast; the loss is transformers' over full logits; gradient checkpointing on by default (reentrant); "
+            "LoRA rank 8, alpha 16, dropout 0 on every linear, 4-bit with double quantization (plan "
+            "LLAMA_FACTORY_DEFAULTS). Measured with LLaMA-Factory 0.9.5's own step: cohort v17"
         ),
         full_weight_dtype="fp32",
     ),
