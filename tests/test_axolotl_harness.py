@@ -38,33 +38,41 @@ def _measure(case: dict, timeout: float = 600) -> dict:
         return json.loads(out.read_text(encoding="utf-8"))
 
 
+# one measurement for both tests (each run of Axolotl's step starts an interpreter and imports Axolotl: ~20 s)
+CASE = {"model": "HuggingFaceTB/SmolLM2-135M", "method": "lora", "seq_len": 256, "micro_batch_size": 2,
+        "lora_dropout": 0.0, "lora_target_linear": True}
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    result = _measure(CASE)
+    assert "error" not in result, result.get("error")
+    return result
+
+
 @pytest.mark.slow
-def test_axolotls_own_lora_step_runs_in_its_environment():
-    """Axolotl's loader, AxolotlTrainer and fused AdamW: two optimizer steps of LoRA (q_proj, v_proj) on SmolLM2-135M at
-    256 tokens x 2, sdpa routed to flash; bf16 base, fp32 adapters; the estimate (framework axolotl) within -2/+10 %."""
-    case = {"model": "HuggingFaceTB/SmolLM2-135M", "method": "lora", "seq_len": 256, "micro_batch_size": 2}
-    measured = _measure(case)
-    assert "error" not in measured, measured.get("error")
+def test_axolotls_own_lora_step_runs_in_its_environment(measured):
+    """Axolotl's loader, AxolotlTrainer and fused AdamW: two optimizer steps of LoRA on every linear of SmolLM2-135M at
+    256 tokens x 2, sdpa routed to flash; bf16 base, fp32 adapters; the estimate (framework axolotl, its LoRA kernels
+    modelled) within -2/+10 %."""
     assert measured["driver"] == "axolotl" and measured["resolved"]["trainer_class"] == "AxolotlTrainer"
     assert measured["attention_kernels"].get("flash") and not measured["attention_kernels"].get("math")
     resolved = measured["resolved"]
     assert resolved["optimizer"] == "AdamW" and resolved["optimizer_defaults"]["fused"] is True
-    assert resolved["param_dtypes"] == {"frozen": {"bfloat16": 134515008}, "trainable": {"float32": 921600}}
+    assert set(resolved["param_dtypes"]["frozen"]) == {"bfloat16"}
+    assert set(resolved["param_dtypes"]["trainable"]) == {"float32"}
     assert measured["peak_phase"].startswith("step2.")
-    plan = TrainingPlan(model=case["model"], method="lora", framework="axolotl", seq_len=256, batch_size=2,
-                        gradient_checkpointing=False)
+    plan = TrainingPlan(model=CASE["model"], method="lora", framework="axolotl", target_modules="all-linear",
+                        lora_dropout=0.0, seq_len=256, batch_size=2, gradient_checkpointing=False)
     est = estimate(plan).peak_allocated_bytes
     error = 100 * (est - measured["peak_allocated_bytes"]) / measured["peak_allocated_bytes"]
     assert -2.0 <= error <= 10.0, f"{error:+.2f}%"
 
 
 @pytest.mark.slow
-def test_axolotls_lora_kernels_run_on_all_linear_adapters():
+def test_axolotls_lora_kernels_run_on_all_linear_adapters(measured):
     """With every linear adapted, Axolotl's auto-enabled LoRA kernels replace the MLP (its SwiGLU op runs in forward
-    and backward, once per layer and step), which the estimate does not model yet (it counts more)."""
-    measured = _measure({"model": "HuggingFaceTB/SmolLM2-135M", "method": "lora", "seq_len": 128,
-                         "micro_batch_size": 1, "lora_target_linear": True})
-    assert "error" not in measured, measured.get("error")
+    and backward, once per layer and step): what estimator/axolotl_memory.py models."""
     layers, steps = 30, 2
     assert measured["axolotl_kernel_ops"] == {"axolotl::swiglu_fwd": layers * steps,
                                               "axolotl::swiglu_bwd": layers * steps}
