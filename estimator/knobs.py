@@ -257,7 +257,10 @@ def _method_knob(p: TrainingPlan, rm: ResolvedModel) -> Knob | None:
     if p.load_in_4bit is False:
         to_qlora["load_in_4bit"] = None
     if p.method == "full":
-        return Knob("method", 1, [{"method": "lora", **extra_targets}, {**to_qlora, **extra_targets}])
+        # fp32 master weights (precision mixed, chosen for full fine-tuning on a GPU without bf16) would keep a
+        # frozen base in fp32 under adapters: a move to adapters goes with the adapters' own precision, pure
+        pure = {"precision": "pure"} if p.precision == "mixed" else {}
+        return Knob("method", 1, [{"method": "lora", **extra_targets, **pure}, {**to_qlora, **extra_targets, **pure}])
     if p.method == "lora":
         return Knob("method", 1, [to_qlora])
     return None

@@ -353,7 +353,7 @@ def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
     if r.spec.model_type.startswith("gemma"):
         saved += round_block(4 * t * width) if trainable else 0
     elif trainable:  # ``weight * normalized``: an fp32 weight (mixed precision) promotes the product to fp32
-        saved += round_block(max(r.act_bytes, r.weight_bytes_per_param) * t * width)
+        saved += round_block((4 if autocast_casts(r) else r.act_bytes) * t * width)
     return saved
 
 

@@ -212,7 +212,10 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     # (peft/utils/other.py, 0.21); the embedding output is then fp32, and so is every residual add after it
     frozen_dtype = "fp32" if kbit_prepared else weight_dtype
     # so is the embedding output of an fp32 model under autocast (mixed precision): F.embedding is not autocast
-    residual_dtype = "fp32" if (kbit_prepared or (autocast and weight_dtype == "fp32")) else compute_dtype
+    # (only where the GPU holds the fp32 weights: DeepSpeed casts the module to the compute dtype, FSDP2 all-gathers it
+    # in that dtype)
+    fp32_module = autocast and weight_dtype == "fp32" and plan.sharding in ("none", "ddp")
+    residual_dtype = "fp32" if (kbit_prepared or fp32_module) else compute_dtype
     attn = _attn_implementation(plan, spec, compute_dtype)
     masked = sliding_window_mask(attn, spec, plan.seq_len)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
