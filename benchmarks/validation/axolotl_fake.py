@@ -111,8 +111,6 @@ import json
 import os
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -481,11 +479,11 @@ def _run(case: dict, steps: int, folder: Path) -> dict:
     from axolotl.utils.trainer import setup_trainer
 
     counter = _kernel_counting(fm._beside("sft_trainer_fake").scalar_read_counter_class(fm))()
-    model = optimizer = None
-    timeline: list[dict] = []
+    objects: dict[str, Any] = {"model": None, "optimizer": None}
     state: dict[str, Any] = {}
 
     def category_tensors():
+        model, optimizer = objects["model"], objects["optimizer"]
         return {"parameters": fm._model_state_tensors(model) if model is not None else [],
                 "gradients": [p.grad for p in model.parameters()] if model is not None else [],
                 "optimizer_states": fm._optimizer_state_tensors(optimizer)}
@@ -550,57 +548,11 @@ def _run(case: dict, steps: int, folder: Path) -> dict:
             # be read, and transformers would keep a 4-D mask that rules out the flash kernel. The model's forward
             # drops it; the trainer's own code still sees it in the batch.
             fm._beside("sft_trainer_fake")._without_all_ones_mask(trainer.model)
-        trainer._init_training_state(steps, steps, 1, None, None)
-        wrapped, _ = trainer._prepare_for_training(steps, None, None)
-        optimizer = trainer.optimizer
-        model = trainer.model
-        backward = trainer.accelerator.backward
-        step_now = {"n": 0}
-
-        def backward_in_its_phase(loss, **kwargs):
-            counter.set_phase(f"step{step_now['n']}.backward")
-            return backward(loss, **kwargs)
-
-        trainer.accelerator.backward = backward_in_its_phase
-        state["after_build"] = counter.current
-        state["after_build_categories"] = counter.categories_now()
-        counter.reset_peak()
-        wrapped.zero_grad()
-        row = 0
-        for step in range(1, steps + 1):
-            step_now["n"] = step
-            start = counter.current
-            # _run_epoch: get_batch_samples prefetches the accumulation's micro-batches (here from the trainer's own
-            # data_collator) and counts the label tokens; training_step per micro-batch, the optimizer after the last
-            collated = []
-            for _ in range(micro_steps):
-                collated.append(trainer.data_collator(micro_batch(row)))
-                row += 1
-            counter.stub_scalars = True
-            batch_samples, num_items = trainer.get_batch_samples(iter(collated), micro_steps, args.device)
-            counter.stub_scalars = False
-            del collated
-            trainer.current_gradient_accumulation_steps = len(batch_samples)
-            for micro, batch in enumerate(batch_samples):
-                trainer.accelerator.gradient_state._set_sync_gradients(micro == micro_steps - 1)
-                counter.set_phase(f"step{step}.forward")
-                counter.stub_scalars = True
-                trainer.training_step(wrapped, batch, num_items)
-                counter.stub_scalars = False
-            del batch_samples, batch
-            # _run_epoch's optimizer phase: _clip_grad_norm (max_grad_norm), optimizer.step, lr_scheduler.step,
-            # model.zero_grad()
-            counter.set_phase(f"step{step}.optimizer")
-            if args.max_grad_norm and args.max_grad_norm > 0:
-                trainer._clip_grad_norm(wrapped)
-            optimizer.step()
-            counter.classify()
-            if step == steps:
-                state["end_categories"] = counter.categories_now()
-            trainer.lr_scheduler.step()
-            wrapped.zero_grad()
-            timeline.append({"step": step, "start": start, "end": counter.current})
-        counter.set_phase("done")
+        # Trainer._inner_training_loop and _run_epoch (sft_trainer_fake.hf_trainer_steps): the micro-batches from the
+        # trainer's own data_collator, training_step per micro-batch, the optimizer phase after the last
+        timeline = fm._beside("sft_trainer_fake").hf_trainer_steps(
+            trainer, counter, state, steps, micro_steps, micro_batch, lambda m, o: objects.update(model=m, optimizer=o))
+    model, optimizer = objects["model"], objects["optimizer"]
     resolved = {
         "trainer_class": type(trainer).__name__,
         "optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__,
@@ -639,20 +591,7 @@ def main(argv=None) -> int:
     # no network, no telemetry, no run tracking (set before Axolotl is imported)
     for key, value in (("HF_HUB_OFFLINE", "1"), ("AXOLOTL_DO_NOT_TRACK", "1"), ("WANDB_MODE", "disabled")):
         os.environ.setdefault(key, value)
-    try:
-        t0 = time.perf_counter()
-        result = run_axolotl_steps(json.loads(args.case))
-        result["wall_seconds"] = round(time.perf_counter() - t0, 2)
-        code = 0
-    except BaseException as exc:  # report, never stay silent
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        code = 1
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return code
+    return _fake_mode_module().report_run(lambda: run_axolotl_steps(json.loads(args.case)), args.out)
 
 
 if __name__ == "__main__":

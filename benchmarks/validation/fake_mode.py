@@ -529,15 +529,14 @@ def main(argv: list[str] | None = None) -> int:
                           args.plan, args.config, args.out)
 
 
-def run_and_report(measure, plan_path: str, config_path: str, out: str | None) -> int:
-    """The harnesses' command line: read the plan and config JSON, measure, print the result JSON (and write it to
-    ``out``); any failure is reported as an error record with its traceback, never silently (exit 1)."""
+def report_run(run, out: str | None) -> int:
+    """Every harness's command line ends here: ``run()`` (no arguments) returns the result dict, timed into its
+    ``wall_seconds``; the result JSON is printed (and written to ``out``); any failure is reported as an error record
+    with its traceback, never silently (exit 1)."""
     try:
-        with open(plan_path) as f:
-            plan = json.load(f)
-        with open(config_path) as f:
-            config = json.load(f)
-        result = measure(plan, config)
+        t0 = time.perf_counter()
+        result = run()
+        result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         code = 0
     except BaseException as exc:  # report, never stay silent
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
@@ -548,6 +547,19 @@ def run_and_report(measure, plan_path: str, config_path: str, out: str | None) -
             f.write(text + "\n")
     print(text)
     return code
+
+
+def run_and_report(measure, plan_path: str, config_path: str, out: str | None) -> int:
+    """The plan-driven harnesses' command line: read the plan and config JSON, measure, report (:func:`report_run`)."""
+
+    def run() -> dict:
+        with open(plan_path) as f:
+            plan = json.load(f)
+        with open(config_path) as f:
+            config = json.load(f)
+        return measure(plan, config)
+
+    return report_run(run, out)
 
 
 if __name__ == "__main__":

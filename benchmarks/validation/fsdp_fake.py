@@ -29,12 +29,11 @@ import contextlib
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fake_mode import classic_module_apply, gpu_routing
+from fake_mode import classic_module_apply, gpu_routing, report_run
 
 
 def _decoder_layer_classes(model) -> set[str]:
@@ -185,7 +184,8 @@ def main(argv=None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> dict:
         from canifinetune.estimator.plan import TrainingPlan
 
         plan = TrainingPlan(**json.loads(Path(args.plan).read_text(encoding="utf-8")))
@@ -196,15 +196,9 @@ def main(argv=None) -> int:
         result = measure(plan, config)
         result["wall_seconds"] = round(time.perf_counter() - t0, 2)
         result["plan"] = plan.model_dump(mode="json")
-        code = 0
-    except BaseException as exc:  # report, never stay silent
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        code = 1
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return code
+        return result
+
+    return report_run(run, args.out)
 
 
 if __name__ == "__main__":

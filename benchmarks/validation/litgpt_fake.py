@@ -33,8 +33,6 @@ import argparse
 import json
 import os
 import sys
-import time
-import traceback
 
 LITGPT_LORA_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_query": True, "lora_key": False,
                         "lora_value": True, "lora_projection": False, "lora_mlp": False, "lora_head": False}
@@ -156,24 +154,18 @@ def main(argv=None) -> int:
     parser.add_argument("--case", required=True, help="JSON: model, method, seq_len, batch_size, LitGPT LoRA fields")
     parser.add_argument("--out", help="write the result JSON here (also printed)")
     args = parser.parse_args(argv)
-    try:
-        t0 = time.perf_counter()
-        result = run_litgpt_steps(json.loads(args.case))
-        result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fake_mode
+
+    def run() -> dict:
         import litgpt
         import torch
 
+        result = run_litgpt_steps(json.loads(args.case))
         result["versions"] = {"litgpt": getattr(litgpt, "__version__", "0.5.13"), "torch": torch.__version__}
-        code = 0
-    except BaseException as exc:  # report, never stay silent
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        code = 1
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return code
+        return result
+
+    return fake_mode.report_run(run, args.out)
 
 
 if __name__ == "__main__":

@@ -122,8 +122,6 @@ import json
 import os
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -379,56 +377,17 @@ def _run(case: dict, steps: int, folder: Path) -> dict:
         if targs.gradient_checkpointing:  # Trainer.train (LLaMA-Factory leaves it False: its loader enabled GC)
             trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=targs.gradient_checkpointing_kwargs)
         fm._beside("sft_trainer_fake")._without_all_ones_mask(trainer.model)  # emulation 3
-        trainer._init_training_state(steps, steps, 1, None, None)
-        wrapped, _ = trainer._prepare_for_training(steps, None, None)
-        optimizer = trainer.optimizer
-        objects["optimizer"] = optimizer
-        objects["model"] = trainer.model
-        backward = trainer.accelerator.backward
-        step_now = {"n": 0}
 
-        def backward_in_its_phase(loss, **kw):
-            counter.set_phase(f"step{step_now['n']}.backward")
-            return backward(loss, **kw)
+        def seen(batches):
+            result.setdefault("batch_shape", list(batches[0]["input_ids"].shape))
+            result.setdefault("batch_keys", sorted(batches[0]))
 
-        trainer.accelerator.backward = backward_in_its_phase
-        state["after_build"] = counter.current
-        state["after_build_categories"] = counter.categories_now()
-        counter.reset_peak()
-        wrapped.zero_grad()
-        row = 0
-        for step in range(1, steps + 1):
-            step_now["n"] = step
-            start = counter.current
-            collated = []
-            for _ in range(micro_steps):
-                collated.append(trainer.data_collator([dict(dataset[i]) for i in range(row * mbs, (row + 1) * mbs)]))
-                row += 1
-            counter.stub_scalars = True
-            batch_samples, num_items = trainer.get_batch_samples(iter(collated), micro_steps, targs.device)
-            counter.stub_scalars = False
-            del collated
-            trainer.current_gradient_accumulation_steps = len(batch_samples)
-            for micro, batch in enumerate(batch_samples):
-                trainer.accelerator.gradient_state._set_sync_gradients(micro == micro_steps - 1)
-                counter.set_phase(f"step{step}.forward")
-                counter.stub_scalars = True
-                trainer.training_step(wrapped, batch, num_items)
-                counter.stub_scalars = False
-            result.setdefault("batch_shape", list(batch_samples[0]["input_ids"].shape))
-            result.setdefault("batch_keys", sorted(batch_samples[0]))
-            del batch_samples, batch
-            counter.set_phase(f"step{step}.optimizer")
-            if targs.max_grad_norm and targs.max_grad_norm > 0:
-                trainer._clip_grad_norm(wrapped)
-            optimizer.step()
-            counter.classify()
-            if step == steps:
-                state["end_categories"] = counter.categories_now()
-            trainer.lr_scheduler.step()
-            wrapped.zero_grad()
-            timeline.append({"step": step, "start": start, "end": counter.current})
-        counter.set_phase("done")
+        # Trainer._inner_training_loop and _run_epoch (sft_trainer_fake.hf_trainer_steps): the micro-batches from
+        # LLaMA-Factory's own collator, training_step per micro-batch, the optimizer phase after the last
+        timeline[:] = fm._beside("sft_trainer_fake").hf_trainer_steps(
+            trainer, counter, state, steps, micro_steps,
+            lambda row: [dict(dataset[i]) for i in range(row * mbs, (row + 1) * mbs)],
+            lambda m, o: objects.update(model=m, optimizer=o), seen)
         result["trainer"] = trainer
         raise _Measured()
 
@@ -507,20 +466,7 @@ def main(argv=None) -> int:
     for key, value in (("HF_HUB_OFFLINE", "1"), ("WANDB_MODE", "disabled"), ("LLAMAFACTORY_VERBOSITY", "WARN"),
                        ("DISABLE_VERSION_CHECK", "0")):
         os.environ.setdefault(key, value)
-    try:
-        t0 = time.perf_counter()
-        result = run_llamafactory_steps(json.loads(args.case))
-        result["wall_seconds"] = round(time.perf_counter() - t0, 2)
-        code = 0
-    except BaseException as exc:  # report, never stay silent
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        code = 1
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return code
+    return _fake_mode_module().report_run(lambda: run_llamafactory_steps(json.loads(args.case)), args.out)
 
 
 if __name__ == "__main__":

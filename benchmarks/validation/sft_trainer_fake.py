@@ -114,6 +114,73 @@ def accumulated_micro_steps(plan) -> int:
     return 2 if plan.gradient_accumulation_steps > 1 else 1
 
 
+def hf_trainer_steps(trainer, counter, state: dict, steps: int, micro_steps: int, rows, prepared,
+                     seen=None) -> list[dict]:
+    """transformers 5's ``Trainer._inner_training_loop`` and ``_run_epoch`` as a GPU run steps them, for a trainer a
+    framework has built (Axolotl's, LLaMA-Factory's): the trainer's own state and ``_prepare_for_training``
+    (create_optimizer, accelerator.prepare of model and optimizer, create_scheduler); then per optimizer step
+    ``get_batch_samples`` over ``micro_steps`` micro-batches from the trainer's own data collator
+    (``trainer.data_collator(rows(i))``, prefetched as ``_run_epoch`` does, label tokens counted),
+    ``training_step`` per micro-batch (gradients synced on the last), and the optimizer phase (``_clip_grad_norm``
+    when max_grad_norm > 0, ``optimizer.step``, ``lr_scheduler.step``, ``zero_grad``).
+
+    ``prepared(model, optimizer)`` is called once both exist (the counter's categories read them); ``seen(batches)``
+    after each step's micro-batches ran. Phases are ``step{n}.forward`` / ``.backward`` / ``.optimizer``; the state
+    gets ``after_build``, ``after_build_categories`` and ``end_categories``; returns the per-step timeline."""
+    args = trainer.args
+    trainer._init_training_state(steps, steps, 1, None, None)
+    wrapped, _ = trainer._prepare_for_training(steps, None, None)
+    optimizer = trainer.optimizer
+    prepared(trainer.model, optimizer)
+    backward = trainer.accelerator.backward
+    step_now = {"n": 0}
+
+    def backward_in_its_phase(loss, **kwargs):
+        counter.set_phase(f"step{step_now['n']}.backward")
+        return backward(loss, **kwargs)
+
+    trainer.accelerator.backward = backward_in_its_phase
+    state["after_build"] = counter.current
+    state["after_build_categories"] = counter.categories_now()
+    counter.reset_peak()
+    wrapped.zero_grad()
+    timeline: list[dict] = []
+    row = 0
+    for step in range(1, steps + 1):
+        step_now["n"] = step
+        start = counter.current
+        collated = []
+        for _ in range(micro_steps):
+            collated.append(trainer.data_collator(rows(row)))
+            row += 1
+        counter.stub_scalars = True
+        batch_samples, num_items = trainer.get_batch_samples(iter(collated), micro_steps, args.device)
+        counter.stub_scalars = False
+        del collated
+        trainer.current_gradient_accumulation_steps = len(batch_samples)
+        for micro, batch in enumerate(batch_samples):
+            trainer.accelerator.gradient_state._set_sync_gradients(micro == micro_steps - 1)
+            counter.set_phase(f"step{step}.forward")
+            counter.stub_scalars = True
+            trainer.training_step(wrapped, batch, num_items)
+            counter.stub_scalars = False
+        if seen is not None:
+            seen(batch_samples)
+        del batch_samples, batch
+        counter.set_phase(f"step{step}.optimizer")
+        if args.max_grad_norm and args.max_grad_norm > 0:
+            trainer._clip_grad_norm(wrapped)
+        optimizer.step()
+        counter.classify()
+        if step == steps:
+            state["end_categories"] = counter.categories_now()
+        trainer.lr_scheduler.step()
+        wrapped.zero_grad()
+        timeline.append({"step": step, "start": start, "end": counter.current})
+    counter.set_phase("done")
+    return timeline
+
+
 def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, route_sdpa: bool = True) -> dict:
     """Build the model as the runtime does, hand it to the runtime's trainer class, and run ``steps`` steps through
     ``trainer.training_step``, counting live memory (``fake``: under FakeTensorMode, else real CPU tensors: tiny

@@ -116,8 +116,6 @@ import json
 import os
 import sys
 import tempfile
-import time
-import traceback
 import typing
 
 # catalog model id -> (torchtune model family, config size prefix, base builder name)
@@ -514,26 +512,20 @@ def main(argv=None) -> int:
                              "optimizer_in_bwd, gradient_accumulation_steps, lora_r, lora_alpha, ...")
     parser.add_argument("--out", help="write the result JSON here (also printed)")
     args = parser.parse_args(argv)
-    try:
-        t0 = time.perf_counter()
-        result = run_torchtune_steps(json.loads(args.case))
-        result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fake_mode
+
+    def run() -> dict:
         import torch
         import torchao
         import torchtune
 
+        result = run_torchtune_steps(json.loads(args.case))
         result["versions"] = {"torchtune": torchtune.__version__, "torchao": torchao.__version__,
                               "torch": torch.__version__}
-        code = 0
-    except BaseException as exc:  # report, never stay silent
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        code = 1
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return code
+        return result
+
+    return fake_mode.report_run(run, args.out)
 
 
 if __name__ == "__main__":
