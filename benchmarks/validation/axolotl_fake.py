@@ -404,28 +404,13 @@ def nf4_dequant_as_on_cuda(calls: dict):
 
 @contextlib.contextmanager
 def packed_weights_kept_in_kbit_preparation():
-    """Emulation 5 (QLoRA): PEFT's ``prepare_model_for_kbit_training`` (which Axolotl's loader calls,
-    ``ModelLoader._prepare_model_for_quantization``) casts every bf16/fp16 parameter whose class is not ``Params4bit``
-    to fp32. The fake packed weights are plain Parameters (bf16 quant storage, as Axolotl asks): they are put back after
-    the call, as a real Params4bit is never cast."""
+    """Emulation 5 (QLoRA): PEFT's ``prepare_model_for_kbit_training``, which Axolotl's loader calls
+    (``ModelLoader._prepare_model_for_quantization``), with the fake packed weights (bf16 quant storage, as Axolotl
+    asks) put back after the call (fake_mode.packed_weights_kept)."""
     from axolotl.loaders import model as loader_module
 
-    original = loader_module.prepare_model_for_kbit_training
-
-    def prepare(model, *args, **kwargs):
-        packed = {id(p): (p, p.data) for p in model.parameters()
-                  if getattr(p, "quant_state", None) is not None and type(p).__name__ != "Params4bit"}
-        model = original(model, *args, **kwargs)
-        for param, data in packed.values():
-            if param.dtype != data.dtype:
-                param.data = data
-        return model
-
-    loader_module.prepare_model_for_kbit_training = prepare
-    try:
+    with _fake_mode_module().packed_weights_kept(loader_module):
         yield
-    finally:
-        loader_module.prepare_model_for_kbit_training = original
 
 
 def _kernel_counting(counter_class):

@@ -529,6 +529,31 @@ def main(argv: list[str] | None = None) -> int:
                           args.plan, args.config, args.out)
 
 
+@contextlib.contextmanager
+def packed_weights_kept(module):
+    """``module.prepare_model_for_kbit_training`` (a trainer's or a loader's import of PEFT's) with the fake path's
+    packed 4-bit weights put back after the call. PEFT casts every bf16/fp16 parameter whose class is not
+    ``Params4bit`` to fp32; under fake tensors the packed weight is a plain Parameter carrying ``quant_state`` (a
+    Params4bit cannot wrap a FakeTensor), which a real run never casts (recipes/model_setup.py
+    ``_prepare_model_for_kbit_training`` does the same for the recipe's own build)."""
+    original = module.prepare_model_for_kbit_training
+
+    def prepare(model, *args, **kwargs):
+        packed = {id(p): (p, p.data) for p in model.parameters()
+                  if getattr(p, "quant_state", None) is not None and type(p).__name__ != "Params4bit"}
+        model = original(model, *args, **kwargs)
+        for param, data in packed.values():
+            if param.dtype != data.dtype:
+                param.data = data
+        return model
+
+    module.prepare_model_for_kbit_training = prepare
+    try:
+        yield
+    finally:
+        module.prepare_model_for_kbit_training = original
+
+
 def report_run(run, out: str | None) -> int:
     """Every harness's command line ends here: ``run()`` (no arguments) returns the result dict, timed into its
     ``wall_seconds``; the result JSON is printed (and written to ``out``); any failure is reported as an error record

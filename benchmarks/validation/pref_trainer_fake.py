@@ -370,22 +370,8 @@ def _kbit_preparation_keeps_packed_weights(active: bool):
         return
     from trl.experimental.orpo import orpo_trainer
 
-    original = orpo_trainer.prepare_model_for_kbit_training
-
-    def prepare_model_for_kbit_training(model, *args, **kwargs):
-        packed = {id(p): (p, p.data) for p in model.parameters()
-                  if getattr(p, "quant_state", None) is not None and type(p).__name__ != "Params4bit"}
-        model = original(model, *args, **kwargs)
-        for param, data in packed.values():
-            if param.dtype != data.dtype:
-                param.data = data
-        return model
-
-    orpo_trainer.prepare_model_for_kbit_training = prepare_model_for_kbit_training
-    try:
+    with _fake_mode_module().packed_weights_kept(orpo_trainer):
         yield
-    finally:
-        orpo_trainer.prepare_model_for_kbit_training = original
 
 
 # ---------------------------------------------------------------------------------------------- model and data
