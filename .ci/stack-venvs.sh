@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The other stacks' own environments, each pinned as its module's docstring says (their pins conflict with the main
+# The other stacks' own environments, pinned here (each module's docstring says why; their pins conflict with the main
 # venv's and with each other): LitGPT (benchmarks/validation/litgpt_fake.py), Axolotl (axolotl_fake.py), torchtune
 # (torchtune_fake.py) and LLaMA-Factory (llamafactory_fake.py). .ci/run starts this in the background while it installs
 # the main venv, and waits for it before the tests, whose smoke cases run each stack's own step there

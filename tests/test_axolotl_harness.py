@@ -4,38 +4,17 @@ skipped with the install command when the environment is missing."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import tempfile
-from pathlib import Path
-
 import pytest
+from stack_harness import run_case, stack_python
 
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.plan import TrainingPlan
 
-ROOT = Path(__file__).resolve().parent.parent
-HARNESS = ROOT / "benchmarks" / "validation" / "axolotl_fake.py"
-AXOLOTL_PYTHON = os.environ.get("CANIFINETUNE_AXOLOTL_PYTHON", str(ROOT / ".venv-axolotl" / "bin" / "python"))
-INSTALL = ("the commands at the top of benchmarks/validation/axolotl_fake.py (python3 -m venv .venv-axolotl; "
-           "torch==2.13.0; axolotl==0.19.0 --no-deps; its runtime dependencies, pinned)")
 
-
-def _measure(case: dict, timeout: float = 600) -> dict:
-    if not Path(AXOLOTL_PYTHON).exists():
-        if os.environ.get("CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS"):
-            pytest.fail(f"Axolotl's environment is missing ({AXOLOTL_PYTHON}); make it with {INSTALL}")
-        pytest.skip(f"Axolotl's environment is missing ({AXOLOTL_PYTHON}); make it with {INSTALL}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled"}
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.json"
-        proc = subprocess.run([AXOLOTL_PYTHON, str(HARNESS), "--case", json.dumps(case), "--out", str(out)],
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-        assert out.exists(), (proc.stdout + proc.stderr)[-3000:]
-        return json.loads(out.read_text(encoding="utf-8"))
+def _measure(case: dict) -> dict:
+    python = stack_python("Axolotl", ".venv-axolotl", "CANIFINETUNE_AXOLOTL_PYTHON")
+    return run_case(python, "axolotl_fake.py", case,
+                    env={"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled"})
 
 
 # one measurement for both tests (each run of Axolotl's step starts an interpreter and imports Axolotl: ~20 s)

@@ -5,40 +5,16 @@ CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS is set)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import tempfile
-from pathlib import Path
-
 import pytest
+from stack_harness import run_case, stack_python
 
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.plan import TrainingPlan
 
-ROOT = Path(__file__).resolve().parent.parent
-HARNESS = ROOT / "benchmarks" / "validation" / "llamafactory_fake.py"
-LLAMAFACTORY_PYTHON = os.environ.get("CANIFINETUNE_LLAMAFACTORY_PYTHON",
-                                     str(ROOT / ".venv-llamafactory" / "bin" / "python"))
-INSTALL = ("the commands at the top of benchmarks/validation/llamafactory_fake.py (python3 -m venv; torch==2.13.0; "
-           "llamafactory==0.9.5 with transformers==5.6.0 peft==0.18.1 accelerate==1.11.0 datasets==4.0.0 trl==0.24.0 "
-           "bitsandbytes==0.50.2 and torch==2.13.0; then pip uninstall torchvision torchaudio)")
 
-
-def _measure(case: dict, timeout: float = 600) -> dict:
-    if not Path(LLAMAFACTORY_PYTHON).exists():
-        if os.environ.get("CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS"):
-            pytest.fail(f"LLaMA-Factory's environment is missing ({LLAMAFACTORY_PYTHON}); make it with {INSTALL}")
-        pytest.skip(f"LLaMA-Factory's environment is missing ({LLAMAFACTORY_PYTHON}); make it with {INSTALL}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.json"
-        proc = subprocess.run([LLAMAFACTORY_PYTHON, str(HARNESS), "--case", json.dumps(case), "--out", str(out)],
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-        assert out.exists(), (proc.stdout + proc.stderr)[-3000:]
-        return json.loads(out.read_text(encoding="utf-8"))
+def _measure(case: dict) -> dict:
+    python = stack_python("LLaMA-Factory", ".venv-llamafactory", "CANIFINETUNE_LLAMAFACTORY_PYTHON")
+    return run_case(python, "llamafactory_fake.py", case, env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
 
 
 @pytest.mark.slow

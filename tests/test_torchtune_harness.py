@@ -3,29 +3,12 @@ environment: one tiny smoke case, skipped with the install command when the envi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-HARNESS = ROOT / "benchmarks" / "validation" / "torchtune_fake.py"
-TORCHTUNE_PYTHON = os.environ.get("CANIFINETUNE_TORCHTUNE_PYTHON", str(ROOT / ".venv-torchtune" / "bin" / "python"))
-INSTALL = ("python3 -m venv .venv-torchtune && .venv-torchtune/bin/pip install torch==2.13.0 && "
-           ".venv-torchtune/bin/pip install torchtune==0.6.1 torchao==0.15.0")
+from stack_harness import run_case, stack_python
 
 
-def _measure(case: dict, timeout: float = 600) -> dict:
-    if not Path(TORCHTUNE_PYTHON).exists():
-        if os.environ.get("CANIFINETUNE_REQUIRE_INDEPENDENT_CHECKS"):
-            pytest.fail(f"torchtune's environment is missing ({TORCHTUNE_PYTHON}); make it with: {INSTALL}")
-        pytest.skip(f"torchtune's environment is missing ({TORCHTUNE_PYTHON}); make it with: {INSTALL}")
-    proc = subprocess.run([TORCHTUNE_PYTHON, str(HARNESS), "--case", json.dumps(case)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
-    assert proc.stdout.strip(), proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+def _measure(case: dict) -> dict:
+    return run_case(stack_python("torchtune", ".venv-torchtune", "CANIFINETUNE_TORCHTUNE_PYTHON"), "torchtune_fake.py",
+                    case)
 
 
 def test_torchtunes_own_lora_step_runs_in_its_environment():

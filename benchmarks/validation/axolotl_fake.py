@@ -5,16 +5,7 @@ Runs in its own virtual environment (Axolotl 0.19.0 pins transformers 5.16.1, pe
 venv's). torch first, pinned (the CPU build; never a CUDA torch), then Axolotl without its dependencies, then the
 runtime dependencies it imports, pinned as axolotl 0.19.0's own requirements pin them (unpinned there: unpinned here):
 
-    python3 -m venv .venv-axolotl
-    .venv-axolotl/bin/pip install "torch==2.13.0"
-    .venv-axolotl/bin/pip install --no-deps "axolotl==0.19.0"
-    .venv-axolotl/bin/pip install "torch==2.13.0" "triton==3.9.0" "packaging==26.0" "huggingface_hub==1.17.0" \
-        "peft==0.20.0" "tokenizers==0.23.1" "transformers==5.16.1" "accelerate==1.13.0" "datasets==4.8.4" \
-        "trl==1.9.0" "hf_xet==1.4.3" "typing-extensions==4.15.0" "pydantic==2.12.5" "PyYAML==6.0.3" \
-        "numpy<3.0,>=2.1" "bitsandbytes==0.50.2" "axolotl-contribs-lgpl==0.0.7" "axolotl-contribs-mit==0.0.6" \
-        "python-dotenv==1.0.1" "zstandard==0.22.0" "schedulefree==1.4.1" "kernels<0.17.0,>=0.16.0" \
-        "posthog==6.7.11" "evaluate==0.4.1" "numba<1.0,>=0.63.1" addict fire einops colorama requests \
-        sentencepiece scipy fastcore pillow wandb
+    bash .ci/stack-venvs.sh      # its Axolotl section: the exact commands and pins
     HF_HUB_OFFLINE=1 AXOLOTL_DO_NOT_TRACK=1 WANDB_MODE=disabled .venv-axolotl/bin/python \
         benchmarks/validation/axolotl_fake.py --case '{"model": "HuggingFaceTB/SmolLM2-135M", "method": "lora",
         "seq_len": 1024, "micro_batch_size": 2}' --out result.json

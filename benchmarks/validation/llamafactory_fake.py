@@ -8,12 +8,7 @@ a CUDA torch), then llamafactory with its own dependencies, the capped ones at t
 keeps it (torchvision 0.28.0 is the release that pins torch==2.13.0); then torchvision and torchaudio are removed
 (below):
 
-    python3 -m venv .venv-llamafactory
-    .venv-llamafactory/bin/pip install "torch==2.13.0"
-    .venv-llamafactory/bin/pip install "torch==2.13.0" "torchvision==0.28.0" "torchaudio==2.11.1" \\
-        "llamafactory==0.9.5" "transformers==5.6.0" "peft==0.18.1" "accelerate==1.11.0" "datasets==4.0.0" \\
-        "trl==0.24.0" "bitsandbytes==0.50.2"
-    .venv-llamafactory/bin/pip uninstall -y torchvision torchaudio
+    bash .ci/stack-venvs.sh      # its LLaMA-Factory section: the exact commands and pins
     HF_HUB_OFFLINE=1 WANDB_MODE=disabled .venv-llamafactory/bin/python benchmarks/validation/llamafactory_fake.py \\
         --case '{"model": "HuggingFaceTB/SmolLM2-135M", "method": "lora", "cutoff_len": 256, "batch_size": 2}' \\
         --out result.json
