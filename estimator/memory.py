@@ -195,7 +195,7 @@ def _consumer_parts(r: ResolvedPlan, linears: tuple[LinearSpec, ...], home: Bloc
     if r.full:
         # under mixed precision the shared input is an fp32 norm output, which autocast casts for each linear
         # separately (a cast of a non-leaf is not cached), and each linear saves its own copy (cohort v17 l09)
-        copies = len(linears) if autocast_casts(r) else 1
+        copies = len(linears) if r.fp32_weight_casts else 1
         parts[home] += copies * round_block(a * t * width)
     elif r.quantization == "int8":
         parts[BlockPart.INT8_INPUTS] += round_block(_int8_input_bytes(r, linears[0]) * t * width)
@@ -353,26 +353,19 @@ def _norm_saved_bytes(r: ResolvedPlan, width: int, trainable: bool) -> int:
     if r.spec.model_type.startswith("gemma"):
         saved += round_block(4 * t * width) if trainable else 0
     elif trainable:  # ``weight * normalized``: an fp32 weight (mixed precision) promotes the product to fp32
-        saved += round_block((4 if autocast_casts(r) else r.act_bytes) * t * width)
+        saved += round_block((4 if r.fp32_weight_casts else r.act_bytes) * t * width)
     return saved
-
-
-def autocast_casts(r: ResolvedPlan) -> bool:
-    """Whether autocast casts fp32 block linear weights to the compute dtype for every matmul: mixed precision (fp32
-    weights, bf16/fp16 autocast) on an unquantized base held whole on the GPU (DeepSpeed casts the module to the
-    compute dtype; FSDP2 all-gathers it in that dtype)."""
-    return (r.autocast and r.weight_dtype != r.compute_dtype and r.quantization == "none"
-            and r.plan.sharding in ("none", "ddp"))
 
 
 def weight_cast_bytes(r: ResolvedPlan, layer: int) -> int:
     """The compute-dtype copies autocast makes of one block's fp32 linear weights (``F.linear`` under torch.autocast
     casts the weight for each matmul), which autograd keeps for the input's gradient until the block's backward:
-    a·(the block's linear weights). Under mixed precision (:func:`autocast_casts`); measured with LLaMA-Factory's own
-    full fine-tuning step (fp32 weights under bf16 autocast, cohort v17: -13.8% without it, no checkpointing). A
+    a·(the block's linear weights). Under mixed precision (``r.fp32_weight_casts``: fp32 weights held whole on the
+    GPU under autocast); measured with LLaMA-Factory's own full fine-tuning step (fp32 weights under bf16 autocast,
+    cohort v17: -13.8% without it, no checkpointing). A
     trainable weight's cast is also kept in autocast's cache until the forward returns, with checkpointing too
     (phases.py counts the other blocks' there)."""
-    if not autocast_casts(r):
+    if not r.fp32_weight_casts:
         return 0
     return sum(round_block(r.act_bytes * lin.weight_params) for lin in r.spec.layer_linears(layer))
 

@@ -145,7 +145,7 @@ def _activations(r: ResolvedPlan) -> _Activations:
     # autocast caches its casts of weights that require grad until the forward returns (torch autocast's
     # cached_cast, cleared when accelerate's autocast context exits): with checkpointing, every block's casts are alive
     # at the end of forward, though none is saved for backward (memory.weight_cast_bytes)
-    casts = {i: m.weight_cast_bytes(r, i) for i, _ in groups} if (ckpt and r.full) else {}
+    casts = {i: m.weight_cast_bytes(r, i) for i, _ in groups} if (ckpt and r.full and r.fp32_weight_casts) else {}
     forward_cache = sum(casts[i] * n for i, n in groups) - max(casts.values()) if casts else 0
     note = (
         f"gradient checkpointing: each of {spec.num_layers} blocks keeps its input (a·T·H)"

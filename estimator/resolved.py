@@ -46,6 +46,9 @@ class ResolvedPlan:
     kbit_prepared: bool = False  # peft.prepare_model_for_kbit_training ran on the quantized base
     frozen_dtype: DType = "bf16"  # dtype of the base's unquantized parameters (fp32 after kbit preparation)
     residual_dtype: DType = "bf16"  # dtype of the residual stream between blocks (fp32 after kbit preparation)
+    # autocast casts fp32 weights held whole on the GPU to the compute dtype for every matmul (mixed precision with no
+    # sharding engine: DeepSpeed casts the module, FSDP2 all-gathers it in the compute dtype; memory.weight_cast_bytes)
+    fp32_weight_casts: bool = False
     modules_to_save: tuple[str, ...] = ()  # modules PEFT trains in full beside the adapters
     attention_mask: bool = False  # sdpa gets a 4-D mask (a sliding window no longer than the sequence)
     use_dora: bool = False
@@ -109,10 +112,7 @@ class ResolvedPlan:
 
     @property
     def trainable_bytes_per_param(self) -> int:
-        if self.full:
-            return self.weight_bytes_per_param
-        assert self.adapter_dtype is not None
-        return DTYPE_BYTES[self.adapter_dtype]
+        return DTYPE_BYTES[self.trainable_dtype]
 
 
 def _resolve_targets(
@@ -214,8 +214,8 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     # so is the embedding output of an fp32 model under autocast (mixed precision): F.embedding is not autocast
     # (only where the GPU holds the fp32 weights: DeepSpeed casts the module to the compute dtype, FSDP2 all-gathers it
     # in that dtype)
-    fp32_module = autocast and weight_dtype == "fp32" and plan.sharding in ("none", "ddp")
-    residual_dtype = "fp32" if (kbit_prepared or fp32_module) else compute_dtype
+    fp32_weight_casts = autocast and weight_dtype == "fp32" and plan.sharding in ("none", "ddp")
+    residual_dtype = "fp32" if (kbit_prepared or fp32_weight_casts) else compute_dtype
     attn = _attn_implementation(plan, spec, compute_dtype)
     masked = sliding_window_mask(attn, spec, plan.seq_len)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
@@ -244,6 +244,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         kbit_prepared=kbit_prepared,
         frozen_dtype=frozen_dtype,
         residual_dtype=residual_dtype,
+        fp32_weight_casts=fp32_weight_casts,
         modules_to_save=peft_knobs.resolve_modules_to_save(plan, spec) if plan.uses_adapters else (),
         attention_mask=masked,
         use_dora=plan.use_dora,
