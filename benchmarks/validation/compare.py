@@ -22,7 +22,7 @@ FAKE_MODE = HERE / "fake_mode.py"
 TRAINER_FAKE = HERE / "trainer_fake.py"
 LITGPT_FAKE = HERE / "litgpt_fake.py"
 LOSS_MODE = {"chunked": "trl_fused", "standard": "model", "litgpt": "model"}
-# LitGPT runs in a virtual environment of its own (litgpt_fake.py says how to make it)
+# LitGPT runs in a virtual environment of its own (.ci/stack-venvs.sh makes it)
 LITGPT_PYTHON = os.environ.get("CANIFINETUNE_LITGPT_PYTHON",
                                str(HERE.parent.parent / ".venv-litgpt" / "bin" / "python"))
 # the Hugging Face projection names a LitGPT LoRA flag adapts (litgpt/lora.py Config: lora_query, ...)
@@ -48,7 +48,7 @@ def litgpt_case(plan) -> dict:
 
 
 AXOLOTL_FAKE = HERE / "axolotl_fake.py"
-# Axolotl runs in a virtual environment of its own (axolotl_fake.py and .ci/stack-venvs.sh say how to make it)
+# Axolotl runs in a virtual environment of its own (.ci/stack-venvs.sh makes it)
 AXOLOTL_PYTHON = os.environ.get("CANIFINETUNE_AXOLOTL_PYTHON",
                                 str(HERE.parent.parent / ".venv-axolotl" / "bin" / "python"))
 # what axolotl_fake.py names each attention implementation (Axolotl's flash_attention / sdp_attention / eager_attention)
@@ -73,7 +73,7 @@ def axolotl_case(plan) -> dict:
 
 
 LLAMAFACTORY_FAKE = HERE / "llamafactory_fake.py"
-# LLaMA-Factory runs in a virtual environment of its own (llamafactory_fake.py and .ci/stack-venvs.sh say how)
+# LLaMA-Factory runs in a virtual environment of its own (.ci/stack-venvs.sh makes it)
 LLAMAFACTORY_PYTHON = os.environ.get("CANIFINETUNE_LLAMAFACTORY_PYTHON",
                                      str(HERE.parent.parent / ".venv-llamafactory" / "bin" / "python"))
 # LLaMA-Factory's flash_attn argument for each attention implementation (None: its "auto", transformers' default)
@@ -99,6 +99,17 @@ def llamafactory_case(plan) -> dict:
     return case
 
 
+# The frameworks measured by their own code, each in its own virtual environment (.ci/stack-venvs.sh): its name, its
+# harness, the interpreter, the case of a plan, and the environment it runs with (no network, no telemetry)
+STACK_HARNESSES = {
+    "litgpt": ("LitGPT", LITGPT_FAKE, LITGPT_PYTHON, litgpt_case, {}),
+    "axolotl": ("Axolotl", AXOLOTL_FAKE, AXOLOTL_PYTHON, axolotl_case,
+                {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled"}),
+    "llama_factory": ("LLaMA-Factory", LLAMAFACTORY_FAKE, LLAMAFACTORY_PYTHON, llamafactory_case,
+                      {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}),
+}
+
+
 def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
     """Measure one plan under fake tensors in a fresh interpreter."""
     from canifinetune.estimator.model_sources import resolve_model
@@ -115,29 +126,16 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
         if validated.trainer != "sft":  # DPO/KTO/GRPO: their own training step (trainer_fake.py)
             cmd = [sys.executable, str(TRAINER_FAKE), "--plan", str(plan_path), "--config", str(config_path),
                    "--out", str(out_path)]
-        if validated.framework == "litgpt":  # LitGPT's own step, in its own virtual environment
-            if not Path(LITGPT_PYTHON).exists():
-                return {"error": f"LitGPT's virtual environment is missing ({LITGPT_PYTHON}); litgpt_fake.py says "
-                                 "how to make it"}
-            cmd = [LITGPT_PYTHON, str(LITGPT_FAKE), "--case", json.dumps(litgpt_case(validated)), "--out",
-                   str(out_path)]
         env = None
-        if validated.framework == "axolotl":  # Axolotl's own step, in its own virtual environment
-            if not Path(AXOLOTL_PYTHON).exists():
-                return {"error": f"Axolotl's virtual environment is missing ({AXOLOTL_PYTHON}); axolotl_fake.py says "
-                                 "how to make it"}
-            cmd = [AXOLOTL_PYTHON, str(AXOLOTL_FAKE), "--case", json.dumps(axolotl_case(validated)), "--out",
-                   str(out_path)]
+        stack = STACK_HARNESSES.get(validated.framework)
+        if stack is not None:  # the framework's own step, in its own virtual environment
+            title, harness, python, case_of, stack_env = stack
+            if not Path(python).exists():
+                return {"error": f"{title}'s virtual environment is missing ({python}); bash .ci/stack-venvs.sh "
+                                 "makes it"}
+            cmd = [python, str(harness), "--case", json.dumps(case_of(validated)), "--out", str(out_path)]
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-            env.update(HF_HUB_OFFLINE="1", AXOLOTL_DO_NOT_TRACK="1", WANDB_MODE="disabled")
-        if validated.framework == "llama_factory":  # LLaMA-Factory's own step, in its own virtual environment
-            if not Path(LLAMAFACTORY_PYTHON).exists():
-                return {"error": f"LLaMA-Factory's virtual environment is missing ({LLAMAFACTORY_PYTHON}); "
-                                 "llamafactory_fake.py says how to make it"}
-            cmd = [LLAMAFACTORY_PYTHON, str(LLAMAFACTORY_FAKE), "--case", json.dumps(llamafactory_case(validated)),
-                   "--out", str(out_path)]
-            env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-            env.update(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+            env.update(stack_env)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
