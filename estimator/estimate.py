@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import catalog
 from . import memory as m
+from . import term_cache
 from .components import PHASE, ComponentKind
 from .constants import CALIBRATION_VERSION, GIB
 from .errors import PlanError, UnknownGPUError
@@ -298,7 +299,13 @@ def _estimate_of(measured: _Measured, resolved_model: ResolvedModel, chosen: lis
     )
 
 
-def _phase_peaks(r) -> tuple:
+def _phase_peaks(r: ResolvedPlan) -> tuple:
+    """The phase peaks, computed once per model and plan whatever the card (estimator/term_cache.py): a search
+    measures one plan on many cards, and an assistant asks again with another."""
+    return term_cache.PEAKS.get(r, _compute_phase_peaks)
+
+
+def _compute_phase_peaks(r: ResolvedPlan) -> tuple:
     """(forward, backward, optimizer, sizes, extra phases): SFT's step, or the trainer's
     (estimator/trainer_memory.py)."""
     if r.plan.trainer != "sft":  # DPO/KTO/GRPO: the policy's SFT-like step plus what the trainer adds (trainer_memory)

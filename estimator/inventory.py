@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from . import peft_memory
+from . import peft_memory, term_cache
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .resolved import ResolvedPlan
@@ -261,6 +261,6 @@ def inventory_of(r: ResolvedPlan) -> Inventory:
     """The plan's inventory, built on first use and kept with the resolved plan (``dataclasses.replace`` makes a new
     resolved plan, which builds its own)."""
     inv = r.memo.get("inventory")
-    if inv is None:
-        inv = r.memo["inventory"] = build(r)
+    if inv is None:  # and shared with the plans that differ only in what it never reads (estimator/term_cache.py)
+        inv = r.memo["inventory"] = term_cache.INVENTORY.get(r, build)
     return inv

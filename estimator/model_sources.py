@@ -109,6 +109,11 @@ def no_local_model_message(name: str) -> str:
             "config.json, a Hub id ('org/name') or a catalog name (`canifinetune models` lists it)")
 
 
+# A catalog model's spec, read once per process: the catalog does not change while it runs, and a spec is frozen, so
+# every estimate of the model shares one (and its hash, which the term caches key on, is computed once)
+_CATALOG_SPECS: dict[str, ModelSpec] = {}
+
+
 def resolve_model(name: str) -> ResolvedModel:
     """A local folder when ``name`` is a path (or names one that exists), else the catalog (an exact id or a
     name that matches one exactly, ignoring case and punctuation); else UnknownModelError with suggestions.
@@ -132,7 +137,10 @@ def resolve_model(name: str) -> ResolvedModel:
     entry = catalog.find_model(name, forgiving=False)
     if entry is not None:
         config = entry.config_dict()
-        return ResolvedModel(entry.id, "catalog", config, ModelSpec.from_config(config))
+        spec = _CATALOG_SPECS.get(entry.id)
+        if spec is None:
+            spec = _CATALOG_SPECS[entry.id] = ModelSpec.from_config(config)
+        return ResolvedModel(entry.id, "catalog", config, spec)
     raise UnknownModelError(unknown_model_message(name))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import memory as m
-from . import peft_memory, sharding
+from . import peft_memory, sharding, term_cache
 from .inventory import inventory_of
 from .resolved import ResolvedPlan
 
@@ -92,8 +92,8 @@ def step_peaks(r: ResolvedPlan, end_grad: int = 0) -> tuple[PhasePeak, PhasePeak
     backward and kept through the optimizer step, beyond ``r``'s own: a reward model's trainable input embedding
     (estimator/trainer_memory.py reward_embedding_grad_bytes; it has no lm_head, so its V x H gradient is made by
     the embedding's backward alone and becomes ``.grad``)."""
-    st = _static(r)
-    acts = _activations(r)
+    st = term_cache.STATIC.get(r, _static)  # both kept across plans that differ only in what they never read
+    acts = term_cache.ACTIVATIONS.get(r, _activations)
     forward = _forward_peak(r, st, acts)
     backward = _backward_peak(r, st, acts, end_grad)
     optimizer = _optimizer_peak(r, st, end_grad)

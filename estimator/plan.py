@@ -65,6 +65,13 @@ ENUM_FIELDS: tuple[str, ...] = ("method", "dtype", "precision", "optim", "attn_i
                                 "reference_model", "vllm_mode")
 # Fields that are lists of module names: a comma-separated string is split.
 LIST_FIELDS: tuple[str, ...] = ("target_modules", "modules_to_save")
+# The fields whose type is a number (int or float, optionally null), which refuse true/false; tests/test_plan.py
+# derives the same list from the annotations, so a new numeric field cannot be left out.
+NUMBER_FIELDS: tuple[str, ...] = (
+    "lora_r", "lora_alpha", "lora_dropout", "seq_len", "batch_size", "gradient_accumulation_steps", "beta",
+    "num_generations", "max_completion_length", "generation_batch_size", "steps_per_generation",
+    "vllm_gpu_memory_utilization", "vllm_max_model_length", "num_gpus", "num_nodes", "gpus_per_node", "gpu_vram_gb",
+    "host_ram_gb", "headroom_percent", "learning_rate", "max_steps", "num_train_epochs")
 # Sharded inside a node, replicated (FSDP HYBRID_SHARD) or partitioned a second time (DeepSpeed ZeRO++ hpZ) inside it:
 # they need several nodes of several GPUs (estimator/sharding.py)
 HYBRID_SHARDINGS: tuple[str, ...] = ("zero3_hpz", "fsdp_hybrid_shard")
@@ -117,6 +124,8 @@ _ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff")
 
 def _unsafe_character(text: str) -> str | None:
     """The first character of ``text`` that is no plain printable text, or None."""
+    if text.isascii() and text.isprintable():  # the common case, at C speed: printable ASCII has none of them
+        return None
     for char in text:
         if char in _BIDI_CONTROLS or char in _ZERO_WIDTH or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
             return char
@@ -185,12 +194,6 @@ def _node_layout(data: dict) -> dict:
 def _one_node_mismatch(per_node: int, gpus: int) -> str:
     return (f"gpus_per_node {per_node} on one node (num_nodes 1) is not num_gpus {gpus}; give num_nodes with "
             "gpus_per_node, or num_gpus alone")
-
-
-def _takes_number(annotation) -> bool:
-    """Whether a field's type is a number (int or float, optionally null) and not also a bool."""
-    kinds = (annotation, *getattr(annotation, "__args__", ()))
-    return bool not in kinds and any(k in (int, float) for k in kinds)
 
 
 class TrainingPlan(BaseModel):
@@ -527,11 +530,11 @@ class TrainingPlan(BaseModel):
             raise ValueError(f"must be plain text without control characters (newline, tab, NUL, ...); found {bad!r}")
         return value
 
-    @field_validator("*", mode="before")
+    @field_validator(*NUMBER_FIELDS, mode="before")
     @classmethod
-    def _no_bool_as_number(cls, value, info):
+    def _no_bool_as_number(cls, value):
         # true/false is never a number here (pydantic would read true as 1): a recipe's `seq_len: true` is an error
-        if isinstance(value, bool) and _takes_number(cls.model_fields[info.field_name].annotation):
+        if isinstance(value, bool):
             raise ValueError(f"must be a number, not {str(value).lower()}")
         return value
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Literal, overload
 
@@ -192,6 +192,15 @@ class ModelSpec:
             return 0
         assert self.moe is not None
         return self.moe.params(self.hidden_size)
+
+    def __hash__(self) -> int:
+        # a spec keys the inventory's and the term caches' entries on every evaluation of a search: its fields are
+        # hashed once (the dataclass hash would rehash every field each time; equality stays field by field)
+        return self._field_hash
+
+    @cached_property
+    def _field_hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
 
     def layer_params(self, index: int) -> int:
         return (

@@ -2,6 +2,8 @@ import importlib.abc
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # benchmarks/ is not an installed package; tests import its harness from the checkout.
 if str(ROOT) not in sys.path:
@@ -27,3 +29,13 @@ class InstalledPackageOnly(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, InstalledPackageOnly())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_term_caches():
+    """Each test computes the memory terms afresh (estimator/term_cache.py keeps them across calls): a test that
+    patches the memory model, or counts the constants it reads, must not be answered from another test's terms."""
+    from canifinetune.estimator.term_cache import clear_all
+
+    clear_all()
+    yield

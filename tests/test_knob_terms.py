@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from canifinetune.estimator import litgpt_memory, moe_adapter_memory, peft_memory, phases
+from canifinetune.estimator import litgpt_memory, moe_adapter_memory, peft_memory, phases, term_cache
 from canifinetune.estimator import memory as m
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.knob_terms import BlockPart, KnobTerms
@@ -36,6 +36,7 @@ def test_every_knob_module_is_registered():
 
 def _with(monkeypatch, knob: KnobTerms) -> None:
     monkeypatch.setattr(m, "KNOB_TERMS", (*m.KNOB_TERMS, knob))
+    term_cache.clear_all()  # the terms computed before the knob was registered do not count it
 
 
 def test_a_registered_block_term_reaches_every_block(monkeypatch):

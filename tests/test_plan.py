@@ -153,3 +153,25 @@ def test_the_cli_takes_nodes_from_the_plan_fields():
                                       "--sharding", "fsdp_hybrid_shard"])
     plan = _plan_from_args(args)
     assert (plan.num_gpus, plan.num_nodes, plan.gpus_per_node, plan.sharding) == (16, 2, 8, "fsdp_hybrid_shard")
+
+
+def _is_number(annotation) -> bool:
+    """A number type (int or float, optionally null) that is not also a bool, read from the annotation."""
+    kinds = (annotation, *getattr(annotation, "__args__", ()))
+    return bool not in kinds and any(k in (int, float) for k in kinds)
+
+
+def test_every_numeric_field_refuses_true_and_false():
+    from canifinetune.estimator.plan import NUMBER_FIELDS
+
+    numeric = {name for name, f in TrainingPlan.model_fields.items() if _is_number(f.annotation)}
+    assert set(NUMBER_FIELDS) == numeric  # a new numeric field is in the validator's list
+    for name in sorted(numeric):
+        with pytest.raises(ValidationError, match="must be a number, not true"):
+            TrainingPlan(model="Qwen/Qwen2.5-0.5B", method="lora", **{name: True})
+
+
+@pytest.mark.parametrize("text", ["out\nput", "a\x00b", "a\u202eb", "x\u200by", "tab\there", "a\x85b", "é\x07"])
+def test_control_and_invisible_characters_are_refused_in_names(text):
+    with pytest.raises(ValidationError, match="plain text"):
+        TrainingPlan(model="Qwen/Qwen2.5-0.5B", method="lora", output_dir=text)
