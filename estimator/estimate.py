@@ -10,9 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import catalog
+from . import catalog, term_cache
 from . import memory as m
-from . import term_cache
 from .components import PHASE, ComponentKind
 from .constants import CALIBRATION_VERSION, GIB
 from .errors import PlanError, UnknownGPUError

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from . import peft_memory, term_cache
+from . import peft_memory, term_cache, torchtune_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .resolved import ResolvedPlan
@@ -148,6 +148,10 @@ def quantization_state_records(r: ResolvedPlan) -> tuple[TensorRecord, ...]:
     output row (INT8_ROW_STAT_BYTES). Each tensor rounded to the allocator block."""
     if r.quantization == "none":
         return ()
+    if r.framework == "torchtune":  # torchao's NF4 (estimator/torchtune_memory.py)
+        return tuple(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
+                                  torchtune_memory.nf4_state_bytes(lin.weight_params), i)
+                     for i, n in r.spec.layer_groups for lin in r.spec.layer_linears(i))
     return _quantization_state_records(r.spec, r.quantization, r.plan.bnb_4bit_use_double_quant)
 
 
@@ -207,6 +211,7 @@ BUILDERS: tuple[Callable[[ResolvedPlan], Iterable[TensorRecord]], ...] = (
     expert_adapter_records,
     peft_memory.saved_copy_records,
     peft_memory.dora_magnitude_records,
+    torchtune_memory.rope_cache_records,
 )
 
 

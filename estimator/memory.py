@@ -15,7 +15,7 @@ How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 
 from __future__ import annotations
 
-from . import axolotl_memory, litgpt_memory, moe_adapter_memory, peft_memory
+from . import axolotl_memory, litgpt_memory, moe_adapter_memory, peft_memory, torchtune_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .inventory import inventory_of
@@ -31,6 +31,7 @@ KNOB_TERMS: tuple[KnobTerms, ...] = (
     peft_memory.SAVED_COPY_TERMS,
     moe_adapter_memory.EXPERT_ADAPTER_TERMS,
     litgpt_memory.LITGPT_BLOCK_TERMS,
+    torchtune_memory.TORCHTUNE_BLOCK_TERMS,
 )
 
 # what the lora_adapters component holds: everything that trains beside a frozen base
@@ -59,7 +60,7 @@ def weight_bytes(r: ResolvedPlan) -> int:
     prepare_model_for_kbit_training (``r.frozen_dtype``: peft/utils/other.py 0.21 casts every bf16/fp16
     parameter whose class is not Params4bit to fp32). Counts come from :class:`ModelSpec`, tensor by tensor.
     """
-    return inventory_of(r).bytes_of(Role.BASE_WEIGHT, Role.QUANTIZED_WEIGHT)
+    return inventory_of(r).bytes_of(Role.BASE_WEIGHT, Role.QUANTIZED_WEIGHT, Role.BUFFER)
 
 
 def quantization_constant_bytes(r: ResolvedPlan) -> int:
@@ -522,6 +523,10 @@ def shared_activation_bytes(r: ResolvedPlan) -> int:
     if r.framework == "litgpt":  # views of its fp32 rope cache; its final norm keeps the fp32 normalized input
         total += litgpt_memory.rope_cache_bytes(r)
         total += round_block(4 * t * h) + (round_block(4 * t * h) if r.full else 0)
+    elif r.framework == "torchtune":  # rotary per block (torchtune_memory); a trained final norm keeps its fp32
+        # normalized input, and the head (training) its bf16 output; the recipe's shifted labels are a third int64
+        total += round_block(4 * t * h) + (round_block(4 * t * h) + round_block(a * t * h) if r.full else 0)
+        total += round_block(8 * t)
     else:
         total += 2 * round_block(e * t * spec.head_dim)
         total += round_block(4 * t * h) + (round_block(a * t * h) if r.full else 0)
@@ -560,6 +565,8 @@ def loss_forward_bytes(r: ResolvedPlan) -> int:
         return round_block(a * n * spec.hidden_size) + 8 * round_block(4 * n)
     if r.loss_implementation == "litgpt":  # the new step's fp32 logit chunks beside the held ones (litgpt_memory)
         return litgpt_memory.logits_bytes(r) + litgpt_memory.softcap_bytes(r)
+    if r.loss_implementation == "torchtune":  # the bf16 chunk list and every chunk's fp32 log-softmax output
+        return torchtune_memory.logits_bytes(r) + torchtune_memory.log_softmax_bytes(r)
     t = r.tokens
     softcap = round_block(a * t * spec.vocab_size) if spec.final_logit_softcapping else 0
     # + what a knob keeps there (a trainable modules_to_save head's input and cast: peft_memory.SAVED_COPY_TERMS)
@@ -575,6 +582,8 @@ def standard_logits_bytes(r: ResolvedPlan) -> int:
     ``Trainer.compute_loss`` (and TRL 1.16's, which calls it or returns its own loss alone) returns only the loss,
     so the model output that holds them, and accelerate's fp32 copy of them, are freed when it returns; autograd
     keeps only log_softmax's output (measured: a real Trainer.training_step under fake tensors, cohort v11)."""
+    if r.loss_implementation == "torchtune":  # _loss_step deletes the chunk list before backward
+        return torchtune_memory.logits_bytes(r)
     if r.loss_implementation != "standard":
         return 0
     return round_block(r.act_bytes * r.tokens * r.spec.vocab_size)
@@ -647,6 +656,8 @@ def loss_backward_bytes(r: ResolvedPlan) -> int:
         return total
     if r.loss_implementation == "litgpt":  # one chunk at a time (litgpt_memory.chunk_backward_bytes)
         return litgpt_memory.chunk_backward_bytes(r)
+    if r.loss_implementation == "torchtune":  # one chunk at a time, as LitGPT's
+        return torchtune_memory.chunk_backward_bytes(r)
     t = r.tokens
     return 2 * round_block(4 * t * spec.vocab_size)
 
@@ -659,6 +670,8 @@ def loss_forward_transient_bytes(r: ResolvedPlan) -> int:
     spec = r.spec
     if r.loss_implementation == "litgpt":  # the head's bf16 chunks while Fabric converts them to fp32
         return litgpt_memory.bf16_logits_bytes(r)
+    if r.loss_implementation == "torchtune":  # one chunk's fp32 upcast while its log-softmax is written
+        return torchtune_memory.chunk_upcast_bytes(r)
     if r.loss_implementation != "chunked":
         return round_block(4 * r.tokens * spec.vocab_size)
     n = r.scored_tokens

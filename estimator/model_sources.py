@@ -137,10 +137,10 @@ def resolve_model(name: str) -> ResolvedModel:
     entry = catalog.find_model(name, forgiving=False)
     if entry is not None:
         config = entry.config_dict()
-        spec = _CATALOG_SPECS.get(entry.id)
-        if spec is None:
-            spec = _CATALOG_SPECS[entry.id] = ModelSpec.from_config(config)
-        return ResolvedModel(entry.id, "catalog", config, spec)
+        known = _CATALOG_SPECS.get(entry.id)
+        if known is None:
+            known = _CATALOG_SPECS[entry.id] = ModelSpec.from_config(config)
+        return ResolvedModel(entry.id, "catalog", config, known)
     raise UnknownModelError(unknown_model_message(name))
 
 

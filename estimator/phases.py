@@ -250,7 +250,7 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
     loss_start, start_head = acts.loss_bwd_start + acts.held, 0
     if r.loss_implementation == "standard" and head_grad:  # the chunked head counts its gradient in loss_bwd
         loss_start, start_head = _head_moment(r, loss_start, head_grad)
-    elif r.loss_implementation == "litgpt":  # the first chunk's head matmul writes the gradient; the others' follow
+    elif r.loss_implementation in ("litgpt", "torchtune"):  # the first chunk's head matmul writes the gradient
         start_head = head_grad
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     start_grads = start_head + _accumulated_grads(r, st)  # with accumulation the head's new gradient is a transient
@@ -431,6 +431,9 @@ def _grad_note(r: ResolvedPlan, sh) -> str:
 def _loss_note(r: ResolvedPlan) -> str:
     if r.loss_implementation == "chunked":
         return "TRL's chunked LM head: final hidden states, per-token statistics, a logits tile in backward"
+    if r.loss_implementation == "torchtune":
+        return (f"torchtune's CEWithChunkedOutputLoss: the bf16 logit chunks (T x {r.spec.vocab_size} vocab) until the "
+                "loss has run, each chunk's fp32 upcast and log-softmax output")
     if r.loss_implementation == "litgpt":
         return (f"LitGPT's fp32 logit chunks (T x {r.spec.vocab_size} vocab), held by its training loop through the "
                 "step and beside the next step's at the end of a forward, and each chunk's log-softmax output")

@@ -40,14 +40,21 @@ QuantType = Literal["nf4", "fp4"]
 LossImplementation = Literal["chunked", "standard"]
 # The loss a plan runs: its own loss_implementation, or its framework's (LitGPT's chunked cross-entropy over fp32 logit
 # chunks is a framework's only: a plan cannot ask for it by itself)
-EffectiveLoss = Literal["chunked", "standard", "litgpt"]
-Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth", "litgpt"]
+EffectiveLoss = Literal["chunked", "standard", "litgpt", "torchtune"]
+Framework = Literal["trl", "transformers", "axolotl", "llama_factory", "unsloth", "litgpt", "torchtune"]
 # LitGPT 0.5.13's defaults where they differ from the plan's (TrainingPlan._framework_defaults)
 LITGPT_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "optim": "adamw_torch",
                    "gradient_checkpointing": False, "batch_size": 1, "gradient_accumulation_steps": 16}
 # LLaMA-Factory 0.9.5's defaults where they differ from the plan's (hparams/finetuning_args.py LoraArguments:
 # lora_rank 8, lora_alpha None -> 2 x rank, lora_dropout 0.0, lora_target "all"; model_args.py double_quantization True)
 LLAMA_FACTORY_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
+# torchtune 0.6.1's shipped single-device LoRA/QLoRA YAMLs (recipes/configs/qwen2_5/*_lora_single_device.yaml,
+# llama3_2/*_lora_single_device.yaml): lora_attn_modules [q_proj, v_proj, output_proj], apply_lora_to_mlp True,
+# lora_dropout 0.0 (their ranks differ per model: the plan's lora_r and lora_alpha stay as given)
+TORCHTUNE_DEFAULTS: dict = {"lora_dropout": 0.0}
+TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# model_type -> the torchtune 0.6.1 builders measured (torchtune.models.qwen2_5, llama3_2)
+TORCHTUNE_FAMILIES = {"qwen2": "Qwen2.5 (torchtune.models.qwen2_5)", "llama": "Llama 3.x (torchtune.models.llama3_2)"}
 AdapterDType = Literal["fp32", "bf16", "fp16"]
 Trainer = Literal["sft", "dpo", "orpo", "kto", "reward", "grpo"]
 ReferenceModel = Literal["copy", "adapter_disabled", "none"]
@@ -287,9 +294,11 @@ class TrainingPlan(BaseModel):
         description=(
             "The trainer the user runs: trl (TRL 1.16 SFTTrainer, the recipe's), transformers (transformers "
             "Trainer + PEFT as the PEFT/bitsandbytes docs teach: full logits, prepare_model_for_kbit_training "
-            "for 4/8-bit bases), axolotl, llama_factory, unsloth or litgpt (LitGPT 0.5.13's finetune lora/full: "
-            "bf16-true, its own loss, no checkpointing). It sets the defaults of loss_implementation, "
-            "prepare_model_for_kbit_training and adapter_dtype. Ask the user when they have their own script."
+            "for 4/8-bit bases), axolotl, llama_factory, unsloth, litgpt (LitGPT 0.5.13's finetune lora/full: "
+            "bf16-true, its own loss, no checkpointing) or torchtune (torchtune 0.6.1's single-device recipes: "
+            "bf16 model, chunked cross-entropy, NF4 QLoRA; Qwen2.5 and Llama 3.x). It sets the defaults of "
+            "loss_implementation, prepare_model_for_kbit_training and adapter_dtype. Ask the user when they have "
+            "their own script."
         ),
     )
     prepare_model_for_kbit_training: bool | None = Field(
@@ -462,11 +471,18 @@ class TrainingPlan(BaseModel):
         if not isinstance(data, dict):
             return data
         framework = str(data.get("framework") or "").strip().lower()
+        defaults: dict
         if framework == "litgpt":
             data = {**LITGPT_DEFAULTS, **data}
+        elif framework == "torchtune":
+            method = str(data.get("method") or "lora").strip().lower()
+            defaults = dict(TORCHTUNE_DEFAULTS)
+            if method in ("lora", "qlora"):
+                defaults["target_modules"] = TORCHTUNE_LORA_TARGETS
+            data = {**defaults, **data}
         elif framework == "llama_factory":  # its LoRA targets every linear; it loads 4-bit with double quantization
             method = str(data.get("method") or "lora").strip().lower()
-            defaults: dict = dict(LLAMA_FACTORY_DEFAULTS)
+            defaults = dict(LLAMA_FACTORY_DEFAULTS)
             if method in ("lora", "qlora"):
                 defaults["target_modules"] = "all-linear"
             if method == "qlora" or data.get("load_in_4bit"):
@@ -620,6 +636,8 @@ class TrainingPlan(BaseModel):
         """The PEFT/TRL knobs: refused where they mean nothing, or where their memory is not modelled."""
         if self.framework == "litgpt":
             self._check_litgpt()
+        if self.framework == "torchtune":
+            self._check_torchtune()
         if self.activation_offloading:
             raise PlanError.about("activation_offloading",
                 "TRL's activation offloading (saved activations moved to the CPU) is not "
@@ -678,6 +696,50 @@ class TrainingPlan(BaseModel):
                                       "v_proj and o_proj each (lora_query, lora_key, lora_value, lora_projection) "
                                       "and gate_proj, up_proj and down_proj together (lora_mlp); got "
                                       + ", ".join(targets))
+
+    def _check_torchtune(self) -> None:
+        """What torchtune 0.6.1's single-device recipes (lora_finetune_single_device.py, full_finetune_single_device.py)
+        run, as modelled and measured, and nothing else."""
+        refusals = (
+            ("trainer", self.trainer != "sft", "torchtune's single-device fine-tuning recipes are supervised "
+             "fine-tuning (trainer 'sft')"),
+            ("num_gpus", self.num_gpus > 1 or self.sharding != "none" or self.offload_optimizer
+             or self.offload_params, "torchtune's distributed recipes (FSDP2) are not modelled yet; estimate its "
+             "single-device recipes (one GPU, no sharding or offload)"),
+            ("load_in_8bit", self.load_in_8bit, "torchtune has no 8-bit base; use method 'qlora' (torchao NF4)"),
+            ("bnb_4bit_quant_type", self.quantized_4bit and (self.bnb_4bit_quant_type != "nf4"
+                                                           or self.bnb_4bit_use_double_quant),
+             "torchtune's QLoRA is torchao's NF4 (its own scaler quantization); leave bnb_4bit_quant_type nf4 and "
+             "bnb_4bit_use_double_quant off"),
+            ("loss_implementation", self.loss_implementation not in (None, "torchtune"), "torchtune computes its "
+             "own loss (CEWithChunkedOutputLoss over 8 logit chunks); leave loss_implementation null"),
+            ("dtype", self.dtype != "bf16" or self.precision != "pure", "the torchtune stack is modelled for its "
+             "bf16 model (dtype bf16, precision pure: no fp32 master weights)"),
+            ("attn_implementation", self.attn_implementation not in (None, "sdpa"), "torchtune runs "
+             "scaled_dot_product_attention (attn_implementation sdpa)"),
+            ("optim", self.optim not in ("adamw_torch", "adamw_torch_fused"), "the torchtune stack is measured with "
+             "torch's AdamW (fused: its LoRA YAMLs' choice; its full YAMLs' bitsandbytes optimizers and "
+             "optimizer_in_bwd are not modelled yet: AdamW without them is an upper bound)"),
+            ("adapter_dtype", self.adapter_dtype not in (None, "bf16"), "torchtune builds its adapters in bf16"),
+        )
+        for field, refused, why in refusals:
+            if refused:
+                raise PlanError.about(field, f"framework torchtune: {why}")
+        for name in ("modules_to_save", "use_dora", "packing", "padding_free", "prepare_model_for_kbit_training"):
+            if getattr(self, name) not in (None, False):
+                raise PlanError.about(name, "framework torchtune: not modelled for torchtune (its packed datasets "
+                                            "run flex attention; DoRA and trained copies are other builders); "
+                                            "leave it unset")
+        targets = self.target_modules
+        if isinstance(targets, list) or targets == "all-linear":
+            names = set(TORCHTUNE_LORA_TARGETS) | {"k_proj"} if targets == "all-linear" else set(targets)
+            mlp = {"gate_proj", "up_proj", "down_proj"}
+            unknown = sorted(names - mlp - {"q_proj", "k_proj", "v_proj", "o_proj"})
+            if unknown or (mlp & names and not mlp <= names):
+                raise PlanError.about("target_modules", "framework torchtune: its LoRA builders adapt q_proj, k_proj, "
+                                      "v_proj and o_proj each (lora_attn_modules; o_proj is its output_proj) and "
+                                      "gate_proj, up_proj and down_proj together (apply_lora_to_mlp); the output "
+                                      "head (apply_lora_to_output) is not modelled; got " + ", ".join(sorted(names)))
 
     @property
     def quantized_4bit(self) -> bool:

@@ -13,7 +13,7 @@ from . import peft_knobs
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
-from .plan import AdapterDType, AttnImplementation, DType, EffectiveLoss, Framework, TrainingPlan
+from .plan import TORCHTUNE_FAMILIES, AdapterDType, AttnImplementation, DType, EffectiveLoss, Framework, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 from .trainers import check_supported
 
@@ -173,6 +173,14 @@ def _attention_kernel(attn_implementation: str, spec: ModelSpec, compute_dtype: 
     return "efficient"
 
 
+def _check_torchtune_model(spec: ModelSpec) -> None:
+    """torchtune's own model builders exist per family; those modelled and measured are Qwen2.5 and Llama 3.x."""
+    if spec.model_type not in TORCHTUNE_FAMILIES or spec.moe is not None:
+        raise PlanError(f"framework torchtune: torchtune's builders for model type '{spec.model_type}' are not "
+                        f"modelled; modelled: {', '.join(TORCHTUNE_FAMILIES.values())}; estimate it with framework "
+                        "'trl'", field="framework")
+
+
 def _litgpt_model(spec: ModelSpec) -> ModelSpec:
     """The model as LitGPT 0.5.13 builds it (litgpt/model.py ``GPT``): an ``lm_head`` of its own even where the
     Hugging Face checkpoint ties it to the embedding (its converter copies the weight), and a rotary that ends in
@@ -199,10 +207,12 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         or (plan.method == "full" and plan.stack.full_weight_dtype == "fp32" and plan.dtype != "fp32"))
     weight_dtype = "fp32" if mixed else plan.dtype
     compute_dtype = plan.dtype
-    # LitGPT's bf16-true runs the bf16 model as it is: no torch.autocast
-    autocast = plan.dtype in ("bf16", "fp16") and plan.framework != "litgpt"
+    # LitGPT's bf16-true and torchtune's bf16 model run as they are: no torch.autocast
+    autocast = plan.dtype in ("bf16", "fp16") and plan.framework not in ("litgpt", "torchtune")
     if plan.framework == "litgpt":
         spec = _litgpt_model(spec)
+    if plan.framework == "torchtune":
+        _check_torchtune_model(spec)
     if plan.trainer != "sft":
         # DPO/ORPO/KTO/GRPO/reward: what estimator/trainer_memory.py does not model is refused before it is needed
         check_supported(plan)

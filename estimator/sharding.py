@@ -120,7 +120,8 @@ def _mixed(r: ResolvedPlan) -> bool:
 
 
 # The buffer a single GPU's records go in, by role (the breakdown's static components).
-_BUFFER = {Role.BASE_WEIGHT: "weights", Role.QUANTIZED_WEIGHT: "weights", Role.QUANTIZATION_STATE: "qconst",
+_BUFFER = {Role.BASE_WEIGHT: "weights", Role.QUANTIZED_WEIGHT: "weights", Role.BUFFER: "weights",
+           Role.QUANTIZATION_STATE: "qconst",
            **dict.fromkeys(m.ADAPTER_ROLES, "adapters"), Role.GRADIENT: "gradients", Role.OPTIMIZER_STATE: "states"}
 
 

@@ -25,7 +25,7 @@ class Stack:
     name: str
     title: str  # how the text output names it
     version: str  # the version whose source these defaults were read from
-    loss_implementation: Literal["chunked", "standard", "litgpt"]  # the plan's EffectiveLoss
+    loss_implementation: Literal["chunked", "standard", "litgpt", "torchtune"]  # the plan's EffectiveLoss
     kbit_preparation: bool  # calls peft.prepare_model_for_kbit_training on a quantized base
     # adapter dtype on a 4/8-bit base; None = PEFT's (fp32 on a 16-bit compute dtype)
     adapter_dtype_quantized: Literal["fp32", "bf16", "fp16"] | None  # the plan's AdapterDType
@@ -137,9 +137,27 @@ STACKS: dict[str, Stack] = {
             "activation checkpointing; quantization and several GPUs are refused until modelled"
         ),
     ),
+    "torchtune": Stack(
+        name="torchtune",
+        title="torchtune",
+        version="torchtune 0.6.1",
+        loss_implementation="torchtune",
+        kbit_preparation=False,
+        adapter_dtype_quantized="bf16",
+        adapter_dtype_unquantized="bf16",
+        measured=True,
+        source=(
+            "recipes/lora_finetune_single_device.py and full_finetune_single_device.py (0.6.1): the model built in "
+            "bf16 (training.set_default_dtype), LoRA's adapters and AdamW's states included, no autocast, no fp32 "
+            "master weights; torchtune's own model code (k and v expanded to every head for grouped-query attention, "
+            "RMSNorm in fp32, per-layer fp32 RoPE caches in the Qwen2 LoRA builders); CEWithChunkedOutputLoss over "
+            "8 bf16 logit chunks; QLoRA's base in torchao NF4 (estimator/torchtune_memory.py). Measured with "
+            "torchtune's own recipes under fake tensors (benchmarks/validation/torchtune_fake.py)"
+        ),
+    ),
 }
 
-FRAMEWORKS: tuple[str, ...] = ("trl", "transformers", "axolotl", "llama_factory", "unsloth", "litgpt")
+FRAMEWORKS: tuple[str, ...] = ("trl", "transformers", "axolotl", "llama_factory", "unsloth", "litgpt", "torchtune")
 
 
 def stack(name: str) -> Stack:

@@ -25,6 +25,7 @@ class Role(Enum):
     EXPERT_ADAPTER = "expert adapter"  # PEFT's ParamWrapper factors on fused MoE experts and the router
     DORA_MAGNITUDE = "DoRA magnitude"  # lora_magnitude_vector of a DoRA-adapted linear
     SAVED_COPY = "modules_to_save copy"  # the trainable copy PEFT makes of embed_tokens / lm_head
+    BUFFER = "buffer"  # a module's registered buffer on the GPU (torchtune's RoPE caches): no parameter, never trains
     # the training state of the trainable parameters (estimator/inventory.py derives them from the records above)
     GRADIENT = "gradient"  # .grad, or an engine's gradient partition
     OPTIMIZER_STATE = "optimizer state"  # the optimizer's per-tensor state (moments, factors, step counter)

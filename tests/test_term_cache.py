@@ -23,10 +23,12 @@ DATASET = "data.jsonl"  # a name: nothing reads it to estimate
 
 # field -> a second value, from the plan's own
 OTHER_VALUE = {
-    "seq_len": lambda v: v * 2, "batch_size": lambda v: v + 1, "gradient_accumulation_steps": lambda v: 4 if v == 1 else 1,
+    "seq_len": lambda v: v * 2, "batch_size": lambda v: v + 1,
+    "gradient_accumulation_steps": lambda v: 4 if v == 1 else 1,
     "num_gpus": lambda v: v * 2, "num_nodes": lambda v: 2 if v in (None, 1) else 1,
     "gpus_per_node": lambda v: 4 if v == 8 else 8, "gpu": lambda v: "H100 SXM" if v == "RTX 4090" else "RTX 4090",
-    "gpu_vram_gb": lambda v: 24.0 if v != 24.0 else 48.0, "host_ram_gb": lambda v: 512.0, "headroom_percent": lambda v: 25.0,
+    "gpu_vram_gb": lambda v: 24.0 if v != 24.0 else 48.0, "host_ram_gb": lambda v: 512.0,
+    "headroom_percent": lambda v: 25.0,
     "learning_rate": lambda v: 1e-3, "max_steps": lambda v: 7, "num_train_epochs": lambda v: 3.0,
     "output_dir": lambda v: "elsewhere", "dataset": lambda v: DATASET if v is None else None,
     "attn_implementation": lambda v: "sdpa" if v == "eager" else "eager",

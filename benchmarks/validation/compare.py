@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 FAKE_MODE = HERE / "fake_mode.py"
 TRAINER_FAKE = HERE / "trainer_fake.py"
 LITGPT_FAKE = HERE / "litgpt_fake.py"
-LOSS_MODE = {"chunked": "trl_fused", "standard": "model", "litgpt": "model"}
+LOSS_MODE = {"chunked": "trl_fused", "standard": "model", "litgpt": "model", "torchtune": "model"}
 # LitGPT runs in a virtual environment of its own (.ci/stack-venvs.sh makes it)
 LITGPT_PYTHON = os.environ.get("CANIFINETUNE_LITGPT_PYTHON",
                                str(HERE.parent.parent / ".venv-litgpt" / "bin" / "python"))
@@ -101,12 +101,39 @@ def llamafactory_case(plan) -> dict:
 
 # The frameworks measured by their own code, each in its own virtual environment (.ci/stack-venvs.sh): its name, its
 # harness, the interpreter, the case of a plan, and the environment it runs with (no network, no telemetry)
+TORCHTUNE_FAKE = HERE / "torchtune_fake.py"
+# torchtune runs in a virtual environment of its own (.ci/stack-venvs.sh makes it)
+TORCHTUNE_PYTHON = os.environ.get("CANIFINETUNE_TORCHTUNE_PYTHON",
+                                  str(HERE.parent.parent / ".venv-torchtune" / "bin" / "python"))
+# the Hugging Face projection names torchtune's lora_attn_modules use (o_proj is its output_proj)
+TORCHTUNE_ATTENTION_NAMES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
+
+
+def torchtune_case(plan) -> dict:
+    """The torchtune_fake.py case of a ``framework: torchtune`` TrainingPlan: its model, method, shape, checkpointing,
+    optimizer (torch AdamW, fused or not) and LoRA fields (target modules as lora_attn_modules and
+    apply_lora_to_mlp; the plan refuses a partial MLP set)."""
+    case: dict = {"model": plan.model, "method": plan.method, "seq_len": plan.seq_len, "batch_size": plan.batch_size,
+                  "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                  "gradient_checkpointing": plan.gradient_checkpointing,
+                  "optimizer": {"_component_": "torch.optim.AdamW", "fused": plan.optim == "adamw_torch_fused",
+                                "lr": plan.effective_learning_rate}}
+    if plan.uses_adapters:
+        targets = plan.target_modules
+        names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"] if targets == "all-linear" else list(targets)
+        case.update(lora_r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout,
+                    lora_attn_modules=[TORCHTUNE_ATTENTION_NAMES[n] for n in names if n in TORCHTUNE_ATTENTION_NAMES],
+                    apply_lora_to_mlp="gate_proj" in names, apply_lora_to_output=False)
+    return case
+
+
 STACK_HARNESSES = {
     "litgpt": ("LitGPT", LITGPT_FAKE, LITGPT_PYTHON, litgpt_case, {}),
     "axolotl": ("Axolotl", AXOLOTL_FAKE, AXOLOTL_PYTHON, axolotl_case,
                 {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled"}),
     "llama_factory": ("LLaMA-Factory", LLAMAFACTORY_FAKE, LLAMAFACTORY_PYTHON, llamafactory_case,
                       {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}),
+    "torchtune": ("torchtune", TORCHTUNE_FAKE, TORCHTUNE_PYTHON, torchtune_case, {}),
 }
 
 
