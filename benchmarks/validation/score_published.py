@@ -228,8 +228,9 @@ figures are +0.7% and +4.3%: the gap is the caching allocator's reserve in their
 quantizes layer by layer on the GPU, and fills 24 GB cards to the edge by choice of batch size), far beyond our
 allocator allowance (`ALLOCATOR_OVERHEAD_FRACTION`), which no GPU has measured for us yet; and Qwen's README
 (measure and unit unstated, compared with our process total, its own model code) is up to 10.7% above us on
-Qwen-1.8B LoRA. Rows we cannot express are listed with the reason; torchtune's are the largest group (no
-`torchtune` framework value yet; its own step runs under fake tensors in `benchmarks/validation/torchtune_fake.py`).
+Qwen-1.8B LoRA. Rows we cannot express are listed with the reason; torchtune's are the largest group: its README
+reports its runs with `torch.compile`, configs it does not state, its distributed recipes or "Peak Memory Active"
+(torch's active-bytes peak), none of which `framework: torchtune` (its single-device recipes, cohort v19) expresses.
 """
 
 
