@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import memory as m
-from . import peft_memory, sharding, term_cache
+from . import peft_memory, sharding, term_cache, torchtune_memory
+from .constants import DTYPE_BYTES
 from .inventory import inventory_of
 from .resolved import ResolvedPlan
 
@@ -34,6 +35,8 @@ class PhasePeak:
 _GATHER_NOTE = ("all-gathered parameters: the layer running and the one prefetched (ZeRO-3/FSDP full shard), "
                 "every layer until its backward (FSDP shard_grad_op), FSDP's unsharded tail unit "
                 "(final norm + lm_head), and in backward the unsharded gradients before reduce-scatter")
+_IN_BACKWARD_NOTE = ("optimizer in backward (torchtune's optimizer_in_bwd): each parameter is stepped and its gradient "
+                     "freed as soon as it is made; no gradient set, no separate optimizer step")
 _ACCUMULATED_NOTE = ("gradient accumulation: the earlier micro-batches' gradients, alive until the optimizer step "
                      "(none on the first micro-batch)")
 
@@ -252,6 +255,11 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
         loss_start, start_head = _head_moment(r, loss_start, head_grad)
     elif r.loss_implementation in ("litgpt", "torchtune"):  # the first chunk's head matmul writes the gradient
         start_head = head_grad
+        if r.plan.optimizer_in_backward and torchtune_memory.chunks(r) > 1:
+            # the head's gradient and the next chunk's new one: one more V x H than the step that keeps .grad shows
+            # (measured on torchtune's optimizer_in_bwd step, Llama-3.2-1B: -5.6% without it; the plain step's
+            # chunks, cohort v19, show no second one)
+            start_head = 2 * head_grad
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     start_grads = start_head + _accumulated_grads(r, st)  # with accumulation the head's new gradient is a transient
     # the gradient-reduction buckets (DDP's reducer, ZeRO's) live from the first step on: counted at every moment
@@ -287,6 +295,10 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
             saved_below = _saved_below(r, below, acts.saved_per_layer)
             current = acts.layer_full[index]
             grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
+            if r.plan.optimizer_in_backward:  # each gradient is stepped and freed as it is made: this block's, and
+                # a tied head's summed gradient, whose AccumulateGrad waits for the embedding's backward
+                tied_head = head_grad if r.spec.tie_word_embeddings else 0
+                grads_above = layer_grad.get(index, 0) + tied_head + _in_backward_step_bytes(r)
             if accumulated:  # every gradient exists; the block's new ones are added in place (a transient)
                 grads_above = accumulated + layer_grad.get(index, 0)
             # FSDP2 SHARD_GRAD_OP: the blocks above have resharded after their backward
@@ -316,10 +328,24 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
         embed_grad = int(r.spec.embedding_params * r.trainable_bytes_per_param * st.grad_factor)
     end_gather = st.fsdp.backward_end if st.fsdp else st.gather_bwd
     end_grad += st.sh.backward_extra if st.sh is not None else 0  # HSDP's all-reduce buffers (sharding.py)
-    end = st.bytes + end_gather + st.grads + st.buckets + acts.shared + embed_grad + end_grad + acts.held
+    grads = st.grads
+    if r.plan.optimizer_in_backward:  # only the embedding's gradient: tied, the head's summed one beside the new one
+        grads = 0
+        copies = 2 if r.spec.tie_word_embeddings else 1
+        embed_grad = copies * int(r.spec.embedding_params * r.trainable_bytes_per_param) + _in_backward_step_bytes(r)
+    end = st.bytes + end_gather + grads + st.buckets + acts.shared + embed_grad + end_grad + acts.held
     if end > best.bytes:
-        return _Live(end, end_gather, (acts.shared, acts.held, st.grads + embed_grad + end_grad, 0))
+        return _Live(end, end_gather, (acts.shared, acts.held, grads + embed_grad + end_grad, 0))
     return best
+
+
+def _in_backward_step_bytes(r: ResolvedPlan) -> int:
+    """torchtune's optimizer_in_bwd steps one parameter in its post-accumulate-grad hook, beside that gradient: torch
+    AdamW's foreach step makes a sqrt(exp_avg_sq) temporary of the parameter's size (the largest trainable tensor
+    counted, the embedding); the fused step updates in place (memory.optimizer_step_temporary_bytes)."""
+    if r.plan.optim != "adamw_torch":
+        return 0
+    return max(rec.elements * DTYPE_BYTES[rec.dtype] for rec in inventory_of(r).trainable)
 
 
 def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
@@ -328,6 +354,8 @@ def _optimizer_peak(r: ResolvedPlan, st: _Static, end_grad: int) -> PhasePeak:
     share = 1.0 if st.sh is None or r.plan.sharding == "ddp" else (1 / r.plan.shard_gpus if st.sh.states else 0)
     opt_tmp = int(m.optimizer_step_temporary_bytes(r) * share)
     held = m.held_logits_bytes(r)  # LitGPT's fit holds the step's logits through optimizer.step()
+    if r.plan.optimizer_in_backward:  # torchtune's optimizer_in_bwd: every parameter stepped during backward
+        return PhasePeak("optimizer", st.bytes, (*st.items, Item("gradients", 0, _IN_BACKWARD_NOTE)))
     return PhasePeak(
         "optimizer",
         st.bytes + st.grads + end_grad + st.buckets + opt_tmp + held,

@@ -327,6 +327,11 @@ class TrainingPlan(BaseModel):
         False,
         description="PEFT use_dora: weight-decomposed LoRA (a magnitude vector and the weight norm per adapted linear)."
     )
+    optimizer_in_backward: bool = Field(
+        False, description="torchtune's optimizer_in_bwd (its full single-device YAMLs' default): one optimizer per "
+                           "parameter, stepped as soon as that parameter's gradient is made, so the whole gradient "
+                           "set never exists. framework torchtune, method full, no gradient accumulation."
+    )
     activation_offloading: bool = Field(
         False, description="TRL activation_offloading: saved activations move to the CPU during forward (not modelled "
                            "yet: refused)."
@@ -638,6 +643,14 @@ class TrainingPlan(BaseModel):
             self._check_litgpt()
         if self.framework == "torchtune":
             self._check_torchtune()
+        if self.optimizer_in_backward and (self.framework != "torchtune" or self.method != "full"):
+            raise PlanError.about("optimizer_in_backward", "torchtune's optimizer_in_bwd (framework torchtune, method "
+                                  f"'full': its full recipe's setting); got framework '{self.framework}', method "
+                                  f"'{self.method}'")
+        if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
+            raise PlanError.about("optimizer_in_backward", "torchtune refuses optimizer_in_bwd with gradient "
+                                  "accumulation (each parameter steps in every backward); set "
+                                  "gradient_accumulation_steps 1")
         if self.activation_offloading:
             raise PlanError.about("activation_offloading",
                 "TRL's activation offloading (saved activations moved to the CPU) is not "

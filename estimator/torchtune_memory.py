@@ -54,6 +54,11 @@ def _chunk_lengths(seq_len: int) -> list[int]:
     return [size] * full + ([rest] if rest else [])
 
 
+def chunks(r: ResolvedPlan) -> int:
+    """How many chunks the head runs on (fewer than 8 on very short sequences)."""
+    return len(_chunk_lengths(r.plan.seq_len))
+
+
 def logits_bytes(r: ResolvedPlan) -> int:
     """The decoder's list of logit chunks, in the compute dtype: a·B·c·V each, alive from the head until the loss has
     run (``_loss_step`` deletes it before backward)."""

@@ -97,3 +97,22 @@ def test_what_torchtune_does_not_run_is_refused_by_name(change, field):
     with pytest.raises((PlanError, ValidationError)) as info:
         estimate(TrainingPlan(**plan))
     assert field in str(info.value) and "torchtune" in str(info.value)
+
+
+def test_optimizer_in_backward_holds_no_gradient_set():
+    """Llama-3.2-1B full (tied head): with optimizer_in_bwd the end of backward holds the static components and the
+    embedding's new gradient (128256 x 2048 bf16), not every gradient; there is no optimizer step phase of its own."""
+    base = dict(model=LLAMA, method="full", seq_len=1024, batch_size=1, gradient_checkpointing=True)
+    plain = estimate(TrainingPlan(framework="torchtune", **base))
+    in_bwd = estimate(TrainingPlan(framework="torchtune", optimizer_in_backward=True, **base))
+    assert in_bwd.peak_allocated_bytes < plain.peak_allocated_bytes
+    static = sum(c.bytes for c in in_bwd.breakdown if c.name in ("weights", "optimizer_states", "cuda_workspaces"))
+    assert in_bwd.phases["optimizer"] == static
+    assert in_bwd.phases["backward"] >= static + 128256 * 2048 * 2
+
+
+@pytest.mark.parametrize("change", [{"framework": "trl"}, {"method": "lora"}, {"gradient_accumulation_steps": 2}])
+def test_optimizer_in_backward_is_torchtunes_full_recipe_alone(change):
+    plan = {"model": LLAMA, "method": "full", "framework": "torchtune", "optimizer_in_backward": True, **change}
+    with pytest.raises((PlanError, ValidationError), match="optimizer_in_backward"):
+        TrainingPlan(**plan)

@@ -118,6 +118,8 @@ def torchtune_case(plan) -> dict:
                   "gradient_checkpointing": plan.gradient_checkpointing,
                   "optimizer": {"_component_": "torch.optim.AdamW", "fused": plan.optim == "adamw_torch_fused",
                                 "lr": plan.effective_learning_rate}}
+    if plan.method == "full":
+        case["optimizer_in_bwd"] = plan.optimizer_in_backward
     if plan.uses_adapters:
         targets = plan.target_modules
         names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"] if targets == "all-linear" else list(targets)
