@@ -253,13 +253,12 @@ def _backward_start(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad:
     loss_start, start_head = acts.loss_bwd_start + acts.held, 0
     if r.loss_implementation == "standard" and head_grad:  # the chunked head counts its gradient in loss_bwd
         loss_start, start_head = _head_moment(r, loss_start, head_grad)
-    elif r.loss_implementation in ("litgpt", "torchtune"):  # the first chunk's head matmul writes the gradient
+    elif r.loss_implementation == "litgpt":  # the first chunk's head matmul writes the gradient
         start_head = head_grad
-        if r.plan.optimizer_in_backward and torchtune_memory.chunks(r) > 1:
-            # the head's gradient and the next chunk's new one: one more V x H than the step that keeps .grad shows
-            # (measured on torchtune's optimizer_in_bwd step, Llama-3.2-1B: -5.6% without it; the plain step's
-            # chunks, cohort v19, show no second one)
-            start_head = 2 * head_grad
+    elif r.loss_implementation == "torchtune" and head_grad:  # the larger of the loss's moment and the head's
+        moment, heads = torchtune_memory.head_backward_moment(r, head_grad)
+        if moment + heads > loss_start:
+            loss_start, start_head = moment + acts.held, heads
     start_gather = st.fsdp.backward_start if st.fsdp else st.gather_bwd
     start_grads = start_head + _accumulated_grads(r, st)  # with accumulation the head's new gradient is a transient
     # the gradient-reduction buckets (DDP's reducer, ZeRO's) live from the first step on: counted at every moment

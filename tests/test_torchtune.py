@@ -116,3 +116,13 @@ def test_optimizer_in_backward_is_torchtunes_full_recipe_alone(change):
     plan = {"model": LLAMA, "method": "full", "framework": "torchtune", "optimizer_in_backward": True, **change}
     with pytest.raises((PlanError, ValidationError), match="optimizer_in_backward"):
         TrainingPlan(**plan)
+
+
+def test_a_trained_heads_backward_holds_three_head_gradients_and_the_unconsumed_chunk_gradients():
+    """Llama-3.2-1B full at 1024 x 1: chunks of 128 positions; at the second head matmul the seven other chunks' bf16
+    logits gradients (7 x 128 x 128,256 x 2) and three V x H bf16 gradients (the input buffer's out-of-place sum)."""
+    from canifinetune.estimator import torchtune_memory
+
+    r = _resolved(model=LLAMA, method="full", seq_len=1024, batch_size=1)
+    head = 128256 * 2048 * 2
+    assert torchtune_memory.head_backward_moment(r, head) == (7 * 32_833_536, 3 * head)
