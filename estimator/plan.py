@@ -333,8 +333,8 @@ class TrainingPlan(BaseModel):
                            "set never exists. framework torchtune, method full, no gradient accumulation."
     )
     activation_offloading: bool = Field(
-        False, description="TRL activation_offloading: saved activations move to the CPU during forward (not modelled "
-                           "yet: refused)."
+        False, description="TRL's activation_offloading or torchtune's enable_activation_offloading: saved activations "
+                           "move to the CPU during forward (not modelled yet: refused)."
     )
     packing: bool = Field(
         False,
@@ -652,9 +652,13 @@ class TrainingPlan(BaseModel):
                                   "accumulation (each parameter steps in every backward); set "
                                   "gradient_accumulation_steps 1")
         if self.activation_offloading:
+            whose = "TRL's activation offloading (saved activations moved to the CPU)"
+            if self.framework == "torchtune":
+                whose = ("torchtune's enable_activation_offloading (OffloadActivations: saved tensors copied to pinned "
+                         "CPU memory on a side stream, up to 5 kept on the GPU until their copy ends)")
             raise PlanError.about("activation_offloading",
-                "TRL's activation offloading (saved activations moved to the CPU) is not "
-                "modelled yet; estimate without it (an upper bound for the GPU) and leave it off in the plan"
+                f"{whose} is not modelled yet; estimate without it (an upper bound for the GPU) and leave it off in "
+                "the plan"
             )
         if self.use_liger_kernel:
             raise PlanError.about("use_liger_kernel",

@@ -19,7 +19,7 @@ def test_every_framework_has_a_stack_with_its_version_and_source():
     for stack in STACKS.values():
         assert stack.version and stack.source and stack.title
     measured = {name for name, s in STACKS.items() if s.measured}
-    assert measured == {"trl", "transformers", "litgpt", "axolotl", "llama_factory"}
+    assert measured == {"trl", "transformers", "litgpt", "axolotl", "llama_factory", "torchtune"}
     # a stack says it is measured only where a frozen cohort with fake-mode results runs plans of it (the default
     # framework, trl, is every plan that names none)
     import json

@@ -126,3 +126,8 @@ def test_a_trained_heads_backward_holds_three_head_gradients_and_the_unconsumed_
     r = _resolved(model=LLAMA, method="full", seq_len=1024, batch_size=1)
     head = 128256 * 2048 * 2
     assert torchtune_memory.head_backward_moment(r, head) == (7 * 32_833_536, 3 * head)
+
+
+def test_torchtunes_activation_offloading_is_refused_by_its_own_name():
+    with pytest.raises(ValidationError, match="enable_activation_offloading"):
+        TrainingPlan(model=QWEN, method="lora", framework="torchtune", activation_offloading=True)
