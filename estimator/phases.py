@@ -10,12 +10,16 @@ has dropped the gradients) and returns the largest, itemized.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import memory as m
-from . import peft_memory, sharding, term_cache, torchtune_memory
+from . import peft_memory, term_cache, torchtune_memory
 from .constants import DTYPE_BYTES
 from .inventory import inventory_of
 from .resolved import ResolvedPlan
+
+if TYPE_CHECKING:  # imported where a plan has several GPUs (_static): one GPU never needs the sharding engines
+    from . import sharding
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,11 @@ def step_peaks(r: ResolvedPlan, end_grad: int = 0) -> tuple[PhasePeak, PhasePeak
 
 def _static(r: ResolvedPlan) -> _Static:
     """One GPU: every component whole. Several: estimator/sharding.py says what each GPU holds."""
-    sh = sharding.shares(r) if r.plan.sharding != "none" else None
+    sh = None
+    if r.plan.sharding != "none":
+        from . import sharding
+
+        sh = sharding.shares(r)
     workspace = m.workspace_bytes(r)
     if sh is None:
         weights, qconst, adapters = m.weight_bytes(r), m.quantization_constant_bytes(r), m.adapter_bytes(r)
