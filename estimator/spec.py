@@ -371,9 +371,34 @@ FAMILY_TRAITS: dict[str, FamilyTraits] = {
 }
 
 
+# Vision-language wrappers (transformers 5.24 model types; estimator/vision_spec.py reads their towers): a language
+# model under text_config beside a vision tower. The keys that name another modality's encoder in a config.json: the
+# wrappers' vision_config, Qwen-VL's visual, the original LLaVA repositories' mm_vision_tower, Phi-3-vision's
+# img_processor, the audio models' audio_config.
+VISION_LANGUAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "mllama", "llava", "llava_next",
+                               "idefics3", "smolvlm")
+ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower", "img_processor", "audio_config")
+
+
+def _refuse_multimodal(config: dict) -> None:
+    """A model with a vision (or audio) encoder beside its language model: the encoder's weights, its activations and
+    the tokens it adds are not estimated yet, and the language model alone would be an underestimate, so it is an
+    error, not a text-only estimate."""
+    model_type = config.get("model_type")
+    keys = [k for k in ENCODER_CONFIG_KEYS if config.get(k)]
+    if model_type in VISION_LANGUAGE_MODEL_TYPES or keys:
+        what = f"model_type '{model_type}'" if isinstance(model_type, str) else "this config.json"
+        beside = f" (its {', '.join(keys)})" if keys else ""
+        raise ModelConfigError(
+            f"{what} is a multimodal model: an image or audio encoder{beside} beside its language model. The "
+            "encoder's weights and activations and the tokens it adds are not estimated yet, and the language model "
+            "alone would be too low an estimate; canifinetune estimates text-only decoder models")
+
+
 def _spec_from_config(config: dict) -> ModelSpec:
     if not isinstance(config, dict):
         raise ModelConfigError(f"config.json must be a JSON object; got {type(config).__name__}")
+    _refuse_multimodal(config)
     config = _text_config(config)
     model_type = _model_type(config)
     warnings: list[str] = []

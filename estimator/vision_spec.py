@@ -26,23 +26,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ModelConfigError
-from .spec import MAX_DIM, MAX_LAYERS, LinearSpec
+from .spec import MAX_DIM, MAX_LAYERS, VISION_LANGUAGE_MODEL_TYPES, LinearSpec
 
 MlpKind = Literal["gelu_mlp", "gated_mlp"]  # fc1 -> act -> fc2, or down(act(gate) * up) (Qwen2.5-VL)
 NormKind = Literal["layernorm", "rmsnorm"]  # nn.LayerNorm (weight and bias), or an RMSNorm (weight only)
 
-# The wrapper model types read here; every other config.json (text-only ones included) gives None.
-VISION_MODEL_TYPES = (
-    "qwen2_vl",
-    "qwen2_5_vl",
-    "qwen3_vl",
-    "gemma3",
-    "mllama",
-    "llava",
-    "llava_next",
-    "idefics3",
-    "smolvlm",
-)
+# The wrapper model types read here (the ones spec.py refuses as text models); every other config.json gives None.
+VISION_MODEL_TYPES = VISION_LANGUAGE_MODEL_TYPES
 
 # transformers 5.24 defaults of a text config's hidden_size, for wrappers whose text_config may leave it out
 # (llava-hf/llava-1.5-7b-hf's does): LlamaConfig (models/llama/configuration_llama.py) and MistralConfig

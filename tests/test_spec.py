@@ -100,8 +100,46 @@ def test_bad_configs_are_clear_errors(change, fragment):
     assert fragment in str(info.value)
 
 
-def test_multimodal_wrapper_reads_text_config():
-    inner = dict(FAMILY_CONFIGS["gemma3_text"])
-    inner.pop("model_type")
-    spec = ModelSpec.from_config({"model_type": "gemma3", "text_config": inner})
+def test_a_language_model_under_text_config_is_read():
+    spec = ModelSpec.from_config({"text_config": dict(FAMILY_CONFIGS["gemma3_text"])})
     assert spec.model_type == "gemma3_text"
+
+
+def _published_vlm_configs() -> list[dict]:
+    import json
+    from importlib import resources
+
+    text = (resources.files("canifinetune.estimator") / "data" / "vlm_configs.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    return data if isinstance(data, list) else data.get("models") or data.get("configs") or list(data.values())
+
+
+@pytest.mark.parametrize("entry", _published_vlm_configs(), ids=lambda e: e["id"])
+def test_a_vision_language_model_is_refused_not_estimated_as_its_language_model(entry):
+    """Qwen2.5-VL-3B was estimated as its 3.09B-parameter language model ("fits"), without its 632M-parameter vision
+    tower and its image tokens: too low. Until they are estimated, such a config is an error that says why."""
+    with pytest.raises(ModelConfigError, match="multimodal model") as info:
+        ModelSpec.from_config(entry["config"])
+    assert entry["config"]["model_type"] in str(info.value)
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "gemma3", "text_config": dict(FAMILY_CONFIGS["gemma3_text"])},  # the tower's config left default
+    {**FAMILY_CONFIGS["llama"], "mm_vision_tower": "openai/clip-vit-large-patch14-336"},  # an original LLaVA repo
+    {**FAMILY_CONFIGS["llama"], "model_type": "qwen2_audio_like", "audio_config": {"d_model": 1280}},
+])
+def test_any_encoder_beside_the_language_model_is_refused(config):
+    with pytest.raises(ModelConfigError, match="multimodal model"):
+        ModelSpec.from_config(config)
+
+
+def test_the_cli_refuses_a_local_vision_language_model_in_one_line(tmp_path, capsys):
+    import json
+
+    from canifinetune.server.cli import main as cli_main
+
+    (tmp_path / "config.json").write_text(json.dumps(_published_vlm_configs()[0]["config"]), encoding="utf-8")
+    code = cli_main(["estimate", "--model", str(tmp_path), "--method", "lora", "--target-modules", "all-linear",
+                     "--gpu-vram-gb", "24"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "multimodal model" in err
