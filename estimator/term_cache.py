@@ -1,9 +1,10 @@
 """Terms computed once per distinct input, across the plans a search or a server evaluates.
 
 A search (estimator/search.py) judges a hundred plans that differ in a few fields: the same model on several
-GPU counts and shardings, at several sequence lengths and batch sizes. The static components (weights, gradients,
-optimizer states and their shares) do not read the sequence or the batch; the activations do not read the GPU
-count, the optimizer or the offload settings; no phase peak reads the card. Each cache below names the fields its
+GPU counts and shardings, at several sequence lengths and batch sizes. The inventory (estimator/inventory.py) reads
+neither the sequence and batch nor where its tensors go; the static components (weights, gradients, optimizer states
+and their shares) do not read the sequence or the batch; the activations do not read the GPU count, the optimizer or
+the offload settings; no phase peak reads the card. Each cache below names the fields its
 term never reads, and keys the term on everything else: the model spec, the resolved facts of the plan and the
 plan's other fields. ``resolve`` is a function of the plan and the spec, so nothing that could change the term is
 left out of its key. tests/test_term_cache.py changes each ignored field over the snapshot plans and finds the
