@@ -114,6 +114,24 @@ def accumulated_micro_steps(plan) -> int:
     return 2 if plan.gradient_accumulation_steps > 1 else 1
 
 
+def backward_phases_after_build(trainer, counter, state: dict) -> dict:
+    """Once the trainer is built: its ``accelerator.backward`` runs in the phase ``step{n}.backward`` (n from the
+    returned dict's ``"n"``, which the step loop sets), and the build's bytes and categories are recorded
+    (``after_build``, ``after_build_categories``) before the peak is reset for the steps."""
+    backward = trainer.accelerator.backward
+    step_now = {"n": 0}
+
+    def backward_in_its_phase(loss, **kwargs):
+        counter.set_phase(f"step{step_now['n']}.backward")
+        return backward(loss, **kwargs)
+
+    trainer.accelerator.backward = backward_in_its_phase
+    state["after_build"] = counter.current
+    state["after_build_categories"] = counter.categories_now()
+    counter.reset_peak()
+    return step_now
+
+
 def hf_trainer_steps(trainer, counter, state: dict, steps: int, micro_steps: int, rows, prepared,
                      seen=None) -> list[dict]:
     """transformers 5's ``Trainer._inner_training_loop`` and ``_run_epoch`` as a GPU run steps them, for a trainer a
@@ -132,17 +150,7 @@ def hf_trainer_steps(trainer, counter, state: dict, steps: int, micro_steps: int
     wrapped, _ = trainer._prepare_for_training(steps, None, None)
     optimizer = trainer.optimizer
     prepared(trainer.model, optimizer)
-    backward = trainer.accelerator.backward
-    step_now = {"n": 0}
-
-    def backward_in_its_phase(loss, **kwargs):
-        counter.set_phase(f"step{step_now['n']}.backward")
-        return backward(loss, **kwargs)
-
-    trainer.accelerator.backward = backward_in_its_phase
-    state["after_build"] = counter.current
-    state["after_build_categories"] = counter.categories_now()
-    counter.reset_peak()
+    step_now = backward_phases_after_build(trainer, counter, state)
     wrapped.zero_grad()
     timeline: list[dict] = []
     row = 0
@@ -228,17 +236,7 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
         wrapped, _ = trainer.accelerator.prepare(trainer.model, optimizer)
         model = trainer.model
         trainable = [p for p in model.parameters() if p.requires_grad]
-        backward = trainer.accelerator.backward
-        step_now = {"n": 0}
-
-        def backward_in_its_phase(loss, **kwargs):
-            counter.set_phase(f"step{step_now['n']}.backward")
-            return backward(loss, **kwargs)
-
-        trainer.accelerator.backward = backward_in_its_phase
-        state["after_build"] = counter.current
-        state["after_build_categories"] = counter.categories_now()
-        counter.reset_peak()
+        step_now = backward_phases_after_build(trainer, counter, state)
         micro_steps = accumulated_micro_steps(plan)
         row = 0
         for step in range(1, steps + 1):
