@@ -472,28 +472,28 @@ class TrainingPlan(BaseModel):
         (litgpt/finetune/lora.py ``setup``: lora_r 8, lora_alpha 16, lora_dropout 0.05; micro_batch_size 1 of a
         global batch of 16; AdamW (torch, foreach on CUDA); no activation checkpointing on one device) and
         LLaMA-Factory 0.9.5's (:data:`LLAMA_FACTORY_DEFAULTS`, every linear adapted, 4-bit with double quantization)
-        fill what the plan leaves unset, so an unset field means what it means in that framework."""
+        fill what the plan leaves unset or null (an MCP client sends null for "default"), so an unset field means what
+        it means in that framework."""
         if not isinstance(data, dict):
             return data
         framework = str(data.get("framework") or "").strip().lower()
-        defaults: dict
+        method = str(data.get("method") or "lora").strip().lower()
+        defaults: dict = {}
         if framework == "litgpt":
-            data = {**LITGPT_DEFAULTS, **data}
+            defaults = dict(LITGPT_DEFAULTS)
         elif framework == "torchtune":
-            method = str(data.get("method") or "lora").strip().lower()
             defaults = dict(TORCHTUNE_DEFAULTS)
             if method in ("lora", "qlora"):
                 defaults["target_modules"] = TORCHTUNE_LORA_TARGETS
-            data = {**defaults, **data}
         elif framework == "llama_factory":  # its LoRA targets every linear; it loads 4-bit with double quantization
-            method = str(data.get("method") or "lora").strip().lower()
             defaults = dict(LLAMA_FACTORY_DEFAULTS)
             if method in ("lora", "qlora"):
                 defaults["target_modules"] = "all-linear"
             if method == "qlora" or data.get("load_in_4bit"):
                 defaults["bnb_4bit_use_double_quant"] = True
-            data = {**defaults, **data}
-        return data
+        if not defaults:
+            return data
+        return {**defaults, **{k: v for k, v in data.items() if v is not None or k not in defaults}}
 
     @model_validator(mode="before")
     @classmethod

@@ -131,3 +131,16 @@ def test_a_trained_heads_backward_holds_three_head_gradients_and_the_unconsumed_
 def test_torchtunes_activation_offloading_is_refused_by_its_own_name():
     with pytest.raises(ValidationError, match="enable_activation_offloading"):
         TrainingPlan(model=QWEN, method="lora", framework="torchtune", activation_offloading=True)
+
+
+@pytest.mark.parametrize("framework, targets", [
+    ("torchtune", sorted(["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    ("llama_factory", "all-linear"),
+])
+def test_a_null_field_takes_the_frameworks_default_as_an_unset_one_does(framework, targets):
+    """An MCP client sends null for 'the default': under a framework with its own LoRA targets, null took PEFT's
+    (q_proj and v_proj), fewer adapters than the framework trains."""
+    plan = TrainingPlan(model=QWEN, method="lora", framework=framework, target_modules=None)
+    assert plan.target_modules == targets == TrainingPlan(model=QWEN, method="lora", framework=framework).target_modules
+    assert TrainingPlan(model=QWEN, method="lora", framework=framework, target_modules=["q_proj"]).target_modules == [
+        "q_proj"]
