@@ -145,24 +145,25 @@ def quantization_state_records(r: ResolvedPlan) -> tuple[TensorRecord, ...]:
     """Per quantized linear: 4-bit (bitsandbytes QuantState) one fp32 absmax per NF4_BLOCKSIZE weights and the
     16-entry fp32 code, or with double quantization uint8 absmax, one fp32 absmax per NF4_DOUBLE_QUANT_BLOCKSIZE of
     them, a 256-entry fp32 code and an fp32 offset (QLoRA, Dettmers et al. 2023, sec. 3); 8-bit one fp32 scale per
-    output row (INT8_ROW_STAT_BYTES). Each tensor rounded to the allocator block."""
+    output row (INT8_ROW_STAT_BYTES); torchtune's QLoRA, torchao's NF4 (torchtune_memory.nf4_state_bytes). Each tensor
+    rounded to the allocator block."""
     if r.quantization == "none":
         return ()
-    if r.framework == "torchtune":  # torchao's NF4 (estimator/torchtune_memory.py)
-        return tuple(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
-                                  torchtune_memory.nf4_state_bytes(lin.weight_params), i)
-                     for i, n in r.spec.layer_groups for lin in r.spec.layer_linears(i))
-    return _quantization_state_records(r.spec, r.quantization, r.plan.bnb_4bit_use_double_quant)
+    return _quantization_state_records(r.spec, r.quantization, r.plan.bnb_4bit_use_double_quant,
+                                       r.framework == "torchtune")
 
 
 @lru_cache(maxsize=256)
-def _quantization_state_records(spec: ModelSpec, quantization: str, double: bool) -> tuple[TensorRecord, ...]:
+def _quantization_state_records(spec: ModelSpec, quantization: str, double: bool,
+                                torchao: bool) -> tuple[TensorRecord, ...]:
     return tuple(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
-                              _quantization_state_bytes(lin, quantization, double), i)
+                              _quantization_state_bytes(lin, quantization, double, torchao), i)
                  for i, n in spec.layer_groups for lin in spec.layer_linears(i))
 
 
-def _quantization_state_bytes(lin: LinearSpec, quantization: str, double: bool) -> int:
+def _quantization_state_bytes(lin: LinearSpec, quantization: str, double: bool, torchao: bool) -> int:
+    if torchao:
+        return torchtune_memory.nf4_state_bytes(lin.weight_params)
     if quantization == "int8":
         return round_block(lin.out_features * constant("INT8_ROW_STAT_BYTES"))
     blocks = math.ceil(lin.weight_params / int(constant("NF4_BLOCKSIZE")))
