@@ -13,7 +13,6 @@ than every other); otherwise the lookup returns ``None`` and ``suggest_*`` offer
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -258,9 +257,11 @@ class _Index(Generic[T]):
         if not key:
             return []
         qtoks = key.split()
+        from difflib import SequenceMatcher  # near misses only: kept out of every start
+
         scores: dict[int, float] = {}
         for cand, i in self.display.items():
-            ratio = difflib.SequenceMatcher(None, key, cand).ratio()
+            ratio = SequenceMatcher(None, key, cand).ratio()
             ctoks = cand.split()
             matched = sum(max(_token_similarity(t, c) for c in ctoks) for t in qtoks)
             score = 0.5 * ratio + 0.5 * matched / max(len(qtoks), len(ctoks))
@@ -300,7 +301,8 @@ def _token_similarity(a: str, b: str) -> float:
         return 0.9  # transposed characters: "4900" for "4090"
     if a.isdigit() != b.isdigit():
         return 0.0
-    r = difflib.SequenceMatcher(None, a, b).ratio()
+    from difflib import SequenceMatcher  # near misses only: kept out of every start
+    r = SequenceMatcher(None, a, b).ratio()
     return r if r >= 0.75 else 0.0
 
 

@@ -5,8 +5,7 @@ The result's JSON names are the public contract shared by the CLI (`--json`) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -152,8 +151,7 @@ def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate
     return _estimate_of(measured, resolved_model, chosen)
 
 
-@dataclass(frozen=True)
-class Judgement:
+class Judgement(NamedTuple):
     """What the search needs of an estimate: the plan (with what the estimate chose for the hardware), the verdict
     and the budget. ``judge`` computes the same peak as ``estimate`` and skips the itemized result, which the
     search builds only for the plans it returns."""
@@ -222,8 +220,7 @@ def _cheapest_sharding(plan: TrainingPlan, resolved_model: ResolvedModel, gpu: G
     return best
 
 
-@dataclass(frozen=True)
-class _Measured:
+class _Measured(NamedTuple):
     """One plan's phase peaks, budget and verdict: everything an Estimate is built from."""
 
     plan: TrainingPlan
@@ -316,8 +313,7 @@ def _compute_phase_peaks(r: ResolvedPlan) -> tuple:
     return forward, backward, optimizer, sizes, ()
 
 
-@dataclass(frozen=True)
-class _Budget:
+class _Budget(NamedTuple):
     """From the allocated peak to the budget: allocator, CUDA context, vLLM's reservation, safety margin."""
 
     allocated: int

@@ -35,10 +35,9 @@ is ambiguous among them, and "Colab Pro A100" is read as the Colab card named "A
 from __future__ import annotations
 
 import contextlib
-import difflib
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .errors import UnknownGPUError
 from .gpu_records import CatalogGPU
@@ -123,8 +122,7 @@ def _count(written: str, text: str) -> int:
     return int(value)
 
 
-@dataclass(frozen=True)
-class ParsedName:
+class ParsedName(NamedTuple):
     """A GPU name in parts: model words, stated memory in GB (or None), stated form factor (or None)."""
 
     model: tuple[str, ...]
@@ -305,14 +303,16 @@ def _token_similarity(a: str, b: str) -> float:
         return 0.9  # transposed characters: "4900" for "4090"
     if a.isdigit() != b.isdigit():
         return 0.0
-    r = difflib.SequenceMatcher(None, a, b).ratio()
+    from difflib import SequenceMatcher  # near misses only: kept out of every start
+    r = SequenceMatcher(None, a, b).ratio()
     return r if r >= 0.75 else 0.0
 
 
 def _similarity(q: ParsedName, p: ParsedName, memory_gb: float) -> float:
     """How alike two names are, as a whole: the model words (spelling and tokens), then the memory."""
+    from difflib import SequenceMatcher  # near misses only: kept out of every start
     a, b = " ".join(q.model), " ".join(p.model)
-    ratio = difflib.SequenceMatcher(None, a, b).ratio()
+    ratio = SequenceMatcher(None, a, b).ratio()
     matched = sum(max((_token_similarity(t, c) for c in p.model), default=0.0) for t in q.model)
     score = 0.5 * ratio + 0.5 * matched / max(len(q.model), len(p.model), 1)
     if q.memory_gb is not None:  # a stated size counts as one more word of the name

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 # The GPU software whose support the GPU catalog records per card (gpus.json "backends"; docs/catalogs.md).
 BACKENDS: tuple[str, ...] = ("bitsandbytes", "flash_attention_2", "triton")
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(NamedTuple):
     """A piece of GPU software a plan may need, and where the cards it runs on are stated (gpus.json "backends")."""
 
     name: str

@@ -12,8 +12,8 @@ Below the resolved plan and above nothing that computes memory, so every knob mo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from .resolved import ResolvedPlan
 
@@ -47,8 +47,7 @@ def _no_parts(r: ResolvedPlan, layer: int) -> dict[BlockPart, int]:
     return {}
 
 
-@dataclass(frozen=True)
-class KnobTerms:
+class KnobTerms(NamedTuple):
     """One knob's transient memory, hook by hook; a hook it leaves unset adds nothing. Each returns bytes on one GPU.
 
     - ``block_saved(r, layer)``: what a block of the kind starting at ``layer`` saves for backward, by part;

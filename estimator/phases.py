@@ -9,8 +9,7 @@ has dropped the gradients) and returns the largest, itemized.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import memory as m
 from . import peft_memory, term_cache, torchtune_memory
@@ -22,15 +21,13 @@ if TYPE_CHECKING:  # imported where a plan has several GPUs (_static): one GPU n
     from . import sharding
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     name: str
     bytes: int
     explanation: str
 
 
-@dataclass(frozen=True)
-class PhasePeak:
+class PhasePeak(NamedTuple):
     phase: str  # "forward", "backward" or "optimizer"
     bytes: int
     items: tuple[Item, ...]
@@ -45,8 +42,7 @@ _ACCUMULATED_NOTE = ("gradient accumulation: the earlier micro-batches' gradient
                      "(none on the first micro-batch)")
 
 
-@dataclass(frozen=True)
-class _Static:
+class _Static(NamedTuple):
     """What one GPU holds through the whole step (``sh``: its sharding shares; None on one GPU)."""
 
     sh: sharding.Shares | None
@@ -62,8 +58,7 @@ class _Static:
     bytes: int
 
 
-@dataclass(frozen=True)
-class _Activations:
+class _Activations(NamedTuple):
     """The step's activation sizes: saved per block, shared, the loss's, and the forward's temporaries."""
 
     layer_full: dict[int, int]  # one block's full saved set, by layer kind
@@ -83,8 +78,7 @@ class _Activations:
     note: str
 
 
-@dataclass(frozen=True)
-class _Live:
+class _Live(NamedTuple):
     """The largest live set found in backward: its total, its gathered bytes and (activations, loss, grads, temps)."""
 
     bytes: int

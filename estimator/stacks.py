@@ -14,12 +14,10 @@ estimated with the conservative choice for each setting, and the estimate says s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 
-@dataclass(frozen=True)
-class Stack:
+class Stack(NamedTuple):
     """One framework's memory-relevant defaults."""
 
     name: str
