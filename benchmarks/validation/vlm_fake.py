@@ -1,0 +1,363 @@
+"""A vision-language SFT step run by TRL's own trainer under fake tensors (issue 26): images as TRL's collator
+prepares them, the model as transformers builds it.
+
+What runs is what a GPU run of TRL 1.16's ``SFTTrainer`` on a vision dataset runs, with transformers 5.24's model
+class for the checkpoint (``AutoModelForImageTextToText``, from its config.json, random weights):
+
+- the dataset rows hold real PIL images of the stated size (generated: the memory does not depend on the pixels) and
+  a conversational message of ``seq_len`` text tokens after the images;
+- ``SFTTrainer`` gets the family's real processor (its image processor with the stated knobs, a stand-in tokenizer
+  whose words are one token each, and a chat template that places each image's markers), so its own
+  ``DataCollatorForVisionLanguageModeling`` turns each batch into ``input_ids`` (the image placeholders expanded by
+  the processor), ``pixel_values``, the family's grid or mask tensors and ``labels`` (padding masked, as TRL 1.16
+  does; image tokens stay in the labels, as TRL 1.16 leaves them);
+- each step is ``trainer.training_step`` (TRL's fused LM head, its metrics) and Trainer's optimizer phase, through
+  ``sft_trainer_fake``'s counter and phases.
+
+Emulated (docs/validation.md, "Emulated CUDA paths"): the GPU routing of ``fake_mode.gpu_routing``; and the values of
+small integer tensors made from the data. A fake tensor has no values, yet the Qwen-VL families read them (the image
+grid for the vision tower's sequence lengths, windows and position ids, the placeholder positions for M-RoPE): torch
+keeps the values of tensors made from data (``torch.tensor``) as the fake tensor's ``constant`` up to
+``CONSTANT_NUMEL_LIMIT`` elements (1 in torch 2.13), and here the limit is raised to :data:`DATA_CONSTANT_LIMIT`, so
+the batch's integer tensors keep their values and every shape the model derives from them is the real one. Parameters,
+activations and pixel values are made without data and stay value-less.
+
+    python benchmarks/validation/vlm_fake.py --model Qwen/Qwen2.5-VL-3B-Instruct --method lora \\
+        --image-size 1280x720 --images-per-sample 1 --seq-len 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+# Integer tensors from the data (input ids, masks, image grids) up to this many elements keep their values under fake
+# tensors: a batch of 8 rows of 16k tokens; far below a parameter or activation of the models measured.
+DATA_CONSTANT_LIMIT = 1 << 17
+# The stand-in tokenizer: one id per word ("w" is every text token), and the family's markers (set in the config too,
+# so the model finds its placeholders where the processor put them)
+PAD, EOS, UNK, WORD = 0, 1, 2, 3
+QWEN_MARKERS = {"vision_start_token_id": ("<|vision_start|>", 4), "vision_end_token_id": ("<|vision_end|>", 5),
+                "image_token_id": ("<|image_pad|>", 6), "video_token_id": ("<|video_pad|>", 7),
+                "vision_token_id": ("<|vision_pad|>", 8)}
+QWEN_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
+                 "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+                 "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
+# Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
+VISION_TOWER_MODES = ("frozen", "lora", "full")
+# The language model's linears in a Qwen2.5-VL ForConditionalGeneration (transformers 5.24 module names): a LoRA
+# that leaves the vision tower and the merger alone
+QWEN_LANGUAGE_LINEARS = (r"model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)"
+                         r"|mlp\.(gate_proj|up_proj|down_proj))")
+
+
+def _beside(name: str):
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    return __import__(name)
+
+
+def vlm_config(model_id: str) -> dict:
+    """A published VLM config.json from estimator/data/vlm_configs.json."""
+    data = json.loads((ROOT / "estimator" / "data" / "vlm_configs.json").read_text())
+    for entry in data["configs"]:
+        if entry["id"] == model_id:
+            return entry["config"]
+    raise SystemExit(f"{model_id}: not among the published VLM configs ({', '.join(e['id'] for e in data['configs'])})")
+
+
+def _stand_in_tokenizer(folder: Path, markers: dict[str, int]):
+    """A tokenizer TRL and the processor can hold: pad/eos/unk, one word, and the family's marker tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "</s>": EOS, "<unk>": UNK, "w": WORD, **markers}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    fast.add_special_tokens({"additional_special_tokens": list(markers)})
+    fast.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def qwen_processor(config: dict, folder: Path, knobs: dict):
+    """Qwen2.5-VL's processor: the image processor with ``knobs`` (min_pixels, max_pixels), the stand-in tokenizer."""
+    from transformers import Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _stand_in_tokenizer(folder, dict(QWEN_MARKERS.values()))
+    size = {}
+    if "min_pixels" in knobs:
+        size["shortest_edge"] = int(knobs["min_pixels"])
+    if "max_pixels" in knobs:
+        size["longest_edge"] = int(knobs["max_pixels"])
+    image_processor = Qwen2VLImageProcessorPil(**({"size": size} if size else {}))
+
+    class ImagesOnlyProcessor(Qwen2_5_VLProcessor):
+        """Without a video processor (transformers' needs torchvision, absent from this environment; the rows have no
+        videos), which the class check would refuse."""
+
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument is None and argument_name == "video_processor":
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                               chat_template=QWEN_TEMPLATE)
+
+
+def with_stand_in_markers(config: dict) -> dict:
+    """The config with its marker ids moved to the stand-in tokenizer's (ids only: no size changes)."""
+    out = json.loads(json.dumps(config))
+    for key, (_text, token_id) in QWEN_MARKERS.items():
+        if key in out:
+            out[key] = token_id
+    return out
+
+
+def image_rows(count: int, size: tuple[int, int], per_sample: int, seq_len: int) -> list[dict]:
+    """Conversational rows, each with ``per_sample`` images of ``size`` (width, height) and ``seq_len`` text tokens."""
+    from PIL import Image
+
+    rows = []
+    for i in range(count):
+        images = [Image.new("RGB", size, color=((37 * i + 11 * k) % 256, 90, 160)) for k in range(per_sample)]
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": " ".join(["w"] * seq_len)}]
+        rows.append({"images": images, "messages": [{"role": "user", "content": content}]})
+    return rows
+
+
+def _from_values(fn):
+    """``fn`` (a data-only function of integer tensors: an image grid to window indices) run on real tensors: its
+    tensor arguments are read (their fake values are the data's, :data:`DATA_CONSTANT_LIMIT`), ``fn`` runs outside
+    the fake mode and the counter, and its tensor results are made again under them from their values (small integer
+    tensors, counted as the model makes them). transformers computes these on the GPU from the same values; a fake
+    tensor cannot index by a mask it has no values for."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def remake(value):
+        if isinstance(value, torch.Tensor):
+            return torch.tensor(value.tolist(), dtype=value.dtype)
+        if isinstance(value, tuple):
+            return tuple(remake(v) for v in value)
+        return value
+
+    def read(value):
+        return ("tensor", value.tolist(), value.dtype) if isinstance(value, torch.Tensor) else ("value", value)
+
+    def real(read_value):
+        return torch.tensor(read_value[1], dtype=read_value[2]) if read_value[0] == "tensor" else read_value[1]
+
+    def run(*args, **kwargs):
+        arg_values = [read(a) for a in args]
+        kwarg_values = {k: read(v) for k, v in kwargs.items()}
+        with _disable_current_modes():  # the fake mode and the counter (whose scalar stub would answer 1)
+            out = fn(*map(real, arg_values), **{k: real(v) for k, v in kwarg_values.items()})
+        return remake(out)
+
+    return run
+
+
+@contextlib.contextmanager
+def qwen_vision_metadata_from_values():
+    """Qwen2.5-VL's vision-tower window indices and its language model's M-RoPE positions computed from the data's
+    values (:func:`_from_values`)."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    window_index, rope_index = qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index
+    qwen.get_vision_window_index = _from_values(window_index)
+    qwen.Qwen2_5_VLModel.get_rope_index = _from_values(rope_index)
+    try:
+        yield
+    finally:
+        qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index = window_index, rope_index
+
+
+def lora_targets(vision_tower: str, plan) -> Any:
+    """PEFT target_modules: the language model's linears (vision tower frozen or fully trained), or every linear but
+    the LM head (``all-linear``: the vision tower and merger too) when the tower trains by LoRA."""
+    if vision_tower == "lora":
+        return "all-linear"
+    return QWEN_LANGUAGE_LINEARS
+
+
+def build_vlm(plan, config: dict, vision_tower: str):
+    """The ForConditionalGeneration model as TRL's VLM recipe builds it: bf16 weights, LoRA adapters (PEFT's fp32 on a
+    16-bit base) or full training of the language model, the vision tower as ``vision_tower`` says, checkpointing
+    as transformers enables it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from canifinetune.recipes import model_setup
+
+    cfg = model_setup.hf_config(config)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=model_setup.weight_dtype(plan),
+                                                    attn_implementation=plan.attn_implementation)
+    model.config.use_cache = False
+    if plan.method == "full":
+        model.requires_grad_(True)
+        if vision_tower == "frozen":
+            model.model.visual.requires_grad_(False)
+    elif plan.uses_adapters:
+        model = get_peft_model(model, LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha,
+                                                 lora_dropout=plan.lora_dropout, bias="none", task_type="CAUSAL_LM",
+                                                 target_modules=lora_targets(vision_tower, plan)))
+        if vision_tower == "full":
+            model.get_base_model().model.visual.requires_grad_(True)
+    model_setup.enable_checkpointing(model, plan)
+    model.train()
+    return model
+
+
+def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: bool = True,
+                  route_sdpa: bool = True) -> dict:
+    """``steps`` SFT steps of ``plan`` on ``config`` with ``images`` ({"size": [w, h], "per_sample": k,
+    "vision_tower": frozen|lora|full, "processor": {knobs}}), counting live memory: under fake tensors, or
+    (``fake`` False: tiny models only) with real CPU tensors and none of the fake path's emulation, which a test
+    compares it with; ``route_sdpa`` False keeps SDPA's CPU kernels, which real tensors need)."""
+    import torch._subclasses.fake_tensor as fake_tensor
+    from datasets import Dataset
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from trl import SFTConfig, SFTTrainer
+
+    from canifinetune.recipes import model_setup, runtime
+
+    fm = _beside("fake_mode")
+    sft = _beside("sft_trainer_fake")
+    counter = sft.scalar_read_counter_class(fm)()
+    vision_tower = images.get("vision_tower", "frozen")
+    if vision_tower not in VISION_TOWER_MODES:
+        raise ValueError(f"vision_tower: one of {', '.join(VISION_TOWER_MODES)}; got {vision_tower!r}")
+    size = tuple(images["size"])
+    per_sample = int(images.get("per_sample", 1))
+    config = with_stand_in_markers(config)
+    folder = Path(tempfile.mkdtemp(prefix="canifinetune-vlm-fake-"))
+    processor = qwen_processor(config, folder / "processor", images.get("processor") or {})
+    micro_steps = sft.accumulated_micro_steps(plan)
+    rows = image_rows(plan.batch_size * steps * micro_steps, size, per_sample, plan.seq_len)
+    dataset = Dataset.from_list(rows[:1])  # the trainer only reads its columns; batches come from ``rows``
+    model = optimizer = None
+    timeline: list[dict] = []
+    state: dict[str, Any] = {}
+    sequence: dict[str, int] = {}
+
+    def category_tensors():
+        return {
+            "parameters": fm._model_state_tensors(model) if model is not None else [],
+            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
+            "optimizer_states": fm._optimizer_state_tensors(optimizer),
+        }
+
+    counter.category_tensors = category_tensors
+    limit = fake_tensor.CONSTANT_NUMEL_LIMIT
+    if fake:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = DATA_CONSTANT_LIMIT
+    peft_ctx = fm._beside("peft_fake").fake_peft_support(fake)
+    fake_mode = FakeTensorMode(allow_fallback_kernels=False) if fake else contextlib.nullcontext()
+    apply_ctx = fm.classic_module_apply() if fake else contextlib.nullcontext()
+    values_ctx = qwen_vision_metadata_from_values() if fake else contextlib.nullcontext()
+    try:
+        with fm.gpu_routing(route_sdpa) as routed, apply_ctx, values_ctx, peft_ctx as build_ctx, fake_mode, counter:
+            counter.set_phase("build")
+            with build_ctx():
+                model = build_vlm(plan, config, vision_tower)
+            kwargs = runtime.sft_config_kwargs(plan, output_dir=str(folder / "out"), use_cpu=True, max_steps=steps)
+            kwargs["max_length"] = None  # TRL's VLM guidance: image tokens are never truncated away
+            trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=dataset,
+                                 processing_class=processor)
+            optimizer = model_setup.build_optimizer(plan, trainer.model)
+            trainer.optimizer = optimizer
+            resolved = model_setup.resolved_settings(plan, trainer.model, optimizer)
+            wrapped, _ = trainer.accelerator.prepare(trainer.model, optimizer)
+            model = trainer.model
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            step_now = sft.backward_phases_after_build(trainer, counter, state)
+            trainer.current_gradient_accumulation_steps = micro_steps  # as Trainer's loop sets it per step
+            row = 0
+            for step in range(1, steps + 1):
+                step_now["n"] = step
+                start = counter.current
+                for _ in range(micro_steps):
+                    batch = trainer.data_collator([dict(r) for r in rows[row:row + plan.batch_size]])
+                    row += plan.batch_size
+                    sequence = {"tokens": int(batch["input_ids"].shape[1]),
+                                "image_tokens": int((batch["input_ids"] == QWEN_MARKERS["image_token_id"][1])
+                                                    .sum().item()) // plan.batch_size,
+                                "pixel_rows": int(batch["pixel_values"].shape[0])}
+                    scored = plan.batch_size * (sequence["tokens"] - 1)
+                    counter.set_phase(f"step{step}.forward")
+                    counter.stub_scalars = fake
+                    trainer.training_step(wrapped, batch, num_items_in_batch=scored)
+                    counter.stub_scalars = False
+                    del batch
+                fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
+                timeline.append({"step": step, "start": start, "end": counter.current})
+            counter.set_phase("done")
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+    report = fm.measurement_report(counter, state, timeline, routed, resolved)
+    return {**report, "sequence": sequence, "images": {**images, "vision_tower": vision_tower}, "fake": fake,
+            "driver": "trainer", "trainer_class": type(trainer).__name__, "scalar_reads": counter.scalar_reads,
+            "known_scalar_reads": counter.known_scalar_reads}
+
+
+def measure_vlm(plan, config: dict, images: dict) -> dict:
+    """The fake-tensor measurement of a VLM plan, with its wall time and library versions."""
+    from canifinetune.estimator.plan import TrainingPlan
+
+    if not isinstance(plan, TrainingPlan):
+        plan = TrainingPlan(**plan)
+    t0 = time.perf_counter()
+    result = run_vlm_steps(plan, config, images)
+    result["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    result["versions"] = _beside("fake_mode").library_versions()
+    result["plan"] = plan.model_dump(mode="json")
+    return result
+
+
+def _size(text: str) -> tuple[int, int]:
+    width, _, height = text.lower().partition("x")
+    return int(width), int(height)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--method", default="lora", choices=("lora", "full"))
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--image-size", type=_size, default=(1280, 720))
+    parser.add_argument("--images-per-sample", type=int, default=1)
+    parser.add_argument("--vision-tower", choices=VISION_TOWER_MODES, default="frozen")
+    parser.add_argument("--min-pixels", type=int)
+    parser.add_argument("--max-pixels", type=int)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    plan = {"model": args.model, "method": args.method, "seq_len": args.seq_len, "batch_size": args.batch_size,
+            "gradient_checkpointing": args.gradient_checkpointing, "gpu_vram_gb": 80}
+    knobs = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
+    images = {"size": list(args.image_size), "per_sample": args.images_per_sample, "vision_tower": args.vision_tower,
+              "processor": knobs}
+    with contextlib.ExitStack():
+        result = measure_vlm(plan, vlm_config(args.model), images)
+    text = json.dumps(result, indent=1, default=str)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(json.dumps({k: result[k] for k in ("peak_allocated_bytes", "peak_phase", "sequence", "wall_seconds")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The vision-language measurement (benchmarks/validation/vlm_fake.py, issue 26): TRL's SFTTrainer on a Qwen2.5-VL
+model with images its own collator prepares. Under fake tensors the harness keeps the data's integer values (image
+grids, token positions) and computes the vision tower's windows and M-RoPE positions from them; these tests run a tiny
+model both ways and find the fake count equal to what real CPU tensors hold, and the image tokens the processor's."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+pytest.importorskip("PIL")
+
+from canifinetune.estimator.plan import TrainingPlan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HARNESS = os.path.join(ROOT, "benchmarks", "validation")
+
+
+def _load(name: str):
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HARNESS, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+vlm_fake = _load("vlm_fake")
+
+# A Qwen2.5-VL of the published layout at toy sizes: 2 text layers, 4 vision blocks (one of full attention), a window
+# of 2x2 merged tokens, so a 112 x 84 image has several windows
+TINY_QWEN_VL = {
+    "model_type": "qwen2_5_vl",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 4096,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "tie_word_embeddings": True,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "vision_config": {"depth": 4, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_chans": 3,
+                      "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                      "window_size": 56, "fullatt_block_indexes": [3], "hidden_act": "silu"},
+}
+
+
+def _plan(**kw) -> TrainingPlan:
+    return TrainingPlan(**{"model": "tiny-vl", "method": "lora", "seq_len": 32, "batch_size": 2,
+                           "gradient_checkpointing": True, **kw})
+
+
+@pytest.mark.parametrize(("method", "tower", "ckpt"), [
+    ("lora", "frozen", True), ("lora", "frozen", False), ("lora", "lora", True), ("full", "frozen", True),
+])
+def test_fake_tensors_count_what_real_tensors_hold(method, tower, ckpt):
+    images = {"size": [112, 84], "per_sample": 2, "vision_tower": tower}
+    plan = _plan(method=method, gradient_checkpointing=ckpt)
+    fake = vlm_fake.run_vlm_steps(plan, TINY_QWEN_VL, images, fake=True, route_sdpa=False)
+    real = vlm_fake.run_vlm_steps(plan, TINY_QWEN_VL, images, fake=False, route_sdpa=False)
+    assert real["peak_allocated_bytes"] > 0
+    assert fake["peak_allocated_bytes"] == pytest.approx(real["peak_allocated_bytes"], rel=0.01)
+    assert fake["peak_phase"] == real["peak_phase"]
+    assert fake["sequence"] == real["sequence"]
+    assert fake["scalar_reads"] == 0 or fake["scalar_reads"] < fake["known_scalar_reads"]
+
+
+def test_the_batch_holds_the_processors_image_tokens():
+    """112 x 84 px: smart_resize keeps 112 x 84 (multiples of 28), 8 x 6 patches, merged 2 x 2: 12 tokens per image,
+    two images and their start/end markers beside the 32 text tokens."""
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_QWEN_VL, {"size": [112, 84], "per_sample": 2}, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 * (12 + 2), "image_tokens": 24, "pixel_rows": 2 * 2 * 48}
+
+
+def test_a_bad_vision_tower_mode_is_refused():
+    with pytest.raises(ValueError, match="vision_tower"):
+        vlm_fake.run_vlm_steps(_plan(), TINY_QWEN_VL, {"size": [112, 84], "vision_tower": "half"}, fake=True)
