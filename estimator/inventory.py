@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from . import peft_memory, term_cache, torchtune_memory
+from . import peft_memory, term_cache, torchtune_memory, vision_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .resolved import ResolvedPlan
@@ -213,6 +213,7 @@ BUILDERS: tuple[Callable[[ResolvedPlan], Iterable[TensorRecord]], ...] = (
     peft_memory.saved_copy_records,
     peft_memory.dora_magnitude_records,
     torchtune_memory.rope_cache_records,
+    vision_memory.vision_weight_records,
 )
 
 

@@ -1,7 +1,8 @@
 """The memory model: one function per component of a training step's GPU memory.
 
 Each function takes a :class:`ResolvedPlan` and returns bytes on one GPU. Its docstring states the
-formula, where it comes from and what it assumes. Notation: T = batch_size x seq_len tokens, H =
+formula, where it comes from and what it assumes. Notation: T = batch_size x S tokens (S = seq_len, plus the
+image tokens of a vision-language model), H =
 hidden size, I = MLP width, V = vocabulary, L = layers, r = LoRA rank, a = bytes per activation
 element of the compute dtype. ``docs/memory_model.md`` repeats every formula.
 
@@ -15,7 +16,7 @@ How they combine into a peak is :mod:`canifinetune.estimator.phases`.
 
 from __future__ import annotations
 
-from . import axolotl_memory, litgpt_memory, moe_adapter_memory, peft_memory, torchtune_memory
+from . import axolotl_memory, litgpt_memory, moe_adapter_memory, peft_memory, torchtune_memory, vision_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
 from .inventory import inventory_of
@@ -386,12 +387,12 @@ def _attention_parts(r: ResolvedPlan) -> dict[BlockPart, int]:
         parts[BlockPart.NORMS] += _norm_saved_bytes(r, spec.q_dim, full) + _norm_saved_bytes(r, spec.kv_dim, full)
     # attention kernel
     kernel = round_block(a * t * spec.q_dim) * 2 + round_block(a * t * spec.kv_dim) * 2
-    kernel += round_block(4 * plan.batch_size * spec.num_heads * plan.seq_len)  # log-sum-exp
+    kernel += round_block(4 * plan.batch_size * spec.num_heads * r.sequence_length)  # log-sum-exp
     if r.attention_kernel == "math":
         # transformers' eager_attention_forward: softmax in fp32 keeps its output (4 bytes a score), the
         # cast back to the compute dtype is kept by the matmul with V (a), and Gemma2's tanh softcap keeps
         # its output too (a); measured on cohort case c40 (Gemma2, eager): exactly these three per layer.
-        scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
+        scores = plan.batch_size * spec.num_heads * r.sequence_length * r.sequence_length
         kernel += round_block(4 * scores) + round_block(a * scores)
         if spec.attn_logit_softcapping:
             kernel += round_block(a * scores)
@@ -457,7 +458,7 @@ def attention_mask_and_view_bytes(r: ResolvedPlan) -> int:
     total = 0
     gqa = spec.num_kv_heads != spec.num_heads
     if r.attention_mask:  # counted for every block, also where only some use the window (Gemma3): the safe side
-        total += round_block(a * plan.batch_size * plan.seq_len * plan.seq_len)
+        total += round_block(a * plan.batch_size * r.sequence_length * r.sequence_length)
         if gqa and spec.num_kv_heads > 1:  # with one k/v head repeat_kv's reshape of the expand is a view
             total += round_block(a * t * (spec.q_dim - spec.kv_dim)) * 2
     v_copied = (gqa and (r.attention_kernel == "math" or r.attention_mask or spec.head_dim > 256)) or (
@@ -510,8 +511,10 @@ def _moe_activation_bytes(r: ResolvedPlan) -> int:
 def shared_activation_bytes(r: ResolvedPlan) -> int:
     """Activations outside the blocks: the embedding output (e·T·H, plus Gemma's sqrt(H)-scaled copy),
     RoPE's cos and sin (2 x e·T·head_dim, shared by all layers; transformers casts them to the hidden
-    states' dtype), the final norm (as in a block) and the input ids and labels (int64, 2 x 8·T).
-    e = :func:`residual_bytes` (a, or 4 after prepare_model_for_kbit_training: fp32 embedding)."""
+    states' dtype), the final norm (as in a block) and the input ids and labels (int64, 2 x 8·T); for a
+    vision-language model what its images keep (estimator/vision_memory.py: the tower's saved inputs under
+    checkpointing, the pixel values, the scattered embeddings) and its int64 modality ids and 3-row M-RoPE positions
+    (4 x 8·T). e = :func:`residual_bytes` (a, or 4 after prepare_model_for_kbit_training: fp32 embedding)."""
     spec = r.spec
     t = r.tokens
     a = r.act_bytes
@@ -531,6 +534,8 @@ def shared_activation_bytes(r: ResolvedPlan) -> int:
         total += 2 * round_block(e * t * spec.head_dim)
         total += round_block(4 * t * h) + (round_block(a * t * h) if r.full else 0)
     total += 2 * round_block(8 * t)
+    if r.images is not None:
+        total += vision_memory.vision_saved_bytes(r) + round_block(8 * t) + round_block(3 * 8 * t)
     return total
 
 
@@ -722,7 +727,7 @@ def eager_softmax_backward_bytes(r: ResolvedPlan) -> int:
     if r.attention_kernel != "math":
         return 0
     plan, spec, t = r.plan, r.spec, r.tokens
-    scores = plan.batch_size * spec.num_heads * plan.seq_len * plan.seq_len
+    scores = plan.batch_size * spec.num_heads * r.sequence_length * r.sequence_length
     return (round_block(4 * scores) + round_block(r.act_bytes * t * spec.kv_dim)
             + 2 * round_block(residual_bytes(r) * t * spec.hidden_size))
 

@@ -78,7 +78,8 @@ NUMBER_FIELDS: tuple[str, ...] = (
     "lora_r", "lora_alpha", "lora_dropout", "seq_len", "batch_size", "gradient_accumulation_steps", "beta",
     "num_generations", "max_completion_length", "generation_batch_size", "steps_per_generation",
     "vllm_gpu_memory_utilization", "vllm_max_model_length", "num_gpus", "num_nodes", "gpus_per_node", "gpu_vram_gb",
-    "host_ram_gb", "headroom_percent", "learning_rate", "max_steps", "num_train_epochs")
+    "host_ram_gb", "headroom_percent", "learning_rate", "max_steps", "num_train_epochs", "images_per_sample",
+    "min_pixels", "max_pixels")
 # Sharded inside a node, replicated (FSDP HYBRID_SHARD) or partitioned a second time (DeepSpeed ZeRO++ hpZ) inside it:
 # they need several nodes of several GPUs (estimator/sharding.py)
 HYBRID_SHARDINGS: tuple[str, ...] = ("zero3_hpz", "fsdp_hybrid_shard")
@@ -119,6 +120,11 @@ MAX_HOST_RAM_GB = 65536.0
 # is "tight" even when it is under it (issue 21; docs/how-it-works.md, "The verdict").
 DEFAULT_HEADROOM_PERCENT = 5.0
 MAX_STRING = 512
+MAX_IMAGE_SIDE = 65536  # pixels a side of a training image (PIL opens larger ones only with its bomb check off)
+MAX_IMAGES_PER_SAMPLE = 256
+MAX_PIXELS_KNOB = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE
+VisionTower = Literal["frozen", "lora", "full"]
+_IMAGE_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")
 MAX_MODULES = 64  # target_modules / modules_to_save entries; a decoder block has about ten linear names
 
 SafeName = Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
@@ -269,6 +275,27 @@ class TrainingPlan(BaseModel):
     gradient_accumulation_steps: int = Field(
         1, ge=1, le=65536, description="Micro-batches accumulated per optimizer step; no memory cost."
     )
+    # --- images (vision-language models; the processors' own names for their knobs) ---
+    image_size: str | None = Field(
+        None,
+        description="A vision-language model's training images, 'WIDTHxHEIGHT' in pixels (e.g. '1280x720'): required "
+                    "for a VLM (ask the user), refused for a text model. The processor turns each image into image "
+                    "tokens, added to seq_len (the text tokens of a sample).",
+        examples=["1280x720", "448x448"],
+    )
+    images_per_sample: int = Field(1, ge=1, le=MAX_IMAGES_PER_SAMPLE,
+                                   description="Images in each training sample (a VLM; default 1).")
+    vision_tower: VisionTower = Field(
+        "frozen", description="What trains in a VLM's vision encoder: frozen (the default of VLM recipes), lora or "
+                              "full (not modelled yet: refused).")
+    min_pixels: int | None = Field(
+        None, ge=1, le=MAX_PIXELS_KNOB,
+        description="Qwen-VL image processor min_pixels: images with fewer pixels are scaled up (processor default "
+                    "3136 = 56x56).")
+    max_pixels: int | None = Field(
+        None, ge=1, le=MAX_PIXELS_KNOB,
+        description="Qwen-VL image processor max_pixels: images with more pixels are scaled down (processor default "
+                    "12845056 = 3584x3584); the knob that bounds a large image's tokens.")
     gradient_checkpointing: bool = Field(
         True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on)."
     )
@@ -551,6 +578,24 @@ class TrainingPlan(BaseModel):
             raise ValueError(f"must be plain text without control characters (newline, tab, NUL, ...); found {bad!r}")
         return value
 
+    @field_validator("image_size", mode="before")
+    @classmethod
+    def _image_size_words(cls, value):
+        """'1280x720', also written '1280X720', '1280 x 720', '1280*720' or with the multiplication sign; each side 1 to
+        MAX_IMAGE_SIDE pixels."""
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"must be 'WIDTHxHEIGHT' in pixels, e.g. '1280x720'; got {value!r}")
+        text = value.strip().lower().replace("\u00d7", "x").replace("*", "x").replace(" ", "")
+        match = _IMAGE_SIZE.fullmatch(text)
+        if match is None:
+            raise ValueError(f"must be 'WIDTHxHEIGHT' in pixels, e.g. '1280x720'; got {value[:40]!r}")
+        width, height = int(match.group(1)), int(match.group(2))
+        if not (1 <= width <= MAX_IMAGE_SIDE and 1 <= height <= MAX_IMAGE_SIDE):
+            raise ValueError(f"each side must be 1 to {MAX_IMAGE_SIDE} pixels; got {width}x{height}")
+        return f"{width}x{height}"
+
     @field_validator(*NUMBER_FIELDS, mode="before")
     @classmethod
     def _no_bool_as_number(cls, value):
@@ -562,6 +607,7 @@ class TrainingPlan(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> TrainingPlan:
         four_bit = self.quantized_4bit
+        self._check_image_fields()
         self._check_stack_fields()
         self._check_trainer_fields()
         if self.method == "full" and (four_bit or self.load_in_8bit):
@@ -629,6 +675,27 @@ class TrainingPlan(BaseModel):
                 instead = "zero3" if self.sharding == "zero3_hpz" else "ddp or fsdp_full_shard"
                 raise PlanError.about("sharding", f"{self.sharding} {what}: with gpus_per_node 1 there is nothing to "
                                                   f"shard inside a node; use {instead}")
+
+    def _check_image_fields(self) -> None:
+        """Image settings need images; the processor's bounds must be in order. Whether the model reads images at
+        all is the model's to say (estimator/resolved.py)."""
+        if self.image_size is None:
+            given = [name for name in ("min_pixels", "max_pixels") if getattr(self, name) is not None]
+            given += [name for name, default in (("images_per_sample", 1), ("vision_tower", "frozen"))
+                      if getattr(self, name) != default]
+            if given:
+                raise PlanError.about(given[0], "describes the training images; give image_size too "
+                                                "('WIDTHxHEIGHT', e.g. '1280x720')")
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise PlanError.about("min_pixels", f"{self.min_pixels} is above max_pixels {self.max_pixels}")
+
+    @property
+    def image_width_height(self) -> tuple[int, int] | None:
+        """(width, height) of ``image_size``, or None without images."""
+        if self.image_size is None:
+            return None
+        width, height = self.image_size.split("x")
+        return int(width), int(height)
 
     def _check_trainer_fields(self) -> None:
         """Fields of another trainer are refused, naming them and the trainers that have them."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from . import peft_knobs
+from . import peft_knobs, vision_memory
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
 from .plan import TORCHTUNE_FAMILIES, AdapterDType, AttnImplementation, DType, EffectiveLoss, Framework, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 from .trainers import check_supported
+from .vision_memory import ImageFacts
 
 # Families whose transformers 5.24 model class sets _supports_sdpa = False (modeling_gemma2.py: "sdpa does
 # not support softcapping"): loading them with attn_implementation="sdpa" raises.
@@ -57,6 +58,8 @@ class ResolvedPlan:
     # positions per row the loss scores, where fewer than S - 1 carry a label: GRPO's completions, which TRL 1.16's
     # fused head scores alone on a CUDA GPU (its Triton path compacts the label-masked positions); None: S - 1
     scored_per_row: int | None = None
+    # a vision-language model's images as its processor makes them (estimator/vision_memory.py); None for text
+    images: ImageFacts | None = None
     # what is derived from these facts, kept once computed (estimator/inventory.py's records, the adapted linears);
     # not an argument: dataclasses.replace builds a new resolved plan with an empty one
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -69,8 +72,14 @@ class ResolvedPlan:
     def scored_tokens(self) -> int:
         """N = B·(S-1): the positions the causal-LM loss scores (each predicts the next token; at least one); B x the
         completion for GRPO's policy (``scored_per_row``)."""
-        per_row = self.scored_per_row if self.scored_per_row is not None else max(self.plan.seq_len - 1, 1)
+        per_row = self.scored_per_row if self.scored_per_row is not None else max(self.sequence_length - 1, 1)
         return self.plan.batch_size * per_row
+
+    @property
+    def sequence_length(self) -> int:
+        """S: tokens per row the language model runs, seq_len plus a VLM's image tokens (TRL 1.16 keeps them in the
+        labels too)."""
+        return self.plan.seq_len + (self.images.lm_tokens_per_sample if self.images is not None else 0)
 
     @property
     def act_bytes(self) -> int:
@@ -226,8 +235,10 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     # in that dtype)
     fp32_weight_casts = autocast and weight_dtype == "fp32" and plan.sharding in ("none", "ddp")
     residual_dtype = "fp32" if (kbit_prepared or fp32_weight_casts) else compute_dtype
+    images = vision_memory.resolve_images(plan, spec)
+    sequence = plan.seq_len + (images.lm_tokens_per_sample if images is not None else 0)
     attn = _attn_implementation(plan, spec, compute_dtype)
-    masked = sliding_window_mask(attn, spec, plan.seq_len)
+    masked = sliding_window_mask(attn, spec, sequence)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
     kernel = _attention_kernel(attn, spec, compute_dtype, masked and spec.sliding_window_layers >= spec.num_layers)
     if spec.max_position_embeddings and plan.seq_len > spec.max_position_embeddings:
@@ -239,7 +250,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     return ResolvedPlan(
         plan=plan,
         spec=spec,
-        tokens=plan.batch_size * plan.seq_len,
+        tokens=plan.batch_size * sequence,
         weight_dtype=weight_dtype,
         compute_dtype=compute_dtype,
         autocast=autocast,
@@ -259,6 +270,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         attention_mask=masked,
         use_dora=plan.use_dora,
         expert_lora=expert_lora if expert_lora is not None and expert_lora.any else None,
+        images=images,
     )
 
 

@@ -13,9 +13,12 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from .errors import ModelConfigError
+
+if TYPE_CHECKING:  # vision_spec imports this module's shapes; it is imported where a VLM config is read
+    from .vision_spec import VisionSpec
 
 # model_type -> how its decoder block is laid out. Families checked against transformers 5.24's
 # modeling files; anything else with the standard keys is treated as a Llama-like block, with a warning.
@@ -125,6 +128,9 @@ class ModelSpec:
     sliding_window: int | None = None
     sliding_window_layers: int = 0
     known_family: bool = True
+    # a vision-language model's vision side (estimator/vision_spec.py: tower, projector); None for a text model. The
+    # fields above describe its language model.
+    vision: VisionSpec | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     # ---------- construction ----------
@@ -247,7 +253,9 @@ class ModelSpec:
 
     @cached_property
     def total_params(self) -> int:
-        return self.embedding_params + self.lm_head_params + self.block_params + self.hidden_size
+        """Every parameter: the language model's, and a VLM's vision tower and projector."""
+        vision = self.vision.vision_params if self.vision is not None else 0
+        return self.embedding_params + self.lm_head_params + self.block_params + self.hidden_size + vision
 
     @cached_property
     def largest_layer_params(self) -> int:
@@ -380,26 +388,51 @@ VISION_LANGUAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "
 ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower", "img_processor", "audio_config")
 
 
+# The vision-language families the estimate reads (estimator/vision_memory.py, measured by cohort v21) and the text
+# family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v with bias)
+ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2"}
+
+
 def _refuse_multimodal(config: dict) -> None:
-    """A model with a vision (or audio) encoder beside its language model: the encoder's weights, its activations and
-    the tokens it adds are not estimated yet, and the language model alone would be an underestimate, so it is an
-    error, not a text-only estimate."""
+    """A model with a vision (or audio) encoder beside its language model that the estimate does not read yet: the
+    encoder's weights, its activations and the tokens it adds would be missing, and the language model alone would be
+    an underestimate, so it is an error, not a text-only estimate."""
     model_type = config.get("model_type")
     keys = [k for k in ENCODER_CONFIG_KEYS if config.get(k)]
     if model_type in VISION_LANGUAGE_MODEL_TYPES or keys:
         what = f"model_type '{model_type}'" if isinstance(model_type, str) else "this config.json"
         beside = f" (its {', '.join(keys)})" if keys else ""
         raise ModelConfigError(
-            f"{what} is a multimodal model: an image or audio encoder{beside} beside its language model. The "
-            "encoder's weights and activations and the tokens it adds are not estimated yet, and the language model "
-            "alone would be too low an estimate; canifinetune estimates text-only decoder models")
+            f"{what} is a multimodal model: an image or audio encoder{beside} beside its language model. Its "
+            "encoder's weights and activations and the tokens it adds are not estimated yet (of the vision-language "
+            f"families, {', '.join(ESTIMATED_VISION_TYPES)} is), and the language model alone would be too low an "
+            "estimate")
+
+
+def _vision_language_model(config: dict) -> tuple[dict, VisionSpec]:
+    """A VLM config.json read as its language model's config (the text_config, or the top-level fields older
+    checkpoints keep it in, under its text family's model_type) and its vision side."""
+    from .vision_spec import vision_spec_from_config
+
+    vision = vision_spec_from_config(config)
+    assert vision is not None
+    inner = config.get("text_config")
+    text = {k: v for k, v in config.items() if k not in ENCODER_CONFIG_KEYS and k != "text_config"}
+    if isinstance(inner, dict):
+        text.update(inner)
+    text["model_type"] = ESTIMATED_VISION_TYPES[config["model_type"]]
+    return text, vision
 
 
 def _spec_from_config(config: dict) -> ModelSpec:
     if not isinstance(config, dict):
         raise ModelConfigError(f"config.json must be a JSON object; got {type(config).__name__}")
-    _refuse_multimodal(config)
-    config = _text_config(config)
+    vision = None
+    if config.get("model_type") in ESTIMATED_VISION_TYPES:
+        config, vision = _vision_language_model(config)
+    else:
+        _refuse_multimodal(config)
+        config = _text_config(config)
     model_type = _model_type(config)
     warnings: list[str] = []
     known = model_type in SUPPORTED_FAMILIES
@@ -432,6 +465,7 @@ def _spec_from_config(config: dict) -> ModelSpec:
         sliding_window=window,
         sliding_window_layers=window_layers,
         known_family=known,
+        vision=vision,
         warnings=tuple(warnings),
     )
 

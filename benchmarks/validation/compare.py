@@ -20,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FAKE_MODE = HERE / "fake_mode.py"
 TRAINER_FAKE = HERE / "trainer_fake.py"
+VLM_FAKE = HERE / "vlm_fake.py"
 LITGPT_FAKE = HERE / "litgpt_fake.py"
 LOSS_MODE = {"chunked": "trl_fused", "standard": "model", "litgpt": "model", "torchtune": "model"}
 # LitGPT runs in a virtual environment of its own (.ci/stack-venvs.sh makes it)
@@ -154,6 +155,9 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
                "--out", str(out_path), "--loss", LOSS_MODE[validated.effective_loss_implementation]]
         if validated.trainer != "sft":  # DPO/KTO/GRPO: their own training step (trainer_fake.py)
             cmd = [sys.executable, str(TRAINER_FAKE), "--plan", str(plan_path), "--config", str(config_path),
+                   "--out", str(out_path)]
+        if validated.image_size is not None:  # a vision-language model on images (vlm_fake.py)
+            cmd = [sys.executable, str(VLM_FAKE), "--plan", str(plan_path), "--config", str(config_path),
                    "--out", str(out_path)]
         env = None
         stack = STACK_HARNESSES.get(validated.framework)

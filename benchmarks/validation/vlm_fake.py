@@ -14,7 +14,10 @@ class for the checkpoint (``AutoModelForImageTextToText``, from its config.json,
 - each step is ``trainer.training_step`` (TRL's fused LM head, its metrics) and Trainer's optimizer phase, through
   ``sft_trainer_fake``'s counter and phases.
 
-Emulated (docs/validation.md, "Emulated CUDA paths"): the GPU routing of ``fake_mode.gpu_routing``; and the values of
+Emulated (docs/validation.md, "Emulated CUDA paths"): the GPU routing of ``fake_mode.gpu_routing``; the all-ones
+``attention_mask`` of unpadded rows is not passed to the model, as in ``sft_trainer_fake`` (transformers reads the mask
+on a GPU, finds no padding and uses ``is_causal``; it treats a fake mask as unreadable and would build a 4-D mask,
+keep GQA's expanded keys and values and rule out the flash kernel); and the values of
 small integer tensors made from the data. A fake tensor has no values, yet the Qwen-VL families read them (the image
 grid for the vision tower's sequence lengths, windows and position ids, the placeholder positions for M-RoPE): torch
 keeps the values of tensors made from data (``torch.tensor``) as the fake tensor's ``constant`` up to
@@ -24,6 +27,7 @@ activations and pixel values are made without data and stay value-less.
 
     python benchmarks/validation/vlm_fake.py --model Qwen/Qwen2.5-VL-3B-Instruct --method lora \\
         --image-size 1280x720 --images-per-sample 1 --seq-len 512
+    python benchmarks/validation/vlm_fake.py --plan plan.json --config config.json --out measured.json
 """
 
 from __future__ import annotations
@@ -54,10 +58,8 @@ QWEN_TEMPLATE = ("{% for message in messages %}{% for part in message['content']
                  "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
 # Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
 VISION_TOWER_MODES = ("frozen", "lora", "full")
-# The language model's linears in a Qwen2.5-VL ForConditionalGeneration (transformers 5.24 module names): a LoRA
-# that leaves the vision tower and the merger alone
-QWEN_LANGUAGE_LINEARS = (r"model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)"
-                         r"|mlp\.(gate_proj|up_proj|down_proj))")
+# The linears of a Qwen2.5-VL language-model block (transformers 5.24 Qwen2_5_VLDecoderLayer)
+QWEN_LANGUAGE_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _beside(name: str):
@@ -184,11 +186,22 @@ def qwen_vision_metadata_from_values():
 
 
 def lora_targets(vision_tower: str, plan) -> Any:
-    """PEFT target_modules: the language model's linears (vision tower frozen or fully trained), or every linear but
-    the LM head (``all-linear``: the vision tower and merger too) when the tower trains by LoRA."""
+    """PEFT target_modules: the plan's linear names in the language model only (PEFT would match a name such as
+    gate_proj in the vision tower's MLPs too), as the estimate reads them for a frozen or fully trained tower; every
+    linear but the LM head (``all-linear``: the vision tower and merger too) when the tower trains by LoRA."""
     if vision_tower == "lora":
         return "all-linear"
-    return QWEN_LANGUAGE_LINEARS
+    from canifinetune.estimator.spec import PEFT_DEFAULT_TARGETS
+
+    if plan.target_modules == "all-linear":
+        names = list(QWEN_LANGUAGE_LINEAR_NAMES)
+    else:  # PEFT's default for the language model's family (qwen2) when the plan names none
+        names = list(plan.target_modules or PEFT_DEFAULT_TARGETS["qwen2"])
+    attention = [n for n in names if n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    mlp = [n for n in names if n in ("gate_proj", "up_proj", "down_proj")]
+    parts = ([rf"self_attn\.({'|'.join(attention)})"] if attention else []) + (
+        [rf"mlp\.({'|'.join(mlp)})"] if mlp else [])
+    return rf"model\.language_model\.layers\.\d+\.({'|'.join(parts)})"
 
 
 def build_vlm(plan, config: dict, vision_tower: str):
@@ -278,6 +291,7 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
             optimizer = model_setup.build_optimizer(plan, trainer.model)
             trainer.optimizer = optimizer
             resolved = model_setup.resolved_settings(plan, trainer.model, optimizer)
+            sft._without_all_ones_mask(trainer.model)
             wrapped, _ = trainer.accelerator.prepare(trainer.model, optimizer)
             model = trainer.model
             trainable = [p for p in model.parameters() if p.requires_grad]
@@ -311,14 +325,29 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
             "known_scalar_reads": counter.known_scalar_reads}
 
 
-def measure_vlm(plan, config: dict, images: dict) -> dict:
-    """The fake-tensor measurement of a VLM plan, with its wall time and library versions."""
+def images_of_plan(plan) -> dict:
+    """The images a plan describes, with the checkpoint processor's min_pixels/max_pixels where it sets none
+    (estimator/vision_memory.py: what AutoProcessor.from_pretrained loads)."""
+    from canifinetune.estimator import vision_memory
+
+    size = plan.image_width_height
+    if size is None:
+        raise ValueError("the plan has no image_size: not a vision-language plan")
+    knobs = {"min_pixels": plan.min_pixels or vision_memory.QWEN25_VL_MIN_PIXELS,
+             "max_pixels": plan.max_pixels or vision_memory.QWEN25_VL_MAX_PIXELS}
+    return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
+            "processor": knobs}
+
+
+def measure_vlm(plan, config: dict, images: dict | None = None) -> dict:
+    """The fake-tensor measurement of a VLM plan (its images from the plan unless given), with its wall time and
+    library versions."""
     from canifinetune.estimator.plan import TrainingPlan
 
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan(**plan)
     t0 = time.perf_counter()
-    result = run_vlm_steps(plan, config, images)
+    result = run_vlm_steps(plan, config, images or images_of_plan(plan))
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
     result["versions"] = _beside("fake_mode").library_versions()
     result["plan"] = plan.model_dump(mode="json")
@@ -332,12 +361,15 @@ def _size(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--plan", help="a TrainingPlan as JSON (a file), images in its image fields")
+    parser.add_argument("--config", help="config.json of the model (a file); default: the published one")
+    parser.add_argument("--model", help="a published VLM (estimator/data/vlm_configs.json), with the flags below")
     parser.add_argument("--method", default="lora", choices=("lora", "full"))
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--image-size", type=_size, default=(1280, 720))
+    parser.add_argument("--target-modules", default="all-linear")
+    parser.add_argument("--image-size", default="1280x720")
     parser.add_argument("--images-per-sample", type=int, default=1)
     parser.add_argument("--vision-tower", choices=VISION_TOWER_MODES, default="frozen")
     parser.add_argument("--min-pixels", type=int)
@@ -345,13 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    plan = {"model": args.model, "method": args.method, "seq_len": args.seq_len, "batch_size": args.batch_size,
-            "gradient_checkpointing": args.gradient_checkpointing, "gpu_vram_gb": 80}
-    knobs = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
-    images = {"size": list(args.image_size), "per_sample": args.images_per_sample, "vision_tower": args.vision_tower,
-              "processor": knobs}
-    with contextlib.ExitStack():
-        result = measure_vlm(plan, vlm_config(args.model), images)
+    if args.plan:
+        plan = json.loads(Path(args.plan).read_text())
+    elif args.model:
+        plan = {"model": args.model, "method": args.method, "seq_len": args.seq_len, "batch_size": args.batch_size,
+                "gradient_checkpointing": args.gradient_checkpointing, "gpu_vram_gb": 80,
+                "target_modules": None if args.method == "full" else args.target_modules,
+                "image_size": args.image_size, "images_per_sample": args.images_per_sample,
+                "vision_tower": args.vision_tower, "min_pixels": args.min_pixels, "max_pixels": args.max_pixels}
+    else:
+        parser.error("give --plan or --model")
+    config = json.loads(Path(args.config).read_text()) if args.config else vlm_config(plan["model"])
+    result = measure_vlm(plan, config)
     text = json.dumps(result, indent=1, default=str)
     if args.out:
         Path(args.out).write_text(text)

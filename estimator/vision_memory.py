@@ -1,0 +1,221 @@
+"""A vision-language model's memory beyond its language model: the image tokens the language model reads, the vision
+tower's weights, what the tower's forward leaves for backward, and the pixel values (issue 26).
+
+Read from transformers 5.24 (models/qwen2_5_vl/modeling_qwen2_5_vl.py, modeling_utils.enable_input_require_grads)
+and TRL 1.16 (trainer/sft_trainer.py DataCollatorForVisionLanguageModeling), and measured by TRL's own SFTTrainer on
+each family's transformers model class under fake tensors (benchmarks/validation/vlm_fake.py): exploratory runs on
+Qwen2.5-VL-3B, then cohort v21.
+
+What the measurements show, for a vision tower that does not train (the default of VLM recipes):
+
+- the language model runs on ``seq_len`` text tokens plus each image's tokens (its placeholders and the two markers
+  the chat template writes around them): as a text model of that length, to within 10 MB at 1,454 tokens;
+- the tower's weights, in the weight dtype;
+- without gradient checkpointing the tower builds no graph (its parameters are frozen and its input, the pixel
+  values, needs no gradient): only its forward's temporaries, gone before the language model's peak;
+- with gradient checkpointing, transformers' ``enable_input_require_grads`` (which PEFT's and Trainer's checkpointing
+  set up) hooks the input embeddings of every sub-model, the tower's patch embedding included: the tower's output
+  then requires grad, every tower block is a checkpointed layer and keeps its input until the end of backward, and
+  the merger keeps its own (:func:`tower_saved_bytes`);
+- the collator's pixel values (fp32) live through the step; the language model's input embeddings are copied once
+  when the image features are scattered into them.
+
+Only what was measured is estimated: Qwen2.5-VL, a frozen vision tower, LoRA or full fine-tuning of the language
+model on one GPU with TRL's SFT trainer. Everything else about images is refused by name (:func:`check_images`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from .allocator import round_block
+from .constants import DTYPE_BYTES
+from .errors import PlanError
+from .plan import TrainingPlan
+from .spec import ModelSpec
+from .tensor_records import Role, TensorRecord
+
+if TYPE_CHECKING:  # resolved.py imports this module
+    from .resolved import ResolvedPlan
+    from .vision_spec import ModuleGroup
+
+# Qwen/Qwen2.5-VL-3B-Instruct's and -7B-Instruct's preprocessor_config.json (what AutoProcessor.from_pretrained loads):
+# min_pixels 3136 (56 x 56), max_pixels 12845056 (28 x 28 x 16384). The processor class's own default max_pixels is
+# lower (1003520, image_processing_qwen2_vl.py): the checkpoint's is the one a user's run gets.
+QWEN25_VL_MIN_PIXELS = 3136
+QWEN25_VL_MAX_PIXELS = 12845056
+# What DataCollatorForVisionLanguageModeling returns (TRL 1.16): the processor's float32 pixel values
+PIXEL_VALUES_DTYPE = "fp32"
+# The language model's input embeddings with the image features scattered in (masked_scatter makes a new tensor)
+SCATTERED_EMBEDDING_COPIES = 1
+
+
+class ImageFacts(NamedTuple):
+    """What the processor makes of a sample's images (estimator/vision_tokens.py mirrors it)."""
+
+    width: int
+    height: int
+    images_per_sample: int
+    lm_tokens_per_image: int  # placeholders plus the two markers the chat template writes around them
+    patches_per_image: int  # the vision tower's sequence for one image (before its 2x2 merge)
+    pixel_values_per_image: int  # elements of the processor's pixel_values for one image
+    min_pixels: int
+    max_pixels: int
+
+    @property
+    def lm_tokens_per_sample(self) -> int:
+        return self.lm_tokens_per_image * self.images_per_sample
+
+    @property
+    def patches_per_sample(self) -> int:
+        return self.patches_per_image * self.images_per_sample
+
+    def words(self) -> str:
+        """'1 image of 1280x720 -> 1,198 tokens (1,196 image + 2 markers)' for the assumptions."""
+        images = f"{self.images_per_sample} image{'s' if self.images_per_sample != 1 else ''}"
+        placeholders = self.lm_tokens_per_image - 2
+        return (f"{images} of {self.width}x{self.height} per sample -> {self.lm_tokens_per_image:,} tokens each "
+                f"({placeholders:,} image tokens + 2 markers; {self.patches_per_image:,} vision patches), Qwen-VL "
+                f"processor min_pixels {self.min_pixels:,}, max_pixels {self.max_pixels:,}")
+
+
+def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
+    """A text model takes no images; a VLM needs them, and only what cohort v21 measured is estimated."""
+    if spec.vision is None:
+        if plan.image_size is not None:
+            raise PlanError.about("image_size", f"{plan.model} is a text model: it reads no images; drop image_size")
+        return
+    if plan.image_size is None:
+        raise PlanError.about(
+            "image_size", f"{plan.model} is a vision-language model: give the training images' size "
+            "('WIDTHxHEIGHT', e.g. '1280x720') and images_per_sample; each image becomes image tokens in every "
+            "sample, so the estimate needs them")
+    refusals = (
+        (plan.vision_tower != "frozen", "vision_tower",
+         f"'{plan.vision_tower}': a trained vision tower is not estimated yet (frozen is)"),
+        (plan.method == "qlora" or plan.load_in_8bit, "method",
+         "a quantized vision-language model is not estimated yet (lora and full are)"),
+        (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
+        (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),
+        (plan.num_gpus > 1, "num_gpus", "vision-language models are estimated on one GPU only"),
+        (plan.packing or plan.padding_free, "packing", "TRL 1.16 refuses packing and padding-free rows for images"),
+        (plan.effective_loss_implementation != "chunked", "loss_implementation",
+         "vision-language models are estimated with TRL's default loss only"),
+        (plan.attn_implementation not in (None, "sdpa"), "attn_implementation",
+         "vision-language models are estimated with sdpa attention only"),
+        (bool(plan.modules_to_save) or plan.use_dora, "modules_to_save",
+         "modules_to_save and DoRA are not estimated for vision-language models yet"),
+    )
+    for refused, field, words in refusals:
+        if refused:
+            raise PlanError.about(field, words)
+
+
+def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
+    """The images' tokens and patches as the checkpoint's processor makes them (None for a text model)."""
+    check_images(plan, spec)
+    if spec.vision is None:
+        return None
+    from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
+
+    size = plan.image_width_height
+    assert size is not None
+    tower = spec.vision.tower
+    min_pixels = plan.min_pixels if plan.min_pixels is not None else QWEN25_VL_MIN_PIXELS
+    max_pixels = plan.max_pixels if plan.max_pixels is not None else QWEN25_VL_MAX_PIXELS
+    if min_pixels > max_pixels:
+        raise PlanError.about("min_pixels", f"{min_pixels} is above max_pixels {max_pixels}")
+    try:
+        one = qwen_vl_image_tokens(size[0], size[1], patch_size=tower.patch_size,
+                                   merge_size=_merge(spec),
+                                   temporal_patch_size=tower.temporal_patch_size, min_pixels=min_pixels,
+                                   max_pixels=max_pixels, num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.encoder_seq_len,
+                      one.pixel_values_numel, min_pixels, max_pixels)
+
+
+def _merge(spec: ModelSpec) -> int:
+    """The merger's side: 2 merges 2 x 2 patches into one token (merge_factor is its square)."""
+    assert spec.vision is not None
+    side = round(spec.vision.projector.merge_factor ** 0.5)
+    assert side * side == spec.vision.projector.merge_factor
+    return side
+
+
+def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
+    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor), in the weight dtype,
+    frozen (a trained tower is refused); unrounded, as the language model's base weights are."""
+    vision = r.spec.vision
+    if vision is None:
+        return []
+    dtype = r.weight_dtype
+    out = []
+    for group in vision.tower.groups + vision.projector.groups:
+        count = group.count
+        for name, shape in _group_shapes(group):
+            elements = 1
+            for dim in shape:
+                elements *= dim
+            rows, cols = shape[0], elements // shape[0]
+            out.append(TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", rows, cols, count, dtype, False,
+                                    elements * DTYPE_BYTES[dtype], None))
+    return out
+
+
+def _group_shapes(group: ModuleGroup) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of one module of ``group`` (its parameters repeat ``group.count`` times)."""
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    for lin in group.linears:
+        shapes.append((f"{lin.name}.weight", (lin.out_features, lin.in_features)))
+        if lin.bias:
+            shapes.append((f"{lin.name}.bias", (lin.out_features,)))
+    for norm in group.norms:
+        shapes.append((f"{norm.name}.weight", (norm.size,)))
+        if norm.bias:
+            shapes.append((f"{norm.name}.bias", (norm.size,)))
+    shapes += [(tensor.name, tensor.shape) for tensor in group.tensors]
+    return shapes
+
+
+def tower_saved_bytes(r: ResolvedPlan) -> int:
+    """What the vision tower keeps for backward, from its forward to the end of backward.
+
+    Without gradient checkpointing: nothing (frozen parameters, pixel values that need no gradient: no graph).
+    With it, the tower is in the graph (``enable_input_require_grads`` hooks its patch embedding; measured on
+    Qwen2.5-VL-3B at 1280x720, 4,784 patches): each of its ``depth`` blocks keeps its input, N x W in the weight
+    dtype (a checkpointed layer); the merger keeps its norm's fp32 input (N x W x 4, Qwen2_5_VLRMSNorm upcasts), its
+    GELU's input (N/4 x 4W) and one more N x W tensor; the blocks' rotary cos and sin are kept in fp32 (N x head_dim
+    each). N = patches of the micro-batch, W = the tower's width."""
+    images, vision = r.images, r.spec.vision
+    if images is None or vision is None or not r.plan.gradient_checkpointing:
+        return 0
+    tower = vision.tower
+    patches = images.patches_per_sample * r.plan.batch_size
+    width_bytes = patches * tower.hidden_size * DTYPE_BYTES[r.weight_dtype]
+    blocks = tower.num_layers * round_block(width_bytes)
+    merger = round_block(patches * tower.hidden_size * DTYPE_BYTES["fp32"]) + 2 * round_block(width_bytes)
+    rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
+    return blocks + merger + rotary
+
+
+def pixel_values_bytes(r: ResolvedPlan) -> int:
+    """The collator's pixel values, alive through the step: patches x (channels x temporal patch x patch²) fp32."""
+    images = r.images
+    if images is None:
+        return 0
+    per_sample = images.pixel_values_per_image * images.images_per_sample
+    return round_block(per_sample * r.plan.batch_size * DTYPE_BYTES[PIXEL_VALUES_DTYPE])
+
+
+def scattered_embedding_bytes(r: ResolvedPlan) -> int:
+    """The language model's input embeddings once the image features are scattered in: a copy, B x T x H."""
+    if r.images is None:
+        return 0
+    return SCATTERED_EMBEDDING_COPIES * round_block(r.tokens * r.spec.hidden_size * DTYPE_BYTES[r.compute_dtype])
+
+
+def vision_saved_bytes(r: ResolvedPlan) -> int:
+    """Everything images add to what the step keeps alive beside the language model's activations."""
+    return tower_saved_bytes(r) + pixel_values_bytes(r) + scattered_embedding_bytes(r)
