@@ -25,14 +25,15 @@ Tier = Literal["same_math", "changes_learning", "more_hardware"]
 TIER_NAMES: tuple[str, ...] = ("same_math", "changes_learning", "more_hardware")
 # The kinds of choice a user has (the search offers the best of each): the kind of a suggestion is the
 # last of these its changes touch, in this order (QLoRA on a shorter context is a shorter_context choice).
-Kind = Literal["same_math", "lower_precision", "fewer_trainable", "shorter_context", "fewer_generations", "cpu_offload",
-               "more_gpus", "larger_gpu"]
+Kind = Literal["same_math", "lower_precision", "fewer_trainable", "shorter_context", "fewer_image_tokens",
+               "fewer_generations", "cpu_offload", "more_gpus", "larger_gpu"]
 KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
 KIND_WORDS = {
     "same_math": "same mathematics",
     "lower_precision": "lower precision (4-bit base or 8-bit optimizer states)",
     "fewer_trainable": "fewer trainable parameters",
     "shorter_context": "shorter context (or GRPO completions)",
+    "fewer_image_tokens": "fewer image tokens (a lower max_pixels)",
     "fewer_generations": "fewer GRPO generations per prompt",
     "cpu_offload": "CPU offload",
     "more_gpus": "more GPUs",
@@ -84,6 +85,8 @@ QUALITY_WEIGHTS = {
     "num_generations_per_halving": 1.5,
     # GRPO completions cut at max_completion_length: answers that need more are clipped (as seq_len's halving)
     "completion_len_per_halving": 2.0,
+    # a VLM's images downscaled to fewer tokens (a lower max_pixels): detail is lost, as context is for text
+    "image_tokens_per_halving": 2.0,
     "other": 1.0,
 }
 
@@ -174,6 +177,7 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
     tp = tp or throughput(plan, model=rm)
     t = _Tally(original, plan)
     _context_cost(t)
+    _image_cost(t, rm)
     _method_cost(t, _pct(tp, base_tp))
     _adapter_cost(t, rm)
     eb0, eb1 = _batch_cost(t)
@@ -458,6 +462,26 @@ def _trainer_cost(t: _Tally) -> int:
     return server
 
 
+def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
+    """Images downscaled by a lower max_pixels: the image tokens lost, priced per halving (as context)."""
+    o, p = t.original, t.plan
+    if o.max_pixels == p.max_pixels or o.image_size is None or p.image_size is None:
+        return
+    before, after = _image_tokens(o, rm), _image_tokens(p, rm)
+    if after < before:
+        t.learning(QUALITY_WEIGHTS["image_tokens_per_halving"] * math.log2(before / after),
+                   f"images downscaled: {before:,} -> {after:,} tokens each (max_pixels {p.max_pixels:,}): less "
+                   "visual detail to learn from")
+    t.handled.add("max_pixels")
+
+
+def _image_tokens(plan: TrainingPlan, rm: ResolvedModel) -> int:
+    from .vision_memory import resolve_images
+
+    images = resolve_images(plan, rm.spec)
+    return images.lm_tokens_per_image if images is not None else 0
+
+
 def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> str:
     """The kind of choice ``plan`` is (KINDS): the last kind in KINDS order that its changes touch."""
     from .knobs import trainer_setting
@@ -473,6 +497,9 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
     if plan.trainer == original.trainer == "grpo" and (
             trainer_setting(plan, "num_generations") < trainer_setting(original, "num_generations")):
         return "fewer_generations"
+    if plan.max_pixels != original.max_pixels and plan.image_size is not None and (
+            _image_tokens(plan, rm) < _image_tokens(original, rm)):
+        return "fewer_image_tokens"
     if plan.seq_len < original.seq_len or (plan.trainer == original.trainer == "grpo" and (
             trainer_setting(plan, "max_completion_length") < trainer_setting(original, "max_completion_length"))):
         return "shorter_context"

@@ -88,6 +88,9 @@ class Estimate(BaseModel):
     params_source: Literal["config", "safetensors"] = Field(
         "config", description="config: params_total counted from config.json alone; safetensors: checked against "
         "the checkpoint's safetensors headers (params_exact)")
+    image_tokens_per_sample: int | None = Field(
+        None, description="a vision-language model: the tokens its images add to each sample's seq_len text tokens "
+        "(image placeholders and markers); the language model runs seq_len + this many")
     peak_phase: Literal["forward", "backward", "optimizer", "generation"]
     peak_allocated_bytes: int = Field(description="what torch.cuda.max_memory_allocated would report")
     peak_reserved_bytes: int = Field(description="what torch.cuda.max_memory_reserved would report")
@@ -270,6 +273,7 @@ def _estimate_of(measured: _Measured, resolved_model: ResolvedModel, chosen: lis
         params_trainable=inventory_of(r).trainable_params,
         params_exact=resolved_model.params_exact,
         params_source="safetensors" if resolved_model.params_exact else "config",
+        image_tokens_per_sample=r.images.lm_tokens_per_sample if r.images is not None else None,
         peak_phase=peak.phase,
         peak_allocated_bytes=b.allocated,
         peak_reserved_bytes=b.reserved,
@@ -480,8 +484,12 @@ def stack_summary(r) -> str:
 
 def assumptions(r) -> list[str]:
     plan = r.plan
+    sample = (f"every sample is {plan.seq_len} tokens (no padding, no packing); micro-batch {plan.batch_size}"
+              if r.images is None else
+              f"every sample is {plan.seq_len} text tokens and {r.images.words()}: the language model runs "
+              f"{r.sequence_length:,} tokens a sample (no padding, no packing); micro-batch {plan.batch_size}")
     out = [
-        f"every sample is {plan.seq_len} tokens (no padding, no packing); micro-batch {plan.batch_size}",
+        sample,
         "steady state: the second and later steps, with optimizer states alive and gradients set to None by zero_grad",
         stack_summary(r),
         f"attention: {r.attn_implementation}, which runs the {r.attention_kernel} kernel (unpadded batches on an "
@@ -501,4 +509,10 @@ def assumptions(r) -> list[str]:
         from . import trainer_memory
 
         out.extend(trainer_memory.assumptions(plan))
+    if r.images is not None:
+        out.append("vision tower frozen; LoRA target_modules apply to the language model's linears only (PEFT would "
+                   "match names such as gate_proj in the vision tower's MLP too: restrict them to "
+                   "model.language_model, as the recipe does); with gradient checkpointing the tower's blocks keep "
+                   "their inputs until the end of backward (transformers' enable_input_require_grads hooks the "
+                   "tower's patch embedding)")
     return out

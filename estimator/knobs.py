@@ -111,8 +111,8 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     p = plan
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
                         _optim_knob(p), _offload_knob(p))  # tier 0
-    changes_learning = (_seq_len_knob(p), _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm),
-                        _peft_extras_knob(p))  # tier 1
+    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p), _lora_r_knob(p), _targets_knob(p, rm),
+                        _method_knob(p, rm), _peft_extras_knob(p))  # tier 1
     knobs = [k for k in (*same_mathematics, *changes_learning) if k is not None]
     trainer_knobs = _trainer_knobs(p)
     knobs[:0] = [k for k in trainer_knobs if k.tier == 0]  # same mathematics: first in cost order
@@ -210,6 +210,26 @@ def _seq_len_knob(p: TrainingPlan) -> Knob | None:
     top = (p.seq_len - 1) // SEQ_LEN_GRID * SEQ_LEN_GRID
     values = list(range(top, SEQ_LEN_FLOOR - 1, -SEQ_LEN_GRID)) or [SEQ_LEN_FLOOR]
     return Knob("seq_len", 1, [{"seq_len": v} for v in values], monotone=True)
+
+
+# max_pixels levels for a VLM's images (Qwen-VL: 28 x 28 pixels per image token): 1280, 768, 512, 256 and 128 tokens
+IMAGE_TOKEN_LEVELS = (1280, 768, 512, 256, 128)
+PIXELS_PER_IMAGE_TOKEN = 28 * 28
+
+
+def _image_pixels_knob(p: TrainingPlan) -> Knob | None:
+    """A VLM's images downscaled by the processor's max_pixels, to each of IMAGE_TOKEN_LEVELS below what the images
+    take now (and not below min_pixels)."""
+    size = p.image_width_height
+    if size is None:
+        return None
+    from .vision_memory import QWEN25_VL_MAX_PIXELS, QWEN25_VL_MIN_PIXELS
+
+    now = min(size[0] * size[1], p.max_pixels or QWEN25_VL_MAX_PIXELS)
+    floor = p.min_pixels or QWEN25_VL_MIN_PIXELS
+    values = [n * PIXELS_PER_IMAGE_TOKEN for n in IMAGE_TOKEN_LEVELS
+              if floor <= n * PIXELS_PER_IMAGE_TOKEN < now]
+    return Knob("max_pixels", 1, [{"max_pixels": v} for v in values], monotone=True) if values else None
 
 
 def _lora_r_knob(p: TrainingPlan) -> Knob | None:

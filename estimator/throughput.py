@@ -285,8 +285,14 @@ def _expected_max(lengths: tuple[int, ...], batch: int) -> float:
 
 
 def token_lengths_per_micro_step(plan: TrainingPlan, spec: ModelSpec | None = None) -> Lengths:
-    """Real and computed tokens per micro-step per GPU, and the attention span, for ``plan``'s data handling."""
+    """Real and computed tokens per micro-step per GPU, and the attention span, for ``plan``'s data handling (a
+    VLM's rows carry their image tokens too; the vision tower's own work is not timed)."""
     b, s = plan.batch_size, plan.seq_len
+    if spec is not None and spec.vision is not None and plan.image_size is not None:
+        from .vision_memory import resolve_images
+
+        images = resolve_images(plan, spec)
+        s += images.lm_tokens_per_sample if images is not None else 0
     lengths = token_lengths(plan.dataset) if plan.dataset else None
     if not lengths:
         note = None

@@ -98,6 +98,8 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
         (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),
         (plan.num_gpus > 1, "num_gpus", "vision-language models are estimated on one GPU only"),
+        (plan.sharding not in ("none", "ddp") or plan.offload_optimizer or plan.offload_params, "sharding",
+         "vision-language models are estimated without DeepSpeed or FSDP (nor their CPU offload) yet"),
         (plan.packing or plan.padding_free, "packing", "TRL 1.16 refuses packing and padding-free rows for images"),
         (plan.effective_loss_implementation != "chunked", "loss_implementation",
          "vision-language models are estimated with TRL's default loss only"),

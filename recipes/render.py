@@ -500,6 +500,11 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     """The recipe for ``plan``: recipe.yaml, the launch command, accelerate config, requirements and the estimate."""
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan.model_validate(plan)
+    if plan.image_size is not None:
+        raise RecipeError(
+            "image_size: canifinetune's recipes train text models; a vision-language recipe (an image dataset, the "
+            "processor, TRL's vision collator) is not written yet. Train with TRL's SFTTrainer on your image dataset "
+            "with the estimated settings, LoRA target_modules restricted to the language model")
     # a given estimate (a Hub model's) stays: the equivalent plan has the same figures by construction
     plan, framework_note = trl_equivalent(plan)
     problem = output_dir_problem(plan.output_dir)  # the run writes there: it must stay inside the recipe's folder

@@ -75,7 +75,10 @@ fits, make_recipe. Every argument has a default; fields not listed as arguments 
 what make_recipe writes): when the user trains with a script or tool of their own, ask which and set
 framework; the same plan can need twice the memory under another stack. For preference or RL training set trainer
 (dpo, orpo, kto, reward, grpo) and ask for its fields (reference model, GRPO's num_generations,
-max_completion_length, use_vllm/vllm_mode): they go in the plan object. Say the machine: num_gpus (the sharding is
+max_completion_length, use_vllm/vllm_mode): they go in the plan object. A vision-language model (Qwen2.5-VL) needs its
+images: ask the user their training images' size and how many per sample, and pass image_size ('1280x720'),
+images_per_sample and any processor max_pixels/min_pixels in the plan object (seq_len stays the text tokens; the image
+tokens are added). Say the machine: num_gpus (the sharding is
 chosen when not given) and host_ram_gb (judges CPU offload). A model that is neither in the catalog nor on the Hub:
 pass its config.json text as model_config. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
@@ -440,14 +443,17 @@ def estimate_memory_impl(arguments: dict[str, Any], *, offline: bool = False,
 
 
 def _next_move(est: Estimate) -> str | None:
+    from .text import recipe_move
+
     if est.verdict == "does_not_fit":
         return "call suggest_cheaper_config with the same arguments; it returns changes that fit, already estimated"
     if est.verdict == "tight":
         return ("it may run, near the limit; suggest_cheaper_config finds a configuration with room to spare, "
-                "or make_recipe and measure a short probe run")
+                "or " + recipe_move(est.plan, "make_recipe and measure a short probe run"))
     if est.verdict == "unknown":
         return "pass gpu (a catalog name such as 'RTX 4090') or gpu_vram_gb (e.g. 24) for a verdict"
-    return "call make_recipe with the same arguments for a runnable recipe, then run a short probe"
+    return recipe_move(est.plan, "call make_recipe with the same arguments for a runnable recipe, then run a short "
+                                 "probe")
 
 
 def _jsonable(value: Any) -> Any:
@@ -588,7 +594,9 @@ ESTIMATE_DOC = """\
 Peak GPU memory of fine-tuning a Hugging Face causal LM against a GPU: verdict, need vs have, the budget by
 component. Give model and gpu (or gpu_vram_gb); the rest defaults to TRL SFTTrainer with LoRA. Ask which
 trainer the user runs (framework); for DPO/KTO/GRPO (trainer) ask about the reference model, generations,
-completion length and vLLM (plan fields)."""
+completion length and vLLM (plan fields). For a vision-language model (Qwen2.5-VL) ask the size of the training
+images and how many per sample: plan fields image_size ('1280x720') and images_per_sample (max_pixels bounds
+large images)."""
 
 SUGGEST_DOC = """\
 Configurations that fit, best first (one per kind: same mathematics, lower precision, shorter context,
@@ -597,7 +605,8 @@ plan fits unchanged. Same arguments as estimate_memory."""
 
 RECIPE_DOC = """\
 A runnable TRL recipe for the plan: its files as resource links, the command that writes them, the launch
-command and the plan's verdict. Same arguments as estimate_memory plus the run's own."""
+command and the plan's verdict. Same arguments as estimate_memory plus the run's own. Text models only: a
+vision-language plan (image_size) is refused."""
 
 
 # --------------------------------------------------------------------------------------------- server

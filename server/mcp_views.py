@@ -437,6 +437,7 @@ class EstimateView(Budget):
     peak_phase: str
     params_total: int
     params_trainable: int
+    image_tokens_per_sample: int | None = Field(None, description="VLM: tokens the images add to seq_len per sample")
     warnings: list[str] = []
     plan: dict[str, Any]
 
@@ -536,11 +537,12 @@ def estimate_view(est, explain: bool = True) -> dict:
         from canifinetune.estimator.tiers import speed_line
 
         extra["speed"] = speed_line(est.speed)
+    images = {"image_tokens_per_sample": est.image_tokens_per_sample} if est.image_tokens_per_sample else {}
     return {**budget_view(est, explain), "verdict_reason": est.verdict_reason, **extra, "model": est.model,
             "model_source": est.model_source, "params_source": est.params_source, "method": est.method,
             "gpu": {"name": est.gpu.name, "usable_bytes": est.gpu.usable_bytes} if est.gpu else None,
             "peak_allocated_bytes": est.peak_allocated_bytes, "peak_phase": est.peak_phase,
-            "params_total": est.params_total, "params_trainable": est.params_trainable,
+            "params_total": est.params_total, "params_trainable": est.params_trainable, **images,
             "warnings": list(est.warnings), "plan": plan_delta(est.plan)}
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from canifinetune.estimator.constants import GIB
 
 from .palette import MARGIN_COLOR, VERDICT_COLORS, component_color
-from .text import VERDICT_WORDS, default_next_move, verdict_line
+from .text import VERDICT_WORDS, default_next_move, sequence_words, verdict_line
 
 MIN_BAR = 20
 
@@ -158,7 +158,7 @@ def show_estimate(console, est) -> None:
                        + (" (per GPU)" if est.per_gpu else ""), style="bold"))
     console.print(Text(est.verdict_reason, style="dim"))
     console.print(Text(f"{est.params_total / 1e9:.3g}B params ({est.model_source}), {plan.method}, "
-                       f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, checkpointing "
+                       f"{sequence_words(est)} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, checkpointing "
                        f"{'on' if plan.gradient_checkpointing else 'off'}; peak in {est.peak_phase}", style="dim"))
     console.print()
     for line in budget_bar(est, console.width):

@@ -61,6 +61,15 @@ def breakdown_lines(est: Estimate) -> list[str]:
     return lines
 
 
+def sequence_words(est: Estimate) -> str:
+    """'seq_len 1024', or for a VLM 'seq_len 1024 + 1,198 image tokens = 2,222'."""
+    plan = est.plan
+    if est.image_tokens_per_sample is None:
+        return f"seq_len {plan.seq_len}"
+    return (f"seq_len {plan.seq_len} + {est.image_tokens_per_sample:,} image tokens "
+            f"({plan.images_per_sample} x {plan.image_size}) = {plan.seq_len + est.image_tokens_per_sample:,}")
+
+
 def format_estimate(est: Estimate, next_move: str | None = None) -> str:
     plan = est.plan
     head = [
@@ -68,7 +77,7 @@ def format_estimate(est: Estimate, next_move: str | None = None) -> str:
         *chosen_lines(est),
         *tier_lines(est),
         f"{est.model} ({est.params_total / 1e9:.3g}B params, {est.model_source}), {plan.method}, "
-        f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
+        f"{sequence_words(est)} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
         f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}",
         next((a for a in est.assumptions if a.startswith("stack: ")), f"stack: {plan.stack.title}"),
         *speed_lines(est),
@@ -87,6 +96,17 @@ def format_estimate(est: Estimate, next_move: str | None = None) -> str:
     return "\n".join(lines)
 
 
+# make_recipe writes text-model recipes only; a vision-language plan's next step is said instead
+VLM_TRAINING_MOVE = ("train it with TRL's SFTTrainer on your image dataset with these settings, LoRA target_modules "
+                     "restricted to the language model (e.g. r'model\\.language_model\\..*\\.(q_proj|v_proj)'); "
+                     "make_recipe does not write vision-language recipes yet")
+
+
+def recipe_move(plan, words: str) -> str:
+    """``words`` (a next step through make_recipe), or for a vision-language plan the step that runs instead."""
+    return VLM_TRAINING_MOVE if plan.image_size is not None else words
+
+
 def default_next_move(est: Estimate) -> str:
     if est.verdict == "does_not_fit":
         return "ask suggest_cheaper_config (`canifinetune suggest ...`) for the cheapest changes that fit"
@@ -94,7 +114,7 @@ def default_next_move(est: Estimate) -> str:
         return "it may run, close to the limit; `canifinetune suggest` finds configs with room to spare"
     if est.verdict == "unknown":
         return "give a GPU (gpu='RTX 4090' or gpu_vram_gb=24) for a verdict"
-    return "make a recipe (`canifinetune recipe ...`) and check with a short probe run"
+    return recipe_move(est.plan, "make a recipe (`canifinetune recipe ...`) and check with a short probe run")
 
 
 def changes_summary(changes) -> str:
@@ -151,9 +171,9 @@ def format_suggestions(result) -> str:
             lines.append(f"({result.throughput_label})")
     if result.suggestions:
         move = ("apply the first suggestion's changes (or take its plan), confirm with estimate_memory "
-                "(`canifinetune estimate`), then make_recipe (`canifinetune recipe`)")
+                "(`canifinetune estimate`), then " + recipe_move(o.plan, "make_recipe (`canifinetune recipe`)"))
     elif result.fits_already:
-        move = "make_recipe (`canifinetune recipe`) with the same arguments"
+        move = recipe_move(o.plan, "make_recipe (`canifinetune recipe`) with the same arguments")
     else:
         named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus))
                  if there]
@@ -188,7 +208,7 @@ def need_vs_have(est: Estimate) -> str:
 def plan_line(est: Estimate) -> str:
     plan = est.plan
     return (f"{est.model} ({est.params_total / 1e9:.3g}B params, {est.model_source}), {plan.method}, "
-            f"seq_len {plan.seq_len} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
+            f"{sequence_words(est)} x batch {plan.batch_size}, {plan.dtype}, {plan.optim}, "
             f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}"
             + (f", {plan.gpus_words()} {plan.sharding}" if plan.num_gpus > 1 else ""))
 
@@ -254,9 +274,10 @@ def format_suggestions_brief(result) -> str:
             lines.append(f"fewest GPUs for the plan unchanged: {result.min_gpus} x {o.gpu.name if o.gpu else 'GPU'} "
                          f"with sharding '{result.min_gpus_sharding}'")
     if result.suggestions:
-        move = "apply the first suggestion's changes to the arguments, confirm with estimate_memory, then make_recipe"
+        move = ("apply the first suggestion's changes to the arguments, confirm with estimate_memory, then "
+                + recipe_move(o.plan, "make_recipe"))
     elif result.fits_already:
-        move = "make_recipe with the same arguments"
+        move = recipe_move(o.plan, "make_recipe with the same arguments")
     else:
         named = [w for w, there in (("the larger GPU", result.smallest_gpu), ("the GPU count", result.min_gpus))
                  if there]

@@ -114,13 +114,31 @@ def _published_vlm_configs() -> list[dict]:
     return data if isinstance(data, list) else data.get("models") or data.get("configs") or list(data.values())
 
 
-@pytest.mark.parametrize("entry", _published_vlm_configs(), ids=lambda e: e["id"])
-def test_a_vision_language_model_is_refused_not_estimated_as_its_language_model(entry):
-    """Qwen2.5-VL-3B was estimated as its 3.09B-parameter language model ("fits"), without its 632M-parameter vision
-    tower and its image tokens: too low. Until they are estimated, such a config is an error that says why."""
+def _vlm_entries(estimated: bool) -> list[dict]:
+    from canifinetune.estimator.spec import ESTIMATED_VISION_TYPES
+
+    return [e for e in _published_vlm_configs() if (e["config"]["model_type"] in ESTIMATED_VISION_TYPES) == estimated]
+
+
+@pytest.mark.parametrize("entry", _vlm_entries(estimated=False), ids=lambda e: e["id"])
+def test_a_vision_language_model_not_yet_estimated_is_refused_not_estimated_as_its_language_model(entry):
+    """Qwen2.5-VL-3B was once estimated as its 3.09B-parameter language model ("fits"), without its 632M-parameter
+    vision tower and its image tokens: too low. A family the estimate does not read yet is an error that says why."""
     with pytest.raises(ModelConfigError, match="multimodal model") as info:
         ModelSpec.from_config(entry["config"])
     assert entry["config"]["model_type"] in str(info.value)
+
+
+@pytest.mark.parametrize("entry", _vlm_entries(estimated=True), ids=lambda e: e["id"])
+def test_an_estimated_vision_language_model_is_read_whole(entry):
+    """Qwen2.5-VL: the language model (a Qwen2 decoder: q/k/v with bias) and the vision side, every parameter; the
+    3B's count is the checkpoint's safetensors total_size / 2 exactly."""
+    spec = ModelSpec.from_config(entry["config"])
+    assert spec.vision is not None and spec.model_type == "qwen2" and spec.attention_bias
+    assert spec.total_params > spec.vision.vision_params > 600_000_000
+    safetensors = entry.get("safetensors")
+    if safetensors:
+        assert spec.total_params == safetensors["total_size"] // safetensors["bytes_per_param"]
 
 
 @pytest.mark.parametrize("config", [
@@ -138,7 +156,7 @@ def test_the_cli_refuses_a_local_vision_language_model_in_one_line(tmp_path, cap
 
     from canifinetune.server.cli import main as cli_main
 
-    (tmp_path / "config.json").write_text(json.dumps(_published_vlm_configs()[0]["config"]), encoding="utf-8")
+    (tmp_path / "config.json").write_text(json.dumps(_vlm_entries(estimated=False)[0]["config"]), encoding="utf-8")
     code = cli_main(["estimate", "--model", str(tmp_path), "--method", "lora", "--target-modules", "all-linear",
                      "--gpu-vram-gb", "24"])
     err = capsys.readouterr().err.strip()

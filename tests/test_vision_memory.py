@@ -1,0 +1,147 @@
+"""Vision-language estimates (estimator/vision_memory.py, issue 26): images as plan fields, the image tokens in the
+language model's sequence, the tower's weights and what it keeps, and every refusal by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from canifinetune.estimator import vision_memory
+from canifinetune.estimator.errors import PlanError
+from canifinetune.estimator.estimate import estimate
+from canifinetune.estimator.model_sources import resolve_model
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.estimator.resolved import resolve
+
+VL3B = "Qwen/Qwen2.5-VL-3B-Instruct"
+
+
+def _plan(**kw) -> TrainingPlan:
+    return TrainingPlan(**{"model": VL3B, "method": "lora", "seq_len": 512, "batch_size": 1,
+                           "image_size": "1280x720", "gpu_vram_gb": 24, **kw})
+
+
+def _resolved(**kw):
+    plan = _plan(**kw)
+    return resolve(plan, resolve_model(plan.model).spec)
+
+
+def test_the_image_tokens_join_the_sequence():
+    """1280x720 under the checkpoint's processor (max_pixels 12845056): smart_resize to 1288 x 728, 92 x 52 patches,
+    1,196 merged tokens plus the two markers."""
+    r = _resolved()
+    assert r.images.patches_per_image == 92 * 52 and r.images.lm_tokens_per_image == 1196 + 2
+    assert r.sequence_length == 512 + 1198 and r.tokens == 1710
+    est = estimate(_plan())
+    assert est.image_tokens_per_sample == 1198
+    assert "1,198 tokens each" in est.assumptions[0]
+
+
+def test_max_pixels_bounds_a_large_image():
+    big = _resolved(image_size="3000x2000")
+    bounded = _resolved(image_size="3000x2000", max_pixels=1003520)
+    assert bounded.images.lm_tokens_per_image < big.images.lm_tokens_per_image
+    assert bounded.images.patches_per_image * 14 * 14 <= 1003520
+    assert estimate(_plan(image_size="3000x2000", max_pixels=1003520)).peak_allocated_bytes < \
+        estimate(_plan(image_size="3000x2000")).peak_allocated_bytes
+
+
+@pytest.mark.parametrize("change", [{"image_size": "1920x1080"}, {"images_per_sample": 3}, {"batch_size": 2},
+                                    {"gradient_checkpointing": False}])
+def test_more_pixels_images_or_rows_never_need_less(change):
+    assert estimate(_plan(**change)).peak_allocated_bytes > estimate(_plan()).peak_allocated_bytes
+
+
+def test_the_vision_tower_weights_are_counted_frozen():
+    text = estimate(TrainingPlan(model="Qwen/Qwen2.5-3B-Instruct", method="lora", seq_len=512 + 1198, batch_size=1,
+                                 gpu_vram_gb=24))
+    vlm = estimate(_plan())
+    weights = {c.name: c.bytes for c in vlm.breakdown}["weights"]
+    assert vlm.params_total == 3_754_622_976 and vlm.params_trainable == text.params_trainable
+    assert weights == pytest.approx(2 * 3_754_622_976, rel=1e-6)
+
+
+def test_the_tower_keeps_its_inputs_only_with_checkpointing():
+    """Without checkpointing the frozen tower builds no graph; with it, each block's input, the merger's three
+    tensors and the rotary cos/sin (measured: docs/memory_model.md)."""
+    assert vision_memory.tower_saved_bytes(_resolved(gradient_checkpointing=False)) == 0
+    r = _resolved()
+    patches, width, head_dim = 92 * 52, 1280, 80
+    expected = (32 + 2) * patches * width * 2 + patches * width * 4 + 2 * patches * head_dim * 4
+    assert vision_memory.tower_saved_bytes(r) == pytest.approx(expected, abs=64 * 512)
+
+
+@pytest.mark.parametrize(("model", "kw", "field"), [
+    ("Qwen/Qwen2.5-7B-Instruct", {"image_size": "640x480"}, "image_size"),  # a text model takes no images
+    (VL3B, {"image_size": None}, "image_size"),  # a VLM needs them
+    (VL3B, {"vision_tower": "lora"}, "vision_tower"),
+    (VL3B, {"method": "qlora"}, "method"),
+    (VL3B, {"framework": "axolotl"}, "framework"),
+    (VL3B, {"num_gpus": 2, "sharding": "ddp"}, "num_gpus"),
+    (VL3B, {"sharding": "zero3", "offload_params": True}, "sharding"),
+    (VL3B, {"packing": True}, "packing"),
+    (VL3B, {"attn_implementation": "eager"}, "attn_implementation"),
+])
+def test_what_is_not_measured_is_refused_by_name(model, kw, field):
+    with pytest.raises(PlanError) as info:
+        estimate(_plan(model=model, **kw))
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(("given", "stored"), [("1280X720", "1280x720"), (" 1280 x 720 ", "1280x720"),
+                                               ("1280\u00d7720", "1280x720"), ("1280*720", "1280x720")])
+def test_image_size_is_read_as_people_write_it(given, stored):
+    assert TrainingPlan(model=VL3B, image_size=given).image_size == stored
+
+
+@pytest.mark.parametrize("kw", [{"image_size": "1280"}, {"image_size": "0x720"}, {"image_size": 1280},
+                                {"images_per_sample": 2}, {"max_pixels": 1000},
+                                {"image_size": "64x64", "min_pixels": 5000, "max_pixels": 4000}])
+def test_bad_image_fields_are_errors(kw):
+    with pytest.raises(ValueError):
+        TrainingPlan(model=VL3B, **kw)
+
+
+def test_make_recipe_refuses_a_vision_language_plan():
+    from canifinetune.recipes.render import make_recipe
+    from canifinetune.recipes.schema import RecipeError
+
+    with pytest.raises(RecipeError, match="image_size"):
+        make_recipe(_plan())
+
+
+def test_the_cli_states_the_whole_sequence_and_never_offers_a_recipe(capsys):
+    from canifinetune.server.cli import main as cli_main
+
+    code = cli_main(["estimate", "--model", VL3B, "--gpu", "RTX 4090", "--seq-len", "512", "--batch-size", "1",
+                     "--image-size", "1280x720", "--offline"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "seq_len 512 + 1,198 image tokens (1 x 1280x720) = 1,710" in out
+    assert "canifinetune recipe" not in out and "make_recipe does not write vision-language recipes" in out
+
+
+def test_the_mcp_tool_takes_the_image_fields_in_the_plan():
+    from canifinetune.server import mcp_server
+
+    result = mcp_server.estimate_memory_impl(
+        {"model": VL3B, "gpu": "RTX 4090", "seq_len": 512, "batch_size": 1, "plan": {"image_size": "1280x720"}},
+        offline=True)
+    assert not result.is_error
+    assert result.structured_content["image_tokens_per_sample"] == 1198
+
+
+def test_the_search_offers_fewer_image_tokens_and_nothing_refused():
+    """A VLM that does not fit: the search may downscale the images (max_pixels, priced per halving of an image's
+    tokens) but never offers what the estimate refuses for images (QLoRA, several GPUs, offload)."""
+    from canifinetune.estimator.search import suggest
+
+    plan = TrainingPlan(model="Qwen/Qwen2.5-VL-7B-Instruct", method="lora", seq_len=1024, batch_size=1,
+                        image_size="1920x1080", images_per_sample=2, gpu="RTX 4090")
+    result = suggest(plan, keep=["batch_size"])
+    kinds = {s.cost.kind: s for s in result.suggestions}
+    assert "fewer_image_tokens" in kinds
+    change = kinds["fewer_image_tokens"]
+    assert [c.field for c in change.changes] == ["max_pixels"] and change.estimate.verdict == "fits"
+    assert change.cost.quality_penalty > 0 and "tokens each" in " ".join(change.cost.details)
+    for s in result.suggestions:
+        assert s.plan.method != "qlora" and s.plan.num_gpus == 1 and s.plan.sharding in ("none", "ddp")
