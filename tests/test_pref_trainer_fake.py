@@ -4,8 +4,6 @@ step its ``training_step``."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 
 import pytest
@@ -14,20 +12,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from harness_modules import load_harness as _load
+
 from canifinetune.estimator.plan import TrainingPlan
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARNESS = os.path.join(ROOT, "benchmarks", "validation")
-
-
-def _load(name: str):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(HARNESS, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 fake_mode = _load("fake_mode")
 pref = _load("pref_trainer_fake")

@@ -3,30 +3,15 @@ step, so object lifetimes are the trainer's (issue 24 item 1)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from harness_modules import load_harness as _load
+
 from canifinetune.estimator.plan import TrainingPlan
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARNESS = os.path.join(ROOT, "benchmarks", "validation")
-
-
-def _load(name: str):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(HARNESS, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 fake_mode = _load("fake_mode")
 sft_trainer_fake = _load("sft_trainer_fake")

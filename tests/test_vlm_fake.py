@@ -5,10 +5,6 @@ model both ways and find the fake count equal to what real CPU tensors hold, and
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("torch")
@@ -16,20 +12,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
+from harness_modules import load_harness as _load
+
 from canifinetune.estimator.plan import TrainingPlan
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARNESS = os.path.join(ROOT, "benchmarks", "validation")
-
-
-def _load(name: str):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(HARNESS, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 vlm_fake = _load("vlm_fake")
 

@@ -707,6 +707,16 @@ NOTES = {
         "cases below -2% (all with checkpointing, where a recomputed block's softmax backward is the peak); the "
         "cases without checkpointing or with a larger peak elsewhere, and the SDPA control, are unchanged.",
     ],
+    "cohort-v21": [
+        "Cohort v21 (16 Qwen2.5-VL plans with a frozen vision tower, issue 26) was frozen in commit 15acd18 with the "
+        "estimator it checks, before any of its plans was measured. The model was built on exploratory plans on "
+        "Qwen2.5-VL-3B only: e2-e10 (measured before the harness dropped the all-ones attention mask, which showed "
+        "the mask's cost as an artefact) and X1-X5 (-0.20% to +0.64% once the tower's saved inputs, pixel values and "
+        "scattered embeddings were counted). No case here repeats those plans; the 7B and the image counts, sizes "
+        "and processor knobs here were never run before. Edits made while it ran (a refusal of DeepSpeed/FSDP for "
+        "images, the search's max_pixels knob, the harness's category helper) change no estimate or measurement of "
+        "these plans.",
+    ],
 }
 
 

@@ -74,6 +74,21 @@ def scalar_read_counter_class(fm):
     return TrainerStepCounter
 
 
+def category_tensors_of(fm, current):
+    """The counter's categories (parameters, gradients, optimizer states) of the model and optimizer ``current()``
+    returns now (either None before it is built)."""
+
+    def category_tensors():
+        model, optimizer = current()
+        return {
+            "parameters": fm._model_state_tensors(model) if model is not None else [],
+            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
+            "optimizer_states": fm._optimizer_state_tensors(optimizer),
+        }
+
+    return category_tensors
+
+
 def _counter_with_scalar_reads(fm):
     return scalar_read_counter_class(fm)()
 
@@ -206,14 +221,7 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
     timeline: list[dict] = []
     state: dict[str, Any] = {}
 
-    def category_tensors():
-        return {
-            "parameters": fm._model_state_tensors(model) if model is not None else [],
-            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
-            "optimizer_states": fm._optimizer_state_tensors(optimizer),
-        }
-
-    counter.category_tensors = category_tensors
+    counter.category_tensors = category_tensors_of(fm, lambda: (model, optimizer))
     folder = Path(tempfile.mkdtemp(prefix="canifinetune-trainer-fake-"))
     tokenizer = stand_in_tokenizer(folder / "tokenizer")
     vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size"))

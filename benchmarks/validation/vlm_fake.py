@@ -264,14 +264,7 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
     state: dict[str, Any] = {}
     sequence: dict[str, int] = {}
 
-    def category_tensors():
-        return {
-            "parameters": fm._model_state_tensors(model) if model is not None else [],
-            "gradients": [p.grad for p in model.parameters()] if model is not None else [],
-            "optimizer_states": fm._optimizer_state_tensors(optimizer),
-        }
-
-    counter.category_tensors = category_tensors
+    counter.category_tensors = sft.category_tensors_of(fm, lambda: (model, optimizer))
     limit = fake_tensor.CONSTANT_NUMEL_LIMIT
     if fake:
         fake_tensor.CONSTANT_NUMEL_LIMIT = DATA_CONSTANT_LIMIT
