@@ -476,7 +476,7 @@ def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
 
 
 def _image_tokens(plan: TrainingPlan, rm: ResolvedModel) -> int:
-    from .vision_memory import resolve_images
+    from .vision_images import resolve_images
 
     images = resolve_images(plan, rm.spec)
     return images.lm_tokens_per_image if images is not None else 0

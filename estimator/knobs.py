@@ -223,7 +223,7 @@ def _image_pixels_knob(p: TrainingPlan) -> Knob | None:
     size = p.image_width_height
     if size is None:
         return None
-    from .vision_memory import QWEN25_VL_MAX_PIXELS, QWEN25_VL_MIN_PIXELS
+    from .vision_images import QWEN25_VL_MAX_PIXELS, QWEN25_VL_MIN_PIXELS
 
     now = min(size[0] * size[1], p.max_pixels or QWEN25_VL_MAX_PIXELS)
     floor = p.min_pixels or QWEN25_VL_MIN_PIXELS

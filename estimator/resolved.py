@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from . import peft_knobs, vision_memory
+from . import peft_knobs, vision_images
 from .constants import DTYPE_BYTES
 from .errors import PlanError
 from .moe_adapters import ExpertLoRA, expert_adapter_shapes, resolve_expert_targets
 from .plan import TORCHTUNE_FAMILIES, AdapterDType, AttnImplementation, DType, EffectiveLoss, Framework, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, LinearSpec, ModelSpec
 from .trainers import check_supported
-from .vision_memory import ImageFacts
+from .vision_images import ImageFacts
 
 # Families whose transformers 5.24 model class sets _supports_sdpa = False (modeling_gemma2.py: "sdpa does
 # not support softcapping"): loading them with attn_implementation="sdpa" raises.
@@ -58,7 +58,7 @@ class ResolvedPlan:
     # positions per row the loss scores, where fewer than S - 1 carry a label: GRPO's completions, which TRL 1.16's
     # fused head scores alone on a CUDA GPU (its Triton path compacts the label-masked positions); None: S - 1
     scored_per_row: int | None = None
-    # a vision-language model's images as its processor makes them (estimator/vision_memory.py); None for text
+    # a vision-language model's images as its processor makes them (estimator/vision_images.py); None for text
     images: ImageFacts | None = None
     # what is derived from these facts, kept once computed (estimator/inventory.py's records, the adapted linears);
     # not an argument: dataclasses.replace builds a new resolved plan with an empty one
@@ -235,7 +235,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     # in that dtype)
     fp32_weight_casts = autocast and weight_dtype == "fp32" and plan.sharding in ("none", "ddp")
     residual_dtype = "fp32" if (kbit_prepared or fp32_weight_casts) else compute_dtype
-    images = vision_memory.resolve_images(plan, spec)
+    images = vision_images.resolve_images(plan, spec)
     sequence = plan.seq_len + (images.lm_tokens_per_sample if images is not None else 0)
     attn = _attn_implementation(plan, spec, compute_dtype)
     masked = sliding_window_mask(attn, spec, sequence)

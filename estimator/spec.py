@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Literal, overload
 
 from .errors import ModelConfigError
+from .shapes import MAX_DIM, MAX_LAYERS, VISION_LANGUAGE_MODEL_TYPES, LinearSpec
 
 if TYPE_CHECKING:  # vision_spec imports this module's shapes; it is imported where a VLM config is read
     from .vision_spec import VisionSpec
@@ -50,32 +51,12 @@ PEFT_DEFAULT_TARGETS = {
     "gemma3_text": ("q_proj", "v_proj"),
 }
 
-# Bounds a real config never reaches; beyond them the numbers stop meaning anything.
-MAX_DIM = 1 << 20
-MAX_LAYERS = 4096
+# Bounds a real config never reaches; beyond them the numbers stop meaning anything (MAX_DIM, MAX_LAYERS: shapes.py).
 MAX_VOCAB = 1 << 24
 MAX_EXPERTS = 4096
 MAX_MODEL_TYPE = 64  # the longest transformers model_type is ~30 characters
 MAX_SOFTCAP = 1e6
 _MODEL_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
-
-
-@dataclass(frozen=True)
-class LinearSpec:
-    """One ``nn.Linear`` of a decoder block: its PEFT-visible name and its shape."""
-
-    name: str
-    in_features: int
-    out_features: int
-    bias: bool = False
-
-    @property
-    def weight_params(self) -> int:
-        return self.in_features * self.out_features
-
-    @property
-    def params(self) -> int:
-        return self.weight_params + (self.out_features if self.bias else 0)
 
 
 @dataclass(frozen=True)
@@ -379,12 +360,8 @@ FAMILY_TRAITS: dict[str, FamilyTraits] = {
 }
 
 
-# Vision-language wrappers (transformers 5.24 model types; estimator/vision_spec.py reads their towers): a language
-# model under text_config beside a vision tower. The keys that name another modality's encoder in a config.json: the
-# wrappers' vision_config, Qwen-VL's visual, the original LLaVA repositories' mm_vision_tower, Phi-3-vision's
-# img_processor, the audio models' audio_config.
-VISION_LANGUAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "mllama", "llava", "llava_next",
-                               "idefics3", "smolvlm")
+# The keys that name another modality's encoder in a config.json: the wrappers' vision_config, Qwen-VL's visual, the
+# original LLaVA repositories' mm_vision_tower, Phi-3-vision's img_processor, the audio models' audio_config.
 ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower", "img_processor", "audio_config")
 
 

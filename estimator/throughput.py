@@ -289,7 +289,7 @@ def token_lengths_per_micro_step(plan: TrainingPlan, spec: ModelSpec | None = No
     VLM's rows carry their image tokens too; the vision tower's own work is not timed)."""
     b, s = plan.batch_size, plan.seq_len
     if spec is not None and spec.vision is not None and plan.image_size is not None:
-        from .vision_memory import resolve_images
+        from .vision_images import resolve_images
 
         images = resolve_images(plan, spec)
         s += images.lm_tokens_per_sample if images is not None else 0

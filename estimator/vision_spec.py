@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ModelConfigError
-from .spec import MAX_DIM, MAX_LAYERS, VISION_LANGUAGE_MODEL_TYPES, LinearSpec
+from .shapes import MAX_DIM, MAX_LAYERS, VISION_LANGUAGE_MODEL_TYPES, LinearSpec
 
 MlpKind = Literal["gelu_mlp", "gated_mlp"]  # fc1 -> act -> fc2, or down(act(gate) * up) (Qwen2.5-VL)
 NormKind = Literal["layernorm", "rmsnorm"]  # nn.LayerNorm (weight and bias), or an RMSNorm (weight only)

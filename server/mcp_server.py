@@ -591,12 +591,10 @@ def _tool_function(name: str, impl, params: list[inspect.Parameter], output: typ
 
 
 ESTIMATE_DOC = """\
-Peak GPU memory of fine-tuning a Hugging Face causal LM against a GPU: verdict, need vs have, the budget by
+Peak GPU memory of fine-tuning a Hugging Face model against a GPU: verdict, need vs have, the budget by
 component. Give model and gpu (or gpu_vram_gb); the rest defaults to TRL SFTTrainer with LoRA. Ask which
-trainer the user runs (framework); for DPO/KTO/GRPO (trainer) ask about the reference model, generations,
-completion length and vLLM (plan fields). For a vision-language model (Qwen2.5-VL) ask the size of the training
-images and how many per sample: plan fields image_size ('1280x720') and images_per_sample (max_pixels bounds
-large images)."""
+trainer the user runs (framework); for DPO/KTO/GRPO (trainer) the reference model, generations,
+completion length and vLLM; for a VLM, image_size and images_per_sample (plan fields)."""
 
 SUGGEST_DOC = """\
 Configurations that fit, best first (one per kind: same mathematics, lower precision, shorter context,

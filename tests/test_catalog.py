@@ -21,6 +21,7 @@ from canifinetune.estimator.catalog import (
     suggest_gpus,
     suggest_models,
 )
+from canifinetune.estimator.spec import ESTIMATED_VISION_TYPES
 
 GIB = 2**30
 
@@ -155,7 +156,9 @@ def test_model_entry_well_formed(model):
         assert key in model.config, key
     cfg = model.config_dict()
     assert cfg["model_type"] == model.family
-    assert isinstance(cfg["architectures"], list) and cfg["architectures"][0].endswith("ForCausalLM")
+    # a causal LM, or a vision-language model the estimate reads (its ForConditionalGeneration wrapper)
+    head = "ForConditionalGeneration" if cfg["model_type"] in ESTIMATED_VISION_TYPES else "ForCausalLM"
+    assert isinstance(cfg["architectures"], list) and cfg["architectures"][0].endswith(head)
     assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
     assert "head_dim" in cfg or cfg["hidden_size"] % cfg["num_attention_heads"] == 0
     assert cfg["torch_dtype"] in ("bfloat16", "float16", "float32")
@@ -480,8 +483,10 @@ def _meta_param_count(config: dict) -> int:
     cfg = dict(config)
     model_type = cfg.pop("model_type")
     hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
+    auto = (transformers.AutoModelForImageTextToText if model_type in ESTIMATED_VISION_TYPES
+            else transformers.AutoModelForCausalLM)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+        model = auto.from_config(hf_config)
     # parameters() yields a tied tensor once, so tied embeddings count once
     return sum(p.numel() for p in model.parameters())
 

@@ -40,6 +40,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from canifinetune.estimator.catalog import load_gpus, load_models
 from canifinetune.estimator.errors import safe_text
 from canifinetune.estimator.plan import PLAN_FIELDS, TrainingPlan
+from canifinetune.estimator.spec import ESTIMATED_VISION_TYPES
 from canifinetune.server.mcp_server import build_server
 
 SCALE = float(os.environ.get("CANIFINETUNE_FUZZ_SCALE", "1"))
@@ -59,7 +60,10 @@ TINY_CONFIG = {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 256, "tie_word_embeddings": False,
 }
-MODEL_IDS = [m.id for m in load_models()]
+# text models: a vision-language model needs its image fields together (image_size with the rest), which a fuzzer
+# varying one field at a time cannot give; tests/test_vision_memory.py covers those
+IMAGE_FIELDS = ("image_size", "images_per_sample", "vision_tower", "min_pixels", "max_pixels")
+MODEL_IDS = [m.id for m in load_models() if m.family not in ESTIMATED_VISION_TYPES]
 GPU_NAMES = [g.name for g in load_gpus()] + ["rtx4090", "a100 80gb", "h100", "4090", "T4"]
 MODULE_NAMES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
                 "c_attn", "fc1", "lm_head", "embed_tokens", "weird.name-1", "模块"]
@@ -174,6 +178,21 @@ def field_strategies(name: str, tiny_model: str, tool: str) -> tuple[st.SearchSt
         invalid = st.one_of(st.integers(max_value=0), st.floats(allow_nan=False, allow_infinity=False).filter(
             lambda x: not float(x).is_integer()), st.booleans(), WRONG_SHAPES)
         return valid, invalid
+    if name in IMAGE_FIELDS:
+        # a text model's only valid image settings are none at all; any image setting is refused naming its field (a
+        # size: the model reads no images; the rest: they describe images, so image_size must come too)
+        default = TrainingPlan.model_fields[name].default
+        valid = st.just(default)
+        if name == "image_size":
+            given = st.one_of(st.sampled_from(["1280x720", "640X480", "448 x 448"]),
+                              st.sampled_from(["1280", "0x720", "x", "1280x", "-1x5", "99999999x2", "abc", ""]))
+        elif name == "vision_tower":
+            given = st.one_of(st.sampled_from(["lora", "full", "LoRA", "half"]), st.text(max_size=8).filter(
+                lambda t: t.strip().lower() != "frozen"))
+        else:
+            given = st.one_of(st.integers(min_value=2 if name == "images_per_sample" else 1, max_value=10**7),
+                              st.integers(max_value=0), st.sampled_from(["", "abc", "1.5"]))
+        return valid, st.one_of(given, st.integers(min_value=10**12), WRONG_SHAPES)
     if name == "loss_type":  # a TRL loss name (dpo's sigmoid, ipo, ...; grpo's dapo, grpo, ...): lower-case words
         valid = st.one_of(st.none(), st.sampled_from(["sigmoid", "ipo", "hinge", "dapo", "grpo", "bnpo", "dr_grpo"]))
         invalid = st.one_of(st.sampled_from(["", "Sigmoid!", "a b", "$(x)", "../x", "x" * 33, "🤗"]), _with_control(),

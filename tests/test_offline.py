@@ -20,6 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp_helpers import ROOT
 
 from canifinetune.estimator.catalog import load_models
+from canifinetune.estimator.spec import ESTIMATED_VISION_TYPES
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +33,7 @@ LLAMA = {
     "max_position_embeddings": 2048, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
 CATALOG = [m.id for m in load_models()]
+VISION_MODELS = {m.id for m in load_models() if m.family in ESTIMATED_VISION_TYPES}
 SUGGEST_MODELS = [
     "Qwen/Qwen2.5-7B-Instruct",
     "meta-llama/Llama-3.1-70B",
@@ -105,6 +107,14 @@ def text_of(result) -> str:
 async def exercise_every_tool(client: Client, models: list[str], local_model: str) -> None:
     """estimate_memory and make_recipe on every model given, suggest_cheaper_config on a few; all must answer."""
     for model in [*models, local_model]:
+        if model in VISION_MODELS:  # images needed; LoRA (QLoRA is refused for them); no recipe is written
+            est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": "lora",
+                                                              "plan": {"image_size": "640x480"}})
+            assert not est.is_error, (model, text_of(est))
+            recipe = await client.call_tool("make_recipe", {"model": model, "gpu_vram_gb": 80, "method": "lora",
+                                                            "plan": {"image_size": "640x480"}})
+            assert recipe.is_error and "image_size" in text_of(recipe), (model, text_of(recipe))
+            continue
         # lora_dropout 0: PEFT refuses dropout on the fused MoE expert adapters all-linear reaches (issue 13)
         est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": "qlora",
                                                           "target_modules": "all-linear", "plan": {"lora_dropout": 0}})

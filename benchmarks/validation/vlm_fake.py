@@ -320,14 +320,14 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
 
 def images_of_plan(plan) -> dict:
     """The images a plan describes, with the checkpoint processor's min_pixels/max_pixels where it sets none
-    (estimator/vision_memory.py: what AutoProcessor.from_pretrained loads)."""
-    from canifinetune.estimator import vision_memory
+    (estimator/vision_images.py: what AutoProcessor.from_pretrained loads)."""
+    from canifinetune.estimator import vision_images
 
     size = plan.image_width_height
     if size is None:
         raise ValueError("the plan has no image_size: not a vision-language plan")
-    knobs = {"min_pixels": plan.min_pixels or vision_memory.QWEN25_VL_MIN_PIXELS,
-             "max_pixels": plan.max_pixels or vision_memory.QWEN25_VL_MAX_PIXELS}
+    knobs = {"min_pixels": plan.min_pixels or vision_images.QWEN25_VL_MIN_PIXELS,
+             "max_pixels": plan.max_pixels or vision_images.QWEN25_VL_MAX_PIXELS}
     return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
             "processor": knobs}
 

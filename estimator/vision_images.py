@@ -1,0 +1,115 @@
+"""A vision-language model's images as its processor makes them: the tokens each becomes in the language model's
+sequence and the patches its vision tower runs, and what is refused until measured (issue 26).
+
+estimator/resolved.py reads these facts into ``ResolvedPlan.images``; estimator/vision_memory.py turns them into
+bytes. The Qwen-VL processor is mirrored by estimator/vision_tokens.py (imported only for a VLM).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .errors import PlanError
+from .plan import TrainingPlan
+from .spec import ModelSpec
+
+# Qwen/Qwen2.5-VL-3B-Instruct's and -7B-Instruct's preprocessor_config.json (what AutoProcessor.from_pretrained loads):
+# min_pixels 3136 (56 x 56), max_pixels 12845056 (28 x 28 x 16384). The processor class's own default max_pixels is
+# lower (1003520, image_processing_qwen2_vl.py): the checkpoint's is the one a user's run gets.
+QWEN25_VL_MIN_PIXELS = 3136
+QWEN25_VL_MAX_PIXELS = 12845056
+
+class ImageFacts(NamedTuple):
+    """What the processor makes of a sample's images (estimator/vision_tokens.py mirrors it)."""
+
+    width: int
+    height: int
+    images_per_sample: int
+    lm_tokens_per_image: int  # placeholders plus the two markers the chat template writes around them
+    patches_per_image: int  # the vision tower's sequence for one image (before its 2x2 merge)
+    pixel_values_per_image: int  # elements of the processor's pixel_values for one image
+    min_pixels: int
+    max_pixels: int
+
+    @property
+    def lm_tokens_per_sample(self) -> int:
+        return self.lm_tokens_per_image * self.images_per_sample
+
+    @property
+    def patches_per_sample(self) -> int:
+        return self.patches_per_image * self.images_per_sample
+
+    def words(self) -> str:
+        """'1 image of 1280x720 -> 1,198 tokens (1,196 image + 2 markers)' for the assumptions."""
+        images = f"{self.images_per_sample} image{'s' if self.images_per_sample != 1 else ''}"
+        placeholders = self.lm_tokens_per_image - 2
+        return (f"{images} of {self.width}x{self.height} per sample -> {self.lm_tokens_per_image:,} tokens each "
+                f"({placeholders:,} image tokens + 2 markers; {self.patches_per_image:,} vision patches), Qwen-VL "
+                f"processor min_pixels {self.min_pixels:,}, max_pixels {self.max_pixels:,}")
+
+
+def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
+    """A text model takes no images; a VLM needs them, and only what cohort v21 measured is estimated."""
+    if spec.vision is None:
+        if plan.image_size is not None:
+            raise PlanError.about("image_size", f"{plan.model} is a text model: it reads no images; drop image_size")
+        return
+    if plan.image_size is None:
+        raise PlanError.about(
+            "image_size", f"{plan.model} is a vision-language model: give the training images' size "
+            "('WIDTHxHEIGHT', e.g. '1280x720') and images_per_sample; each image becomes image tokens in every "
+            "sample, so the estimate needs them")
+    refusals = (
+        (plan.vision_tower != "frozen", "vision_tower",
+         f"'{plan.vision_tower}': a trained vision tower is not estimated yet (frozen is)"),
+        (plan.method == "qlora" or plan.load_in_8bit, "method",
+         "a quantized vision-language model is not estimated yet (lora and full are)"),
+        (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
+        (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),
+        (plan.num_gpus > 1, "num_gpus", "vision-language models are estimated on one GPU only"),
+        (plan.sharding not in ("none", "ddp") or plan.offload_optimizer or plan.offload_params, "sharding",
+         "vision-language models are estimated without DeepSpeed or FSDP (nor their CPU offload) yet"),
+        (plan.packing or plan.padding_free, "packing", "TRL 1.16 refuses packing and padding-free rows for images"),
+        (plan.effective_loss_implementation != "chunked", "loss_implementation",
+         "vision-language models are estimated with TRL's default loss only"),
+        (plan.attn_implementation not in (None, "sdpa"), "attn_implementation",
+         "vision-language models are estimated with sdpa attention only"),
+        (bool(plan.modules_to_save) or plan.use_dora, "modules_to_save",
+         "modules_to_save and DoRA are not estimated for vision-language models yet"),
+    )
+    for refused, field, words in refusals:
+        if refused:
+            raise PlanError.about(field, words)
+
+
+def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
+    """The images' tokens and patches as the checkpoint's processor makes them (None for a text model)."""
+    check_images(plan, spec)
+    if spec.vision is None:
+        return None
+    from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
+
+    size = plan.image_width_height
+    assert size is not None
+    tower = spec.vision.tower
+    min_pixels = plan.min_pixels if plan.min_pixels is not None else QWEN25_VL_MIN_PIXELS
+    max_pixels = plan.max_pixels if plan.max_pixels is not None else QWEN25_VL_MAX_PIXELS
+    if min_pixels > max_pixels:
+        raise PlanError.about("min_pixels", f"{min_pixels} is above max_pixels {max_pixels}")
+    try:
+        one = qwen_vl_image_tokens(size[0], size[1], patch_size=tower.patch_size,
+                                   merge_size=_merge(spec),
+                                   temporal_patch_size=tower.temporal_patch_size, min_pixels=min_pixels,
+                                   max_pixels=max_pixels, num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.encoder_seq_len,
+                      one.pixel_values_numel, min_pixels, max_pixels)
+
+
+def _merge(spec: ModelSpec) -> int:
+    """The merger's side: 2 merges 2 x 2 patches into one token (merge_factor is its square)."""
+    assert spec.vision is not None
+    side = round(spec.vision.projector.merge_factor ** 0.5)
+    assert side * side == spec.vision.projector.merge_factor
+    return side
