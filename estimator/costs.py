@@ -33,7 +33,7 @@ KIND_WORDS = {
     "lower_precision": "lower precision (4-bit base or 8-bit optimizer states)",
     "fewer_trainable": "fewer trainable parameters",
     "shorter_context": "shorter context (or GRPO completions)",
-    "fewer_image_tokens": "fewer image tokens (a lower max_pixels)",
+    "fewer_image_tokens": "fewer image tokens (a lower max_pixels, fewer images a sample)",
     "fewer_generations": "fewer GRPO generations per prompt",
     "cpu_offload": "CPU offload",
     "more_gpus": "more GPUs",
@@ -85,8 +85,11 @@ QUALITY_WEIGHTS = {
     "num_generations_per_halving": 1.5,
     # GRPO completions cut at max_completion_length: answers that need more are clipped (as seq_len's halving)
     "completion_len_per_halving": 2.0,
-    # a VLM's images downscaled to fewer tokens (a lower max_pixels): detail is lost, as context is for text
+    # a VLM's images downscaled (a lower max_pixels): visual detail is lost, as context is for text
     "image_tokens_per_halving": 2.0,
+    # fewer images a sample: whole images are lost and a multi-image task (compare, before/after) changes; dearer
+    # than a downscale, which practitioners try first for Qwen-VL (its processor's max_pixels)
+    "images_per_sample_per_halving": 3.0,
     "other": 1.0,
 }
 
@@ -463,23 +466,35 @@ def _trainer_cost(t: _Tally) -> int:
 
 
 def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
-    """Images downscaled by a lower max_pixels: the image tokens lost, priced per halving (as context)."""
-    o, p = t.original, t.plan
-    if o.max_pixels == p.max_pixels or o.image_size is None or p.image_size is None:
+    """A VLM's images downscaled (a lower max_pixels: priced per halving of an image's tokens, as context is) or fewer
+    of them a sample (priced higher per halving: a sample loses whole images, and a multi-image task changes)."""
+    o, p, w = t.original, t.plan, QUALITY_WEIGHTS
+    if (o.max_pixels, o.images_per_sample) == (p.max_pixels, p.images_per_sample) or None in (o.image_size,
+                                                                                              p.image_size):
         return
-    before, after = _image_tokens(o, rm), _image_tokens(p, rm)
-    if after < before:
-        t.learning(QUALITY_WEIGHTS["image_tokens_per_halving"] * math.log2(before / after),
-                   f"images downscaled: {before:,} -> {after:,} tokens each (max_pixels {p.max_pixels:,}): less "
-                   "visual detail to learn from")
-    t.handled.add("max_pixels")
+    before, after = _images(o, rm), _images(p, rm)
+    if after.lm_tokens_per_image < before.lm_tokens_per_image:
+        t.learning(w["image_tokens_per_halving"] * math.log2(before.lm_tokens_per_image / after.lm_tokens_per_image),
+                   f"images downscaled (max_pixels {p.max_pixels:,}): {before.lm_tokens_per_image:,} -> "
+                   f"{after.lm_tokens_per_image:,} tokens each, less visual detail to learn from")
+    if p.images_per_sample < o.images_per_sample:
+        t.learning(w["images_per_sample_per_halving"] * math.log2(o.images_per_sample / p.images_per_sample),
+                   f"{p.images_per_sample} image{'s' if p.images_per_sample != 1 else ''} a sample instead of "
+                   f"{o.images_per_sample}: {before.lm_tokens_per_sample:,} -> {after.lm_tokens_per_sample:,} image "
+                   "tokens a sample; samples lose whole images")
+    t.handled.update(("max_pixels", "images_per_sample"))
+
+
+def _images(plan: TrainingPlan, rm: ResolvedModel):
+    from .vision_images import resolve_images
+
+    return resolve_images(plan, rm.spec)
 
 
 def _image_tokens(plan: TrainingPlan, rm: ResolvedModel) -> int:
-    from .vision_images import resolve_images
-
-    images = resolve_images(plan, rm.spec)
-    return images.lm_tokens_per_image if images is not None else 0
+    """Image tokens in one sample of ``plan`` (0 for a text model)."""
+    images = _images(plan, rm)
+    return images.lm_tokens_per_sample if images is not None else 0
 
 
 def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> str:
@@ -497,8 +512,8 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
     if plan.trainer == original.trainer == "grpo" and (
             trainer_setting(plan, "num_generations") < trainer_setting(original, "num_generations")):
         return "fewer_generations"
-    if plan.max_pixels != original.max_pixels and plan.image_size is not None and (
-            _image_tokens(plan, rm) < _image_tokens(original, rm)):
+    if (plan.max_pixels, plan.images_per_sample) != (original.max_pixels, original.images_per_sample) and (
+            plan.image_size is not None and _image_tokens(plan, rm) < _image_tokens(original, rm)):
         return "fewer_image_tokens"
     if plan.seq_len < original.seq_len or (plan.trainer == original.trainer == "grpo" and (
             trainer_setting(plan, "max_completion_length") < trainer_setting(original, "max_completion_length"))):

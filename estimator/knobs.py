@@ -111,8 +111,8 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     p = plan
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
                         _optim_knob(p), _offload_knob(p))  # tier 0
-    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p), _lora_r_knob(p), _targets_knob(p, rm),
-                        _method_knob(p, rm), _peft_extras_knob(p))  # tier 1
+    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p), _images_per_sample_knob(p), _lora_r_knob(p),
+                        _targets_knob(p, rm), _method_knob(p, rm), _peft_extras_knob(p))  # tier 1
     knobs = [k for k in (*same_mathematics, *changes_learning) if k is not None]
     trainer_knobs = _trainer_knobs(p)
     knobs[:0] = [k for k in trainer_knobs if k.tier == 0]  # same mathematics: first in cost order
@@ -230,6 +230,17 @@ def _image_pixels_knob(p: TrainingPlan) -> Knob | None:
     values = [n * PIXELS_PER_IMAGE_TOKEN for n in IMAGE_TOKEN_LEVELS
               if floor <= n * PIXELS_PER_IMAGE_TOKEN < now]
     return Knob("max_pixels", 1, [{"max_pixels": v} for v in values], monotone=True) if values else None
+
+
+def _images_per_sample_knob(p: TrainingPlan) -> Knob | None:
+    """Fewer images in each sample of a VLM: halvings down to one."""
+    if p.image_size is None or p.images_per_sample <= 1:
+        return None
+    values, count = [], p.images_per_sample
+    while count > 1:
+        count //= 2
+        values.append(max(count, 1))
+    return Knob("images_per_sample", 1, [{"images_per_sample": v} for v in values], monotone=True)
 
 
 def _lora_r_knob(p: TrainingPlan) -> Knob | None:

@@ -131,8 +131,8 @@ def test_the_mcp_tool_takes_the_image_fields_in_the_plan():
 
 
 def test_the_search_offers_fewer_image_tokens_and_nothing_refused():
-    """A VLM that does not fit: the search may downscale the images (max_pixels, priced per halving of an image's
-    tokens) but never offers what the estimate refuses for images (QLoRA, several GPUs, offload)."""
+    """A VLM that does not fit: the search may cut its image tokens (max_pixels or fewer images, priced per halving of
+    a sample's image tokens) but never offers what the estimate refuses for images (QLoRA, several GPUs, offload)."""
     from canifinetune.estimator.search import suggest
 
     plan = TrainingPlan(model="Qwen/Qwen2.5-VL-7B-Instruct", method="lora", seq_len=1024, batch_size=1,
@@ -141,7 +141,20 @@ def test_the_search_offers_fewer_image_tokens_and_nothing_refused():
     kinds = {s.cost.kind: s for s in result.suggestions}
     assert "fewer_image_tokens" in kinds
     change = kinds["fewer_image_tokens"]
+    # a downscale before dropping images: the practitioner's first move for Qwen-VL (max_pixels)
     assert [c.field for c in change.changes] == ["max_pixels"] and change.estimate.verdict == "fits"
     assert change.cost.quality_penalty > 0 and "tokens each" in " ".join(change.cost.details)
     for s in result.suggestions:
         assert s.plan.method != "qlora" and s.plan.num_gpus == 1 and s.plan.sharding in ("none", "ddp")
+
+
+def test_the_search_offers_fewer_images_a_sample():
+    """Pinned resolution: the search halves the images a sample instead, priced by the image tokens a sample loses."""
+    from canifinetune.estimator.search import suggest
+
+    plan = TrainingPlan(model="Qwen/Qwen2.5-VL-7B-Instruct", method="lora", seq_len=1024, batch_size=1,
+                        image_size="1280x720", images_per_sample=4, gpu="RTX 4090")
+    result = suggest(plan, keep=["batch_size", "max_pixels"])
+    fewer = next(s for s in result.suggestions if s.cost.kind == "fewer_image_tokens")
+    assert {c.field: c.new for c in fewer.changes} == {"images_per_sample": 2}
+    assert fewer.cost.quality_penalty == pytest.approx(3.0) and "4,792 -> 2,396 image tokens" in fewer.cost.details[0]
