@@ -446,6 +446,12 @@ def _warnings(resolved_model: ResolvedModel, r, params_warning: str | None) -> l
     if plan.optim.startswith("paged_"):
         warnings.append("paged optimizer states can be evicted to host memory under pressure; the estimate "
                         "counts them on the GPU (the safe side)")
+    if r.images is not None:
+        from .vision_images import tower_target_warning
+
+        tower = tower_target_warning(plan, r.spec)
+        if tower:
+            warnings.append(tower)
     return warnings
 
 

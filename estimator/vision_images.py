@@ -113,3 +113,24 @@ def _merge(spec: ModelSpec) -> int:
     side = round(spec.vision.projector.merge_factor ** 0.5)
     assert side * side == spec.vision.projector.merge_factor
     return side
+
+
+def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
+    """A warning when the plan's LoRA target names would reach the vision tower in the user's own PEFT run: PEFT
+    matches a name by its last part in every sub-model, so ``gate_proj`` adapts the tower's MLP too and ``all-linear``
+    every tower linear; the estimate (vision_tower frozen) counts the language model's adapters only."""
+    if spec.vision is None or not plan.uses_adapters or plan.vision_tower != "frozen":
+        return None
+    groups = spec.vision.tower.groups + spec.vision.projector.groups
+    # PEFT matches the last part of a module's name; shown with the module it sits in ("visual.blocks.mlp.gate_proj")
+    shown = {f"{group.path}.{lin.name}": lin.name.rsplit(".", 1)[-1] for group in groups for lin in group.linears}
+    targets = plan.target_modules
+    reached = [path for path, last in shown.items() if targets == "all-linear" or last in set(targets or ())]
+    if not reached:
+        return None
+    named = "all-linear" if targets == "all-linear" else ", ".join(sorted({shown[p] for p in reached}))
+    return (f"target_modules {named}: PEFT would also put adapters on the vision tower's {', '.join(reached)} (it "
+            f"matches names in every sub-model); this estimate is for a frozen "
+            "tower, adapters on the language model only. Restrict your run's target_modules to it (e.g. "
+            "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)'): an adapted "
+            "tower needs more, and without gradient checkpointing its activations too")

@@ -158,3 +158,12 @@ def test_the_search_offers_fewer_images_a_sample():
     fewer = next(s for s in result.suggestions if s.cost.kind == "fewer_image_tokens")
     assert {c.field: c.new for c in fewer.changes} == {"images_per_sample": 2}
     assert fewer.cost.quality_penalty == pytest.approx(3.0) and "4,792 -> 2,396 image tokens" in fewer.cost.details[0]
+
+
+@pytest.mark.parametrize(("targets", "warned"), [("all-linear", True), (["q_proj", "v_proj"], False),
+                                                 (["q_proj", "gate_proj"], True), (None, False)])
+def test_target_names_the_tower_shares_are_warned_about(targets, warned):
+    """PEFT matches gate_proj/up_proj/down_proj (and all-linear every linear) in the vision tower too: the user's own
+    run would train adapters there, which a frozen-tower estimate does not count; the answer says so."""
+    est = estimate(_plan(target_modules=targets))
+    assert any("vision tower" in w and "PEFT would also put adapters" in w for w in est.warnings) == warned
