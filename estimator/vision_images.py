@@ -62,8 +62,9 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
     refusals = (
         (plan.vision_tower != "frozen", "vision_tower",
          f"'{plan.vision_tower}': a trained vision tower is not estimated yet (frozen is)"),
-        (plan.method == "qlora" or plan.load_in_8bit, "method",
-         "a quantized vision-language model is not estimated yet (lora and full are)"),
+        (plan.method == "qlora", "method", "a 4-bit (QLoRA) vision-language model is not estimated yet (lora and full "
+                                           "are)"),
+        (plan.load_in_8bit, "load_in_8bit", "an 8-bit vision-language model is not estimated yet"),
         (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
         (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),
         (plan.num_gpus > 1, "num_gpus", "vision-language models are estimated on one GPU only"),
