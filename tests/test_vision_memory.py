@@ -167,3 +167,23 @@ def test_target_names_the_tower_shares_are_warned_about(targets, warned):
     run would train adapters there, which a frozen-tower estimate does not count; the answer says so."""
     est = estimate(_plan(target_modules=targets))
     assert any("vision tower" in w and "PEFT would also put adapters" in w for w in est.warnings) == warned
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_the_image_fields_through_a_real_mcp_client(anyio_backend):
+    """The protocol face: the plan object carries the image fields; a VLM without them is a tool error naming
+    image_size; make_recipe refuses the plan by name."""
+    from mcp import Client
+
+    from canifinetune.server.mcp_server import build_server
+
+    async with Client(build_server(offline=True)) as client:
+        est = await client.call_tool("estimate_memory", {"model": VL3B, "gpu": "RTX 4090", "seq_len": 512,
+                                                         "batch_size": 1, "plan": {"image_size": "1280x720"}})
+        assert not est.is_error and est.structured_content["image_tokens_per_sample"] == 1198
+        missing = await client.call_tool("estimate_memory", {"model": VL3B, "gpu": "RTX 4090"})
+        assert missing.is_error and "image_size" in missing.content[0].text
+        recipe = await client.call_tool("make_recipe", {"model": VL3B, "gpu": "RTX 4090",
+                                                        "plan": {"image_size": "1280x720"}})
+        assert recipe.is_error and "image_size" in recipe.content[0].text
