@@ -516,9 +516,7 @@ def assumptions(r) -> list[str]:
 
         out.extend(trainer_memory.assumptions(plan))
     if r.images is not None:
-        out.append("vision tower frozen; LoRA target_modules apply to the language model's linears only (PEFT would "
-                   "match names such as gate_proj in the vision tower's MLP too: restrict them to "
-                   "model.language_model, as the recipe does); with gradient checkpointing the tower's blocks keep "
-                   "their inputs until the end of backward (transformers' enable_input_require_grads hooks the "
-                   "tower's patch embedding)")
+        out.append("vision tower frozen: LoRA adapters on the language model's linears only; with gradient "
+                   "checkpointing the tower's blocks keep their inputs until the end of backward (transformers' "
+                   "enable_input_require_grads hooks the tower's patch embedding)")
     return out

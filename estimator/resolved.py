@@ -79,7 +79,7 @@ class ResolvedPlan:
     def sequence_length(self) -> int:
         """S: tokens per row the language model runs, seq_len plus a VLM's image tokens (TRL 1.16 keeps them in the
         labels too)."""
-        return self.plan.seq_len + (self.images.lm_tokens_per_sample if self.images is not None else 0)
+        return vision_images.sequence_length(self.plan.seq_len, self.images)
 
     @property
     def act_bytes(self) -> int:
@@ -236,7 +236,7 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     fp32_weight_casts = autocast and weight_dtype == "fp32" and plan.sharding in ("none", "ddp")
     residual_dtype = "fp32" if (kbit_prepared or fp32_weight_casts) else compute_dtype
     images = vision_images.resolve_images(plan, spec)
-    sequence = plan.seq_len + (images.lm_tokens_per_sample if images is not None else 0)
+    sequence = vision_images.sequence_length(plan.seq_len, images)
     attn = _attn_implementation(plan, spec, compute_dtype)
     masked = sliding_window_mask(attn, spec, sequence)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs

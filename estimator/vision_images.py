@@ -7,6 +7,7 @@ bytes. The Qwen-VL processor is mirrored by estimator/vision_tokens.py (imported
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from .errors import PlanError
@@ -26,6 +27,7 @@ class ImageFacts(NamedTuple):
     height: int
     images_per_sample: int
     lm_tokens_per_image: int  # placeholders plus the two markers the chat template writes around them
+    image_tokens_per_image: int  # the placeholders alone (what the image's features replace)
     patches_per_image: int  # the vision tower's sequence for one image (before its 2x2 merge)
     pixel_values_per_image: int  # elements of the processor's pixel_values for one image
     min_pixels: int
@@ -40,11 +42,13 @@ class ImageFacts(NamedTuple):
         return self.patches_per_image * self.images_per_sample
 
     def words(self) -> str:
-        """'1 image of 1280x720 -> 1,198 tokens (1,196 image + 2 markers)' for the assumptions."""
+        """'1 image of 1280x720 per sample -> 1,198 tokens each (1,196 image tokens + 2 markers; ...)', for the
+        assumptions."""
         images = f"{self.images_per_sample} image{'s' if self.images_per_sample != 1 else ''}"
-        placeholders = self.lm_tokens_per_image - 2
+        markers = self.lm_tokens_per_image - self.image_tokens_per_image
         return (f"{images} of {self.width}x{self.height} per sample -> {self.lm_tokens_per_image:,} tokens each "
-                f"({placeholders:,} image tokens + 2 markers; {self.patches_per_image:,} vision patches), Qwen-VL "
+                f"({self.image_tokens_per_image:,} image tokens + {markers} markers; {self.patches_per_image:,} "
+                "vision patches), Qwen-VL "
                 f"processor min_pixels {self.min_pixels:,}, max_pixels {self.max_pixels:,}")
 
 
@@ -104,14 +108,19 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
                                    max_pixels=max_pixels, num_channels=tower.in_channels)
     except ValueError as exc:
         raise PlanError.about("image_size", str(exc)) from None
-    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.encoder_seq_len,
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
                       one.pixel_values_numel, min_pixels, max_pixels)
+
+
+def sequence_length(seq_len: int, images: ImageFacts | None) -> int:
+    """S: the tokens of a row the language model runs, its text and its images' tokens."""
+    return seq_len + (images.lm_tokens_per_sample if images is not None else 0)
 
 
 def _merge(spec: ModelSpec) -> int:
     """The merger's side: 2 merges 2 x 2 patches into one token (merge_factor is its square)."""
     assert spec.vision is not None
-    side = round(spec.vision.projector.merge_factor ** 0.5)
+    side = math.isqrt(spec.vision.projector.merge_factor)
     assert side * side == spec.vision.projector.merge_factor
     return side
 

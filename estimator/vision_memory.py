@@ -27,6 +27,7 @@ model on one GPU with TRL's SFT trainer. Everything else about images is refused
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .allocator import round_block
@@ -35,7 +36,6 @@ from .tensor_records import Role, TensorRecord
 
 if TYPE_CHECKING:
     from .resolved import ResolvedPlan
-    from .vision_spec import ModuleGroup
 
 # What DataCollatorForVisionLanguageModeling returns (TRL 1.16): the processor's float32 pixel values
 PIXEL_VALUES_DTYPE = "fp32"
@@ -45,37 +45,16 @@ SCATTERED_EMBEDDING_COPIES = 1
 
 def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
     """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor), in the weight dtype,
-    frozen (a trained tower is refused); unrounded, as the language model's base weights are."""
+    frozen (a trained tower is refused); unrounded, as the language model's base weights are. A group's modules are
+    identical: one record per parameter of one, ``count`` tensors."""
     vision = r.spec.vision
     if vision is None:
         return []
     dtype = r.weight_dtype
-    out = []
-    for group in vision.tower.groups + vision.projector.groups:
-        count = group.count
-        for name, shape in _group_shapes(group):
-            elements = 1
-            for dim in shape:
-                elements *= dim
-            rows, cols = shape[0], elements // shape[0]
-            out.append(TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", rows, cols, count, dtype, False,
-                                    elements * DTYPE_BYTES[dtype], None))
-    return out
-
-
-def _group_shapes(group: ModuleGroup) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of one module of ``group`` (its parameters repeat ``group.count`` times)."""
-    shapes: list[tuple[str, tuple[int, ...]]] = []
-    for lin in group.linears:
-        shapes.append((f"{lin.name}.weight", (lin.out_features, lin.in_features)))
-        if lin.bias:
-            shapes.append((f"{lin.name}.bias", (lin.out_features,)))
-    for norm in group.norms:
-        shapes.append((f"{norm.name}.weight", (norm.size,)))
-        if norm.bias:
-            shapes.append((f"{norm.name}.bias", (norm.size,)))
-    shapes += [(tensor.name, tensor.shape) for tensor in group.tensors]
-    return shapes
+    return [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0], group.count,
+                         dtype, False, math.prod(shape) * DTYPE_BYTES[dtype], None)
+            for group in vision.tower.groups + vision.projector.groups
+            for name, shape in group.module_parameter_shapes()]
 
 
 def tower_saved_bytes(r: ResolvedPlan) -> int:

@@ -101,19 +101,24 @@ class ModuleGroup:
             return (self.path,)
         return tuple(_join(self.path, str(i)) for i in self.indices)
 
+    def module_parameter_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of the parameters of one of the group's modules, named relative to it."""
+        for lin in self.linears:
+            yield _join(lin.name, "weight"), (lin.out_features, lin.in_features)
+            if lin.bias:
+                yield _join(lin.name, "bias"), (lin.out_features,)
+        for norm in self.norms:
+            yield _join(norm.name, "weight"), (norm.size,)
+            if norm.bias:
+                yield _join(norm.name, "bias"), (norm.size,)
+        for tensor in self.tensors:
+            yield tensor.name, tensor.shape
+
     def parameter_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """(name, shape) of every parameter, as ``named_parameters`` of the ``<Family>Model`` names it."""
         for module in self.module_paths():
-            for lin in self.linears:
-                yield _join(module, lin.name, "weight"), (lin.out_features, lin.in_features)
-                if lin.bias:
-                    yield _join(module, lin.name, "bias"), (lin.out_features,)
-            for norm in self.norms:
-                yield _join(module, norm.name, "weight"), (norm.size,)
-                if norm.bias:
-                    yield _join(module, norm.name, "bias"), (norm.size,)
-            for tensor in self.tensors:
-                yield _join(module, tensor.name), tensor.shape
+            for name, shape in self.module_parameter_shapes():
+                yield _join(module, name), shape
 
 
 def _groups_params(groups: tuple[ModuleGroup, ...]) -> int:
