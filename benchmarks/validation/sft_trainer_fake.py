@@ -89,6 +89,15 @@ def category_tensors_of(fm, current):
     return category_tensors
 
 
+def training_step_in_phase(counter, trainer, wrapped, batch, num_items: int, step: int, fake: bool) -> None:
+    """One ``trainer.training_step`` in the phase ``step{n}.forward`` (its backward tags itself:
+    :func:`backward_phases_after_build`), fake scalar reads answered only inside it."""
+    counter.set_phase(f"step{step}.forward")
+    counter.stub_scalars = fake
+    trainer.training_step(wrapped, batch, num_items_in_batch=num_items)
+    counter.stub_scalars = False
+
+
 def _counter_with_scalar_reads(fm):
     return scalar_read_counter_class(fm)()
 
@@ -254,10 +263,7 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
                 batch = trainer.data_collator([dataset[i] for i in range(row, row + plan.batch_size)])
                 row += plan.batch_size
                 scored = plan.batch_size * (plan.seq_len - 1)  # every label is a token (full-length, unpadded rows)
-                counter.set_phase(f"step{step}.forward")
-                counter.stub_scalars = fake
-                trainer.training_step(wrapped, batch, num_items_in_batch=scored)
-                counter.stub_scalars = False
+                training_step_in_phase(counter, trainer, wrapped, batch, scored, step, fake)
                 del batch
             fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
             timeline.append({"step": step, "start": start, "end": counter.current})

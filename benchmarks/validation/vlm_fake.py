@@ -58,8 +58,6 @@ QWEN_TEMPLATE = ("{% for message in messages %}{% for part in message['content']
                  "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
 # Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
 VISION_TOWER_MODES = ("frozen", "lora", "full")
-# The linears of a Qwen2.5-VL language-model block (transformers 5.24 Qwen2_5_VLDecoderLayer)
-QWEN_LANGUAGE_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _beside(name: str):
@@ -185,23 +183,21 @@ def qwen_vision_metadata_from_values():
         qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index = window_index, rope_index
 
 
-def lora_targets(vision_tower: str, plan) -> Any:
-    """PEFT target_modules: the plan's linear names in the language model only (PEFT would match a name such as
-    gate_proj in the vision tower's MLPs too), as the estimate reads them for a frozen or fully trained tower; every
-    linear but the LM head (``all-linear``: the vision tower and merger too) when the tower trains by LoRA."""
+def lora_targets(vision_tower: str, plan, config: dict) -> Any:
+    """PEFT target_modules: the plan's linear names in the language model's blocks only (PEFT would match a name such
+    as gate_proj in the vision tower's MLPs too), as the estimate reads them for a frozen or fully trained tower (its
+    spec's linears for ``all-linear``, PEFT's default for the family when the plan names none); every linear but the
+    LM head (``all-linear``: the vision tower and merger too) when the tower trains by LoRA."""
     if vision_tower == "lora":
         return "all-linear"
-    from canifinetune.estimator.spec import PEFT_DEFAULT_TARGETS
+    from canifinetune.estimator.spec import PEFT_DEFAULT_TARGETS, ModelSpec
 
+    spec = ModelSpec.from_config(config)
     if plan.target_modules == "all-linear":
-        names = list(QWEN_LANGUAGE_LINEAR_NAMES)
-    else:  # PEFT's default for the language model's family (qwen2) when the plan names none
-        names = list(plan.target_modules or PEFT_DEFAULT_TARGETS["qwen2"])
-    attention = [n for n in names if n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    mlp = [n for n in names if n in ("gate_proj", "up_proj", "down_proj")]
-    parts = ([rf"self_attn\.({'|'.join(attention)})"] if attention else []) + (
-        [rf"mlp\.({'|'.join(mlp)})"] if mlp else [])
-    return rf"model\.language_model\.layers\.\d+\.({'|'.join(parts)})"
+        names = spec.linear_names()
+    else:
+        names = plan.target_modules or PEFT_DEFAULT_TARGETS[spec.model_type]
+    return rf"model\.language_model\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(names)})"
 
 
 def build_vlm(plan, config: dict, vision_tower: str):
@@ -224,7 +220,7 @@ def build_vlm(plan, config: dict, vision_tower: str):
     elif plan.uses_adapters:
         model = get_peft_model(model, LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha,
                                                  lora_dropout=plan.lora_dropout, bias="none", task_type="CAUSAL_LM",
-                                                 target_modules=lora_targets(vision_tower, plan)))
+                                                 target_modules=lora_targets(vision_tower, plan, config)))
         if vision_tower == "full":
             model.get_base_model().model.visual.requires_grad_(True)
     model_setup.enable_checkpointing(model, plan)
@@ -302,10 +298,7 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
                                                     .sum().item()) // plan.batch_size,
                                 "pixel_rows": int(batch["pixel_values"].shape[0])}
                     scored = plan.batch_size * (sequence["tokens"] - 1)
-                    counter.set_phase(f"step{step}.forward")
-                    counter.stub_scalars = fake
-                    trainer.training_step(wrapped, batch, num_items_in_batch=scored)
-                    counter.stub_scalars = False
+                    sft.training_step_in_phase(counter, trainer, wrapped, batch, scored, step, fake)
                     del batch
                 fm.optimizer_phase(counter, optimizer, trainable, step, steps, state)
                 timeline.append({"step": step, "start": start, "end": counter.current})
