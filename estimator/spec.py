@@ -365,9 +365,16 @@ FAMILY_TRAITS: dict[str, FamilyTraits] = {
 ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower", "img_processor", "audio_config")
 
 
-# The vision-language families the estimate reads (estimator/vision_memory.py, measured by cohort v21) and the text
-# family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v with bias)
-ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2"}
+# The vision-language families the estimate reads (estimator/vision_memory.py, measured by cohorts v21 and v22) and
+# the text family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v
+# with bias; LlavaConfig's text_config is a LlamaConfig unless it names another model_type)
+ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "llava": "llama"}
+# What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
+# models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
+# max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)
+TEXT_CONFIG_DEFAULTS = {"llava": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                                  "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 2048,
+                                  "vocab_size": 32000, "tie_word_embeddings": False}}
 
 
 def _refuse_multimodal(config: dict) -> None:
@@ -393,12 +400,35 @@ def _vision_language_model(config: dict) -> tuple[dict, VisionSpec]:
 
     vision = vision_spec_from_config(config)
     assert vision is not None
+    if config["model_type"] == "llava":
+        _only_measured_llava(config, vision)
     inner = config.get("text_config")
     text = {k: v for k, v in config.items() if k not in ENCODER_CONFIG_KEYS and k != "text_config"}
+    defaults = TEXT_CONFIG_DEFAULTS.get(config["model_type"])
+    if defaults is not None:  # the wrapper's own fields (its vocab_size, ...) are not the text model's
+        inner_type = inner.get("model_type") if isinstance(inner, dict) else None
+        if inner_type not in (None, ESTIMATED_VISION_TYPES[config["model_type"]]):
+            raise ModelConfigError(f"text_config.model_type '{inner_type}': {config['model_type']} is estimated with "
+                                   f"a {ESTIMATED_VISION_TYPES[config['model_type']]} language model only")
+        text = {**defaults, **{k: v for k, v in text.items() if k in ("torch_dtype", "dtype")}}
     if isinstance(inner, dict):
         text.update(inner)
     text["model_type"] = ESTIMATED_VISION_TYPES[config["model_type"]]
     return text, vision
+
+
+def _only_measured_llava(config: dict, vision: VisionSpec) -> None:
+    """LLaVA as cohort v22 measured it (llava-1.5): a CLIP tower, one feature layer, the CLS position dropped."""
+    if vision.tower.family != "clip":
+        raise ModelConfigError(f"llava with a {vision.tower.family} vision tower is not estimated yet (a CLIP tower, "
+                               "as in llava-1.5, is)")
+    if isinstance(config.get("vision_feature_layer"), list):
+        raise ModelConfigError("llava with several vision_feature_layer entries is not estimated yet (one layer, as "
+                               "in llava-1.5, is)")
+    if config.get("vision_feature_select_strategy", "default") != "default":
+        raise ModelConfigError(f"llava with vision_feature_select_strategy "
+                               f"{config.get('vision_feature_select_strategy')!r:.40} is not estimated yet ('default', "
+                               "as in llava-1.5, is)")
 
 
 def _spec_from_config(config: dict) -> ModelSpec:

@@ -30,8 +30,7 @@ class ImageFacts(NamedTuple):
     image_tokens_per_image: int  # the placeholders alone (what the image's features replace)
     patches_per_image: int  # the vision tower's sequence for one image (before its 2x2 merge)
     pixel_values_per_image: int  # elements of the processor's pixel_values for one image
-    min_pixels: int
-    max_pixels: int
+    processor: str  # what the processor did to the image, in words (its family and knobs)
 
     @property
     def lm_tokens_per_sample(self) -> int:
@@ -46,10 +45,10 @@ class ImageFacts(NamedTuple):
         assumptions."""
         images = f"{self.images_per_sample} image{'s' if self.images_per_sample != 1 else ''}"
         markers = self.lm_tokens_per_image - self.image_tokens_per_image
+        marker_words = f" + {markers} markers" if markers else ""
         return (f"{images} of {self.width}x{self.height} per sample -> {self.lm_tokens_per_image:,} tokens each "
-                f"({self.image_tokens_per_image:,} image tokens + {markers} markers; {self.patches_per_image:,} "
-                "vision patches), Qwen-VL "
-                f"processor min_pixels {self.min_pixels:,}, max_pixels {self.max_pixels:,}")
+                f"({self.image_tokens_per_image:,} image tokens{marker_words}; {self.patches_per_image:,} "
+                f"vision positions), {self.processor}")
 
 
 def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
@@ -85,6 +84,17 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
     for refused, field, words in refusals:
         if refused:
             raise PlanError.about(field, words)
+    if not _qwen(spec):
+        for name in ("min_pixels", "max_pixels"):
+            if getattr(plan, name) is not None:
+                raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
+                                            f"({spec.vision.model_type}) has none: it resizes every image to the "
+                                            f"tower's {spec.vision.tower.image_size}x{spec.vision.tower.image_size}; "
+                                            "drop it")
+
+
+def _qwen(spec: ModelSpec) -> bool:
+    return spec.vision is not None and spec.vision.model_type.startswith("qwen")
 
 
 def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
@@ -92,10 +102,12 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
     check_images(plan, spec)
     if spec.vision is None:
         return None
-    from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
-
     size = plan.image_width_height
     assert size is not None
+    if not _qwen(spec):
+        return _llava_images(plan, spec, size)
+    from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
+
     tower = spec.vision.tower
     min_pixels = plan.min_pixels if plan.min_pixels is not None else QWEN25_VL_MIN_PIXELS
     max_pixels = plan.max_pixels if plan.max_pixels is not None else QWEN25_VL_MAX_PIXELS
@@ -109,7 +121,28 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
     except ValueError as exc:
         raise PlanError.about("image_size", str(exc)) from None
     return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
-                      one.pixel_values_numel, min_pixels, max_pixels)
+                      one.pixel_values_numel,
+                      f"Qwen-VL processor min_pixels {min_pixels:,}, max_pixels {max_pixels:,}")
+
+
+def _llava_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:
+    """LLaVA-1.5: the CLIP processor resizes the shortest edge to the tower's size and centre-crops the square, so
+    every image is the same tokens whatever its size (vision_tokens.llava_image_tokens, the "default" strategy: the
+    CLS position is dropped)."""
+    from .vision_tokens import llava_image_tokens
+
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    assert tower.image_size is not None
+    try:
+        one = llava_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
+                                 num_additional_image_tokens=1 if tower.has_cls_token else 0,
+                                 num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    side = f"{tower.image_size}x{tower.image_size}"
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
+                      one.pixel_values_numel, f"LLaVA processor: resized and centre-cropped to {side}")
 
 
 def sequence_length(seq_len: int, images: ImageFacts | None) -> int:

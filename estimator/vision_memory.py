@@ -43,39 +43,84 @@ PIXEL_VALUES_DTYPE = "fp32"
 SCATTERED_EMBEDDING_COPIES = 1
 
 
+def projector_trains(r: ResolvedPlan) -> bool:
+    """Whether the projector trains: in full fine-tuning, when it sits outside the vision tower (LLaVA's
+    multi_modal_projector trains with the language model; Qwen-VL's merger is part of the frozen tower module)."""
+    vision = r.spec.vision
+    if vision is None or r.plan.method != "full":
+        return False
+    tower = vision.tower.module_path
+    return not any(path == tower or path.startswith(tower + ".") for path in vision.projector.module_paths)
+
+
 def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
-    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor), in the weight dtype,
-    frozen (a trained tower is refused); unrounded, as the language model's base weights are. A group's modules are
-    identical: one record per parameter of one, ``count`` tensors."""
+    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor), in the weight dtype:
+    the tower frozen (a trained tower is refused), the projector trained where :func:`projector_trains`; unrounded, as
+    the language model's base weights are. A group's modules are identical: one record per parameter of one,
+    ``count`` tensors."""
     vision = r.spec.vision
     if vision is None:
         return []
     dtype = r.weight_dtype
+    trains = projector_trains(r)
     return [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0], group.count,
-                         dtype, False, math.prod(shape) * DTYPE_BYTES[dtype], None)
+                         dtype, trains and group in vision.projector.groups, math.prod(shape) * DTYPE_BYTES[dtype],
+                         None)
             for group in vision.tower.groups + vision.projector.groups
             for name, shape in group.module_parameter_shapes()]
 
 
 def tower_saved_bytes(r: ResolvedPlan) -> int:
-    """What the vision tower keeps for backward, from its forward to the end of backward.
+    """What the vision tower and its projector keep for backward, from their forward to the end of backward.
 
-    Without gradient checkpointing: nothing (frozen parameters, pixel values that need no gradient: no graph).
-    With it, the tower is in the graph (``enable_input_require_grads`` hooks its patch embedding; measured on
-    Qwen2.5-VL-3B at 1280x720, 4,784 patches): each of its ``depth`` blocks keeps its input, N x W in the weight
-    dtype (a checkpointed layer); the merger keeps its norm's fp32 input (N x W x 4, Qwen2_5_VLRMSNorm upcasts), its
-    GELU's input (N/4 x 4W) and one more N x W tensor; the blocks' rotary cos and sin are kept in fp32 (N x head_dim
-    each). N = patches of the micro-batch, W = the tower's width."""
+    Without gradient checkpointing the frozen tower builds no graph (frozen parameters, pixel values that need no
+    gradient); with it, ``enable_input_require_grads`` hooks the tower's patch embedding, its output requires grad and
+    every tower block is a checkpointed layer that keeps its input. Family by family (:func:`_qwen_tower_saved_bytes`,
+    :func:`_llava_tower_saved_bytes`)."""
     images, vision = r.images, r.spec.vision
-    if images is None or vision is None or not r.plan.gradient_checkpointing:
+    if images is None or vision is None:
         return 0
-    tower = vision.tower
-    patches = images.patches_per_sample * r.plan.batch_size
+    if vision.model_type == "llava":
+        return _llava_tower_saved_bytes(r)
+    return _qwen_tower_saved_bytes(r) if r.plan.gradient_checkpointing else 0
+
+
+def _qwen_tower_saved_bytes(r: ResolvedPlan) -> int:
+    """Qwen2.5-VL with checkpointing (measured on Qwen2.5-VL-3B at 1280x720, 4,784 patches): each of its ``depth``
+    blocks keeps its input, N x W in the weight dtype; the merger keeps its norm's fp32 input (N x W x 4,
+    Qwen2_5_VLRMSNorm upcasts), its GELU's input (N/4 x 4W) and one more N x W tensor; the blocks' rotary cos and sin
+    are kept in fp32 (N x head_dim each). N = patches of the micro-batch, W = the tower's width."""
+    assert r.images is not None and r.spec.vision is not None
+    tower = r.spec.vision.tower
+    patches = r.images.patches_per_sample * r.plan.batch_size
     width_bytes = patches * tower.hidden_size * DTYPE_BYTES[r.weight_dtype]
     blocks = tower.num_layers * round_block(width_bytes)
     merger = round_block(patches * tower.hidden_size * DTYPE_BYTES["fp32"]) + 2 * round_block(width_bytes)
     rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
     return blocks + merger + rotary
+
+
+def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
+    """LLaVA-1.5 (transformers 5.24 models/llava/modeling_llava.py, models/clip/modeling_clip.py; measured by cohort
+    v22), per image of N positions (patches and CLS) of width W and N' image tokens of the text width H:
+
+    * with checkpointing, each of the tower's ``depth`` CLIP layers keeps its input (N x W) and ``pre_layrnorm`` its
+      own (N x W); the projector, whose input now requires grad, keeps its GELU's input and output (2 x N' x H);
+    * without it, a frozen projector (LoRA) keeps nothing, a trained one (full fine-tuning) keeps its linear_1 input
+      (a view of the feature layer's output, N x W), its GELU's input and output (2 x N' x H).
+
+    The feature layer's output is a checkpointed layer's input already: linear_1's saved view adds nothing then."""
+    assert r.images is not None and r.spec.vision is not None
+    tower = r.spec.vision.tower
+    images = r.images.images_per_sample * r.plan.batch_size
+    element = DTYPE_BYTES[r.weight_dtype]
+    positions = round_block(r.images.patches_per_image * tower.hidden_size * element)
+    projector = 2 * round_block(r.images.image_tokens_per_image * r.spec.hidden_size * element)
+    if r.plan.gradient_checkpointing:
+        return images * ((tower.num_layers + 1) * positions + projector)
+    if projector_trains(r):
+        return images * (positions + projector)
+    return 0
 
 
 def pixel_values_bytes(r: ResolvedPlan) -> int:

@@ -131,11 +131,18 @@ def test_a_vision_language_model_not_yet_estimated_is_refused_not_estimated_as_i
 
 @pytest.mark.parametrize("entry", _vlm_entries(estimated=True), ids=lambda e: e["id"])
 def test_an_estimated_vision_language_model_is_read_whole(entry):
-    """Qwen2.5-VL: the language model (a Qwen2 decoder: q/k/v with bias) and the vision side, every parameter; the
-    3B's count is the checkpoint's safetensors total_size / 2 exactly."""
+    """Qwen2.5-VL: the language model (a Qwen2 decoder: q/k/v with bias) and the vision side; LLaVA-1.5: a Llama
+    decoder whose text_config leaves its shape to LlamaConfig's defaults, a CLIP tower and the MLP projector. Every
+    parameter: the counts are the checkpoints' safetensors total_size / 2 exactly where the entry records it."""
     spec = ModelSpec.from_config(entry["config"])
-    assert spec.vision is not None and spec.model_type == "qwen2" and spec.attention_bias
-    assert spec.total_params > spec.vision.vision_params > 600_000_000
+    assert spec.vision is not None
+    if entry["config"]["model_type"] == "llava":
+        assert spec.model_type == "llama" and not spec.attention_bias
+        assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)
+        assert spec.total_params > spec.vision.vision_params > 300_000_000
+    else:
+        assert spec.model_type == "qwen2" and spec.attention_bias
+        assert spec.total_params > spec.vision.vision_params > 600_000_000
     safetensors = entry.get("safetensors")
     if safetensors:
         assert spec.total_params == safetensors["total_size"] // safetensors["bytes_per_param"]
@@ -149,6 +156,23 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
 def test_any_encoder_beside_the_language_model_is_refused(config):
     with pytest.raises(ModelConfigError, match="multimodal model"):
         ModelSpec.from_config(config)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"vision_feature_select_strategy": "full"}, "vision_feature_select_strategy 'full'"),
+    ({"vision_feature_layer": [-2, -5]}, "several vision_feature_layer"),
+    ({"vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 384,
+                        "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27,
+                        "patch_size": 14}}, "siglip vision tower"),
+    ({"text_config": {"model_type": "mistral"}}, "text_config.model_type 'mistral'"),
+])
+def test_a_llava_variant_cohort_v22_did_not_measure_is_refused_by_name(change, fragment):
+    """Cohort v22 measured llava-1.5 (CLIP tower, one feature layer, the CLS position dropped, a Llama decoder); a
+    variant would be read wrong (its image tokens, its tower), so it is refused naming what differs."""
+    entry = next(e for e in _published_vlm_configs() if e["config"]["model_type"] == "llava")
+    with pytest.raises(ModelConfigError, match=r"llava|mistral") as info:
+        ModelSpec.from_config({**entry["config"], **change})
+    assert fragment in str(info.value)
 
 
 def test_the_cli_refuses_a_local_vision_language_model_in_one_line(tmp_path, capsys):

@@ -72,3 +72,39 @@ def test_the_batch_holds_the_processors_image_tokens():
 def test_a_bad_vision_tower_mode_is_refused():
     with pytest.raises(ValueError, match="vision_tower"):
         vlm_fake.run_vlm_steps(_plan(), TINY_QWEN_VL, {"size": [112, 84], "vision_tower": "half"}, fake=True)
+
+
+# A LLaVA-1.5 of the published layout at toy sizes: a 2-layer Llama decoder, a 3-layer CLIP tower on 56 x 56 crops of
+# 14-pixel patches (16 patches and the CLS position, 16 image tokens per image), the MLP projector
+TINY_LLAVA = {
+    "model_type": "llava",
+    "architectures": ["LlavaForConditionalGeneration"],
+    "image_token_index": 500,
+    "projector_hidden_act": "gelu",
+    "vision_feature_layer": -2,
+    "vision_feature_select_strategy": "default",
+    "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                    "max_position_embeddings": 4096},
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 3, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("full", False)])
+def test_llava_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    images = {"size": [90, 60], "per_sample": 2}
+    plan = _plan(method=method, gradient_checkpointing=ckpt)
+    fake = vlm_fake.run_vlm_steps(plan, TINY_LLAVA, images, fake=True, route_sdpa=False)
+    real = vlm_fake.run_vlm_steps(plan, TINY_LLAVA, images, fake=False, route_sdpa=False)
+    assert real["peak_allocated_bytes"] > 0
+    assert fake["peak_allocated_bytes"] == pytest.approx(real["peak_allocated_bytes"], rel=0.01)
+    assert fake["peak_phase"] == real["peak_phase"]
+    assert fake["sequence"] == real["sequence"]
+
+
+def test_the_llava_batch_holds_the_processors_image_tokens():
+    """Any image is resized and centre-cropped to 56 x 56: 4 x 4 patches and the CLS position, which the "default"
+    strategy drops: 16 image tokens per image, no markers; pixel values one 3 x 56 x 56 crop per image."""
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_LLAVA, {"size": [90, 60], "per_sample": 2}, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 * 16, "image_tokens": 32, "pixel_rows": 2 * 2}

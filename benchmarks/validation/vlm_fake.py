@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -56,6 +56,11 @@ QWEN_MARKERS = {"vision_start_token_id": ("<|vision_start|>", 4), "vision_end_to
 QWEN_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
                  "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
                  "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
+# LLaVA-1.5 (llava-hf): the <image> placeholder (config image_token_index) and its chat template's image slot
+LLAVA_MARKERS = {"image_token_index": ("<image>", 4)}
+LLAVA_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
+                  "{% if part['type'] == 'image' %}<image>"
+                  "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
 # Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
 VISION_TOWER_MODES = ("frozen", "lora", "full")
 
@@ -115,10 +120,70 @@ def qwen_processor(config: dict, folder: Path, knobs: dict):
                                chat_template=QWEN_TEMPLATE)
 
 
+def llava_processor(config: dict, folder: Path, knobs: dict):
+    """LLaVA-1.5's processor as llava-hf/llava-1.5-7b-hf's processor files set it up: the CLIP image processor
+    (shortest edge and centre crop at the tower's image size), patch size 14, the "default" feature strategy and one
+    additional (CLS) token, so each image becomes (336 / 14)^2 = 576 <image> tokens; the stand-in tokenizer."""
+    from transformers import LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    if knobs:
+        raise ValueError(f"LLaVA's processor has no knobs measured here; got {sorted(knobs)}")
+    vision = config.get("vision_config") or {}
+    side = int(vision.get("image_size", 336))
+    tokenizer = _stand_in_tokenizer(folder, dict(LLAVA_MARKERS.values()))
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                          patch_size=int(vision.get("patch_size", 14)),
+                          vision_feature_select_strategy=config.get("vision_feature_select_strategy", "default"),
+                          num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE)
+
+
+@contextlib.contextmanager
+def llava_image_size_from_shape():
+    """LlavaProcessor.replace_image_token reads each image's height and width through numpy, which a fake tensor
+    cannot give; the same count from the pixel values' shape (channels first, as the CLIP processor returns them)."""
+    from transformers.models.llava import processing_llava
+
+    original = processing_llava.LlavaProcessor.replace_image_token
+
+    def replace_image_token(self, image_inputs: dict, image_idx: int, **kwargs) -> str:
+        height, width = image_inputs["pixel_values"][image_idx].shape[-2:]
+        tokens = (height // self.patch_size) * (width // self.patch_size) + self.num_additional_image_tokens
+        return self.image_token * (tokens - (1 if self.vision_feature_select_strategy == "default" else 0))
+
+    processing_llava.LlavaProcessor.replace_image_token = replace_image_token
+    try:
+        yield
+    finally:
+        processing_llava.LlavaProcessor.replace_image_token = original
+
+
+class Family(NamedTuple):
+    """What the harness needs of one vision-language family: its stand-in markers (config key -> (text, id)), the
+    config key of the image placeholder, where its vision tower sits in the <Family>Model, its processor, and the
+    data-only functions run on real values (a context manager)."""
+
+    markers: dict
+    image_token_key: str
+    tower_path: str
+    processor: Any
+    values: Any
+
+
+def _family(config: dict) -> Family:
+    model_type = config.get("model_type")
+    if model_type == "qwen2_5_vl":
+        return Family(QWEN_MARKERS, "image_token_id", "visual", qwen_processor, qwen_vision_metadata_from_values)
+    if model_type == "llava":
+        return Family(LLAVA_MARKERS, "image_token_index", "vision_tower", llava_processor, llava_image_size_from_shape)
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl and llava")
+
+
 def with_stand_in_markers(config: dict) -> dict:
     """The config with its marker ids moved to the stand-in tokenizer's (ids only: no size changes)."""
     out = json.loads(json.dumps(config))
-    for key, (_text, token_id) in QWEN_MARKERS.items():
+    for key, (_text, token_id) in _family(config).markers.items():
         if key in out:
             out[key] = token_id
     return out
@@ -209,6 +274,7 @@ def build_vlm(plan, config: dict, vision_tower: str):
 
     from canifinetune.recipes import model_setup
 
+    tower = _family(config).tower_path
     cfg = model_setup.hf_config(config)
     model = AutoModelForImageTextToText.from_config(cfg, dtype=model_setup.weight_dtype(plan),
                                                     attn_implementation=plan.attn_implementation)
@@ -216,13 +282,13 @@ def build_vlm(plan, config: dict, vision_tower: str):
     if plan.method == "full":
         model.requires_grad_(True)
         if vision_tower == "frozen":
-            model.model.visual.requires_grad_(False)
+            getattr(model.model, tower).requires_grad_(False)
     elif plan.uses_adapters:
         model = get_peft_model(model, LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha,
                                                  lora_dropout=plan.lora_dropout, bias="none", task_type="CAUSAL_LM",
                                                  target_modules=lora_targets(vision_tower, plan, config)))
         if vision_tower == "full":
-            model.get_base_model().model.visual.requires_grad_(True)
+            getattr(model.get_base_model().model, tower).requires_grad_(True)
     model_setup.enable_checkpointing(model, plan)
     model.train()
     return model
@@ -249,9 +315,11 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
         raise ValueError(f"vision_tower: one of {', '.join(VISION_TOWER_MODES)}; got {vision_tower!r}")
     size = tuple(images["size"])
     per_sample = int(images.get("per_sample", 1))
+    family = _family(config)
     config = with_stand_in_markers(config)
     folder = Path(tempfile.mkdtemp(prefix="canifinetune-vlm-fake-"))
-    processor = qwen_processor(config, folder / "processor", images.get("processor") or {})
+    processor = family.processor(config, folder / "processor", images.get("processor") or {})
+    image_token = family.markers[family.image_token_key][1]
     micro_steps = sft.accumulated_micro_steps(plan)
     rows = image_rows(plan.batch_size * steps * micro_steps, size, per_sample, plan.seq_len)
     dataset = Dataset.from_list(rows[:1])  # the trainer only reads its columns; batches come from ``rows``
@@ -267,7 +335,7 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
     peft_ctx = fm._beside("peft_fake").fake_peft_support(fake)
     fake_mode = FakeTensorMode(allow_fallback_kernels=False) if fake else contextlib.nullcontext()
     apply_ctx = fm.classic_module_apply() if fake else contextlib.nullcontext()
-    values_ctx = qwen_vision_metadata_from_values() if fake else contextlib.nullcontext()
+    values_ctx = family.values() if fake else contextlib.nullcontext()
     try:
         with fm.gpu_routing(route_sdpa) as routed, apply_ctx, values_ctx, peft_ctx as build_ctx, fake_mode, counter:
             counter.set_phase("build")
@@ -294,7 +362,7 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
                     batch = trainer.data_collator([dict(r) for r in rows[row:row + plan.batch_size]])
                     row += plan.batch_size
                     sequence = {"tokens": int(batch["input_ids"].shape[1]),
-                                "image_tokens": int((batch["input_ids"] == QWEN_MARKERS["image_token_id"][1])
+                                "image_tokens": int((batch["input_ids"] == image_token)
                                                     .sum().item()) // plan.batch_size,
                                 "pixel_rows": int(batch["pixel_values"].shape[0])}
                     scored = plan.batch_size * (sequence["tokens"] - 1)
@@ -311,16 +379,19 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
             "known_scalar_reads": counter.known_scalar_reads}
 
 
-def images_of_plan(plan) -> dict:
-    """The images a plan describes, with the checkpoint processor's min_pixels/max_pixels where it sets none
-    (estimator/vision_images.py: what AutoProcessor.from_pretrained loads)."""
+def images_of_plan(plan, config: dict | None = None) -> dict:
+    """The images a plan describes, for a Qwen-VL model (``config``'s model_type; Qwen when not given) with the
+    checkpoint processor's min_pixels/max_pixels where it sets none (estimator/vision_images.py: what
+    AutoProcessor.from_pretrained loads); LLaVA's processor has no knobs."""
     from canifinetune.estimator import vision_images
 
     size = plan.image_width_height
     if size is None:
         raise ValueError("the plan has no image_size: not a vision-language plan")
-    knobs = {"min_pixels": plan.min_pixels or vision_images.QWEN25_VL_MIN_PIXELS,
-             "max_pixels": plan.max_pixels or vision_images.QWEN25_VL_MAX_PIXELS}
+    knobs = {}
+    if config is None or str(config.get("model_type", "")).startswith("qwen"):
+        knobs = {"min_pixels": plan.min_pixels or vision_images.QWEN25_VL_MIN_PIXELS,
+                 "max_pixels": plan.max_pixels or vision_images.QWEN25_VL_MAX_PIXELS}
     return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
             "processor": knobs}
 
@@ -333,7 +404,7 @@ def measure_vlm(plan, config: dict, images: dict | None = None) -> dict:
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan(**plan)
     t0 = time.perf_counter()
-    result = run_vlm_steps(plan, config, images or images_of_plan(plan))
+    result = run_vlm_steps(plan, config, images or images_of_plan(plan, config))
     result["wall_seconds"] = round(time.perf_counter() - t0, 2)
     result["versions"] = _beside("fake_mode").library_versions()
     result["plan"] = plan.model_dump(mode="json")
