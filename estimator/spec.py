@@ -389,7 +389,7 @@ def _refuse_multimodal(config: dict) -> None:
         raise ModelConfigError(
             f"{what} is a multimodal model: an image or audio encoder{beside} beside its language model. Its "
             "encoder's weights and activations and the tokens it adds are not estimated yet (of the vision-language "
-            f"families, {', '.join(ESTIMATED_VISION_TYPES)} is), and the language model alone would be too low an "
+            f"families, {' and '.join(ESTIMATED_VISION_TYPES)} are), and the language model alone would be too low an "
             "estimate")
 
 

@@ -2,7 +2,7 @@
 sequence and the patches its vision tower runs, and what is refused until measured (issue 26).
 
 estimator/resolved.py reads these facts into ``ResolvedPlan.images``; estimator/vision_memory.py turns them into
-bytes. The Qwen-VL processor is mirrored by estimator/vision_tokens.py (imported only for a VLM).
+bytes. The Qwen-VL and LLaVA processors are mirrored by estimator/vision_tokens.py (imported only for a VLM).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ImageFacts(NamedTuple):
 
 
 def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
-    """A text model takes no images; a VLM needs them, and only what cohort v21 measured is estimated."""
+    """A text model takes no images; a VLM needs them, and only what cohorts v21 and v22 measured is estimated."""
     if spec.vision is None:
         if plan.image_size is not None:
             raise PlanError.about("image_size", f"{plan.model} is a text model: it reads no images; drop image_size")

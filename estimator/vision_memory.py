@@ -1,10 +1,11 @@
 """A vision-language model's memory beyond its language model: the image tokens the language model reads, the vision
 tower's weights, what the tower's forward leaves for backward, and the pixel values (issue 26).
 
-Read from transformers 5.24 (models/qwen2_5_vl/modeling_qwen2_5_vl.py, modeling_utils.enable_input_require_grads)
+Read from transformers 5.24 (models/qwen2_5_vl/modeling_qwen2_5_vl.py, models/llava/modeling_llava.py,
+models/clip/modeling_clip.py, modeling_utils.enable_input_require_grads)
 and TRL 1.16 (trainer/sft_trainer.py DataCollatorForVisionLanguageModeling), and measured by TRL's own SFTTrainer on
 each family's transformers model class under fake tensors (benchmarks/validation/vlm_fake.py): exploratory runs on
-Qwen2.5-VL-3B, then cohort v21.
+Qwen2.5-VL-3B, then cohort v21; exploratory runs on llava-1.5-7b, then cohort v22.
 
 What the measurements show, for a vision tower that does not train (the default of VLM recipes):
 
@@ -20,9 +21,9 @@ What the measurements show, for a vision tower that does not train (the default 
 - the collator's pixel values (fp32) live through the step; the language model's input embeddings are copied once
   when the image features are scattered into them.
 
-Only what was measured is estimated: Qwen2.5-VL, a frozen vision tower, LoRA or full fine-tuning of the language
-model on one GPU with TRL's SFT trainer. Everything else about images is refused by name
-(estimator/vision_images.py ``check_images``).
+Only what was measured is estimated: Qwen2.5-VL and LLaVA-1.5, a frozen vision tower, LoRA or full fine-tuning of
+the language model (LLaVA's projector trained with it) on one GPU with TRL's SFT trainer. Everything else about
+images is refused by name (estimator/vision_images.py ``check_images``).
 """
 
 from __future__ import annotations

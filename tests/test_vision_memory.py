@@ -187,3 +187,61 @@ async def test_the_image_fields_through_a_real_mcp_client(anyio_backend):
         recipe = await client.call_tool("make_recipe", {"model": VL3B, "gpu": "RTX 4090",
                                                         "plan": {"image_size": "1280x720"}})
         assert recipe.is_error and "image_size" in recipe.content[0].text
+
+
+# ------------------------------------------------------------------------------------------------- LLaVA-1.5 (v22)
+
+LLAVA = "llava-hf/llava-1.5-7b-hf"
+
+
+@pytest.mark.parametrize("size", ["224x224", "800x600", "3000x2000", "336x1008"])
+def test_llava_images_are_576_tokens_whatever_their_size(size):
+    """The CLIP processor resizes the shortest edge to 336 and centre-crops: 24 x 24 patches and the CLS position,
+    which the "default" strategy drops; no markers."""
+    r = _resolved(model=LLAVA, image_size=size, images_per_sample=2)
+    images = r.images
+    assert (images.lm_tokens_per_image, images.image_tokens_per_image, images.patches_per_image) == (576, 576, 577)
+    assert r.images.pixel_values_per_image == 3 * 336 * 336 and r.sequence_length == 512 + 2 * 576
+    assert "576 tokens each (576 image tokens; 577 vision positions), LLaVA processor" in r.images.words()
+
+
+@pytest.mark.parametrize("field", ["min_pixels", "max_pixels"])
+def test_llava_refuses_qwens_pixel_knobs_by_name(field):
+    with pytest.raises(PlanError) as info:
+        estimate(_plan(model=LLAVA, **{field: 200_000}))
+    assert info.value.field == field and "336x336" in str(info.value)
+
+
+def test_llava_projector_trains_in_full_fine_tuning_only():
+    """The projector sits outside the tower: it trains with the language model in full fine-tuning (its 20,979,712
+    parameters get gradients and optimizer states), and stays frozen under LoRA; the CLIP tower is frozen in both."""
+    full = estimate(_plan(model=LLAVA, method="full"))
+    text_params = 7_063_427_072 - 303_507_456 - 20_979_712
+    assert full.params_total == 7_063_427_072 and full.params_trainable == text_params + 20_979_712
+    assert vision_memory.projector_trains(_resolved(model=LLAVA, method="full"))
+    assert not vision_memory.projector_trains(_resolved(model=LLAVA))
+    assert not vision_memory.projector_trains(_resolved(method="full"))  # Qwen's merger is inside the frozen tower
+
+
+def test_llava_tower_and_projector_saved_tensors():
+    """With checkpointing: each of 24 CLIP layers' input and pre_layrnorm's (577 x 1024), the projector's GELU input
+    and output (576 x 4096), per image; without it nothing under LoRA, the projector's tensors in full fine-tuning."""
+    per_image_positions, projector = 577 * 1024 * 2, 2 * 576 * 4096 * 2
+    r = _resolved(model=LLAVA, images_per_sample=2, batch_size=2)
+    assert vision_memory.tower_saved_bytes(r) == pytest.approx(4 * (25 * per_image_positions + projector), rel=1e-3)
+    assert vision_memory.tower_saved_bytes(_resolved(model=LLAVA, gradient_checkpointing=False)) == 0
+    full = _resolved(model=LLAVA, method="full", gradient_checkpointing=False)
+    assert vision_memory.tower_saved_bytes(full) == pytest.approx(per_image_positions + projector, rel=1e-3)
+
+
+def test_llava_search_has_no_pixel_knob_and_offers_fewer_images():
+    from canifinetune.estimator.search import suggest
+
+    plan = TrainingPlan(model=LLAVA, method="lora", seq_len=1024, batch_size=1, image_size="800x600",
+                        images_per_sample=8, gpu="RTX 4090", gradient_checkpointing=False)
+    result = suggest(plan, keep=["batch_size", "gradient_checkpointing"])
+    assert result.suggestions
+    for s in result.suggestions:
+        assert s.plan.max_pixels is None and s.plan.min_pixels is None
+    fewer = [s for s in result.suggestions if s.cost.kind == "fewer_image_tokens"]
+    assert fewer and all("images_per_sample" in {c.field for c in s.changes} for s in fewer)

@@ -717,6 +717,15 @@ NOTES = {
         "images, the search's max_pixels knob, the harness's category helper) change no estimate or measurement of "
         "these plans.",
     ],
+    "cohort-v22": [
+        "Cohort v22 (16 LLaVA-1.5 plans on llava-hf/llava-1.5-7b-hf with a frozen CLIP tower, issue 26) was frozen in "
+        "commit e6c40b0 with the estimator it checks, before any of its plans was measured. The LLaVA terms were built "
+        "on seven exploratory plans only (640x480 at seq_len 512: LoRA and full, checkpointing on and off; 2 x "
+        "1024x768 at batch 2, LoRA, on and off; 4 x 336x336 full): -0.41% to +0.18% with the Qwen tower terms, "
+        "-0.29% to +0.80% once the CLIP layers', pre_layrnorm's and the projector's saved tensors replaced them. No "
+        "case here repeats those plans. Edits made while it ran (docstrings, messages, docs) change no estimate or "
+        "measurement of these plans.",
+    ],
 }
 
 
