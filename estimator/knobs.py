@@ -7,16 +7,12 @@ its levels; the search (:mod:`canifinetune.estimator.search`) tries the mildest 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .model_sources import ResolvedModel
 from .moe_adapters import PEFT_EXPERT_TARGETS
 from .plan import MAX_NUM_GPUS, PARAM_OFFLOAD_SHARDINGS, TrainingPlan
-from .spec import PEFT_DEFAULT_TARGETS
+from .spec import PEFT_DEFAULT_TARGETS, ModelSpec
 from .trainers import TRAINER_DEFAULTS
-
-if TYPE_CHECKING:
-    from .vision_spec import VisionSpec
 
 SEQ_LEN_FLOOR = 256
 SEQ_LEN_GRID = 128
@@ -115,7 +111,7 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     p = plan
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
                         _optim_knob(p), _offload_knob(p))  # tier 0
-    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec.vision), _images_per_sample_knob(p),
+    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _images_per_sample_knob(p),
                         _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm), _peft_extras_knob(p))  # tier 1
     knobs = [k for k in (*same_mathematics, *changes_learning) if k is not None]
     trainer_knobs = _trainer_knobs(p)
@@ -216,23 +212,22 @@ def _seq_len_knob(p: TrainingPlan) -> Knob | None:
     return Knob("seq_len", 1, [{"seq_len": v} for v in values], monotone=True)
 
 
-# max_pixels levels for a VLM's images (Qwen-VL: 28 x 28 pixels per image token): 1280, 768, 512, 256 and 128 tokens
+# max_pixels levels for a Qwen-VL model's images, in image tokens (28 x 28 pixels each on Qwen2.5-VL, 32 x 32 on
+# Qwen3-VL): 1280, 768, 512, 256 and 128 tokens
 IMAGE_TOKEN_LEVELS = (1280, 768, 512, 256, 128)
-PIXELS_PER_IMAGE_TOKEN = 28 * 28
 
 
-def _image_pixels_knob(p: TrainingPlan, vision: VisionSpec | None) -> Knob | None:
+def _image_pixels_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
     """A VLM's images downscaled by the processor's max_pixels, to each of IMAGE_TOKEN_LEVELS below what the images
     take now (and not below min_pixels)."""
     size = p.image_width_height
-    if size is None or vision is None or not vision.model_type.startswith("qwen"):
+    if size is None or spec.vision is None or not spec.vision.model_type.startswith("qwen"):
         return None  # other processors resize to a fixed size: no pixel knob
-    from .vision_images import QWEN25_VL_MAX_PIXELS, QWEN25_VL_MIN_PIXELS
+    from .vision_images import pixel_bounds, pixels_per_image_token
 
-    now = min(size[0] * size[1], p.max_pixels or QWEN25_VL_MAX_PIXELS)
-    floor = p.min_pixels or QWEN25_VL_MIN_PIXELS
-    values = [n * PIXELS_PER_IMAGE_TOKEN for n in IMAGE_TOKEN_LEVELS
-              if floor <= n * PIXELS_PER_IMAGE_TOKEN < now]
+    floor, ceiling = pixel_bounds(p, spec)
+    now, per_token = min(size[0] * size[1], ceiling), pixels_per_image_token(spec)
+    values = [n * per_token for n in IMAGE_TOKEN_LEVELS if floor <= n * per_token < now]
     return Knob("max_pixels", 1, [{"max_pixels": v} for v in values], monotone=True) if values else None
 
 

@@ -367,8 +367,9 @@ ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tow
 
 # The vision-language families the estimate reads (estimator/vision_memory.py, measured by cohorts v21 and v22) and
 # the text family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v
-# with bias; LlavaConfig's text_config is a LlamaConfig unless it names another model_type)
-ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "llava": "llama"}
+# with bias; Qwen3VLTextModel's are Qwen3's, q/k norms per head; LlavaConfig's text_config is a LlamaConfig unless it
+# names another model_type)
+ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama"}
 # What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
 # models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
 # max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)

@@ -19,6 +19,13 @@ from .spec import ModelSpec
 # lower (1003520, image_processing_qwen2_vl.py): the checkpoint's is the one a user's run gets.
 QWEN25_VL_MIN_PIXELS = 3136
 QWEN25_VL_MAX_PIXELS = 12845056
+# The Qwen3-VL checkpoints' preprocessor_config.json: size {"shortest_edge": 65536, "longest_edge": 16777216} (256 x 256
+# to 4096 x 4096 pixels) with patch_size 16, merge_size 2 (processor_class Qwen3VLProcessor, Qwen2VLImageProcessorFast)
+QWEN3_VL_MIN_PIXELS = 65536
+QWEN3_VL_MAX_PIXELS = 16777216
+# (min_pixels, max_pixels) a checkpoint's processor loads with, by family
+QWEN_PIXEL_BOUNDS = {"qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
+                     "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
 class ImageFacts(NamedTuple):
     """What the processor makes of a sample's images (estimator/vision_tokens.py mirrors it)."""
@@ -109,8 +116,7 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
     from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
 
     tower = spec.vision.tower
-    min_pixels = plan.min_pixels if plan.min_pixels is not None else QWEN25_VL_MIN_PIXELS
-    max_pixels = plan.max_pixels if plan.max_pixels is not None else QWEN25_VL_MAX_PIXELS
+    min_pixels, max_pixels = pixel_bounds(plan, spec)
     if min_pixels > max_pixels:
         raise PlanError.about("min_pixels", f"{min_pixels} is above max_pixels {max_pixels}")
     try:
@@ -145,6 +151,20 @@ def _llava_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) ->
                       one.pixel_values_numel, f"LLaVA processor: resized and centre-cropped to {side}")
 
 
+def pixel_bounds(plan: TrainingPlan, spec: ModelSpec) -> tuple[int, int]:
+    """A Qwen-VL plan's (min_pixels, max_pixels): the plan's, else the checkpoint processor's (QWEN_PIXEL_BOUNDS)."""
+    assert spec.vision is not None
+    low, high = QWEN_PIXEL_BOUNDS[spec.vision.model_type]
+    return (plan.min_pixels if plan.min_pixels is not None else low,
+            plan.max_pixels if plan.max_pixels is not None else high)
+
+
+def pixels_per_image_token(spec: ModelSpec) -> int:
+    """The pixels one Qwen-VL image token covers: (patch x merge side)², 28² for Qwen2.5-VL, 32² for Qwen3-VL."""
+    assert spec.vision is not None
+    return spec.vision.tower.patch_size ** 2 * spec.vision.projector.merge_factor
+
+
 def sequence_length(seq_len: int, images: ImageFacts | None) -> int:
     """S: the tokens of a row the language model runs, its text and its images' tokens."""
     return seq_len + (images.lm_tokens_per_sample if images is not None else 0)
@@ -167,11 +187,16 @@ def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
     groups = spec.vision.tower.groups + spec.vision.projector.groups
     # PEFT matches the last part of a module's name; shown with the module it sits in ("visual.blocks.mlp.gate_proj")
     shown = {f"{group.path}.{lin.name}": lin.name.rsplit(".", 1)[-1] for group in groups for lin in group.linears}
-    targets = plan.target_modules
+    from .spec import PEFT_DEFAULT_TARGETS
+
+    # no names: PEFT's default for the language model's family (LLaVA's Llama: q_proj, v_proj, which CLIP has too)
+    targets = plan.target_modules or PEFT_DEFAULT_TARGETS.get(spec.model_type)
     reached = [path for path, last in shown.items() if targets == "all-linear" or last in set(targets or ())]
     if not reached:
         return None
     named = "all-linear" if targets == "all-linear" else ", ".join(sorted({shown[p] for p in reached}))
+    if plan.target_modules is None:
+        named += f" (none given: the {spec.model_type} default the estimate uses; PEFT has no default for the wrapper)"
     cost = ("without gradient checkpointing its activations too (measured on Qwen2.5-VL-3B: +2.5 GB for one 448x448 "
             "image, 1,024 patches, where the frozen tower keeps nothing)" if not plan.gradient_checkpointing else
             "its adapters and their states, and its blocks' backward (measured on Qwen2.5-VL-3B with checkpointing: "

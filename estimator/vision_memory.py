@@ -83,6 +83,11 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
         return 0
     if vision.model_type == "llava":
         return _llava_tower_saved_bytes(r)
+    if vision.model_type == "qwen3_vl":
+        # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
+        # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
+        # with checkpointing too (measured: exploratory plans and cohort v23)
+        return 0
     return _qwen_tower_saved_bytes(r) if r.plan.gradient_checkpointing else 0
 
 

@@ -156,7 +156,7 @@ def test_model_entry_well_formed(model):
     vision = cfg["model_type"] in ESTIMATED_VISION_TYPES
     # a VLM's language model may leave its shape to its config class's defaults (llava-1.5's text_config does): the
     # text fields are checked on the spec read from it
-    for key in ("model_type", "architectures", "torch_dtype") if vision else ARCH_FIELDS:
+    for key in ("model_type", "architectures") if vision else ARCH_FIELDS:
         assert key in model.config, key
     assert cfg["model_type"] == model.family
     # a causal LM, or a vision-language model the estimate reads (its ForConditionalGeneration wrapper)
@@ -168,7 +168,9 @@ def test_model_entry_well_formed(model):
     else:
         assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
         assert "head_dim" in cfg or cfg["hidden_size"] % cfg["num_attention_heads"] == 0
-    assert cfg["torch_dtype"] in ("bfloat16", "float16", "float32")
+    # the weights' dtype: top-level torch_dtype, or (transformers 4.56+ configs: Qwen3-VL) dtype in its text_config
+    dtype = cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") if vision else cfg["torch_dtype"]
+    assert dtype in ("bfloat16", "float16", "float32")
     if model.is_moe:
         assert "num_experts_per_tok" in cfg
     json.dumps(cfg)  # plain JSON, usable as a config.json

@@ -95,8 +95,9 @@ def _stand_in_tokenizer(folder: Path, markers: dict[str, int]):
 
 
 def qwen_processor(config: dict, folder: Path, knobs: dict):
-    """Qwen2.5-VL's processor: the image processor with ``knobs`` (min_pixels, max_pixels), the stand-in tokenizer."""
-    from transformers import Qwen2_5_VLProcessor
+    """Qwen2.5-VL's or Qwen3-VL's processor: the Qwen2-VL image processor with the tower's patch and merge sizes and
+    ``knobs`` (min_pixels, max_pixels), the stand-in tokenizer."""
+    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _stand_in_tokenizer(folder, dict(QWEN_MARKERS.values()))
@@ -105,9 +106,13 @@ def qwen_processor(config: dict, folder: Path, knobs: dict):
         size["shortest_edge"] = int(knobs["min_pixels"])
     if "max_pixels" in knobs:
         size["longest_edge"] = int(knobs["max_pixels"])
-    image_processor = Qwen2VLImageProcessorPil(**({"size": size} if size else {}))
+    vision = config.get("vision_config") or {}
+    image_processor = Qwen2VLImageProcessorPil(patch_size=int(vision.get("patch_size", 14)),
+                                               merge_size=int(vision.get("spatial_merge_size", 2)),
+                                               **({"size": size} if size else {}))
+    base = Qwen3VLProcessor if config.get("model_type") == "qwen3_vl" else Qwen2_5_VLProcessor
 
-    class ImagesOnlyProcessor(Qwen2_5_VLProcessor):
+    class ImagesOnlyProcessor(base):  # type: ignore[valid-type,misc]
         """Without a video processor (transformers' needs torchvision, absent from this environment; the rows have no
         videos), which the class check would refuse."""
 
@@ -175,9 +180,11 @@ def _family(config: dict) -> Family:
     model_type = config.get("model_type")
     if model_type == "qwen2_5_vl":
         return Family(QWEN_MARKERS, "image_token_id", "visual", qwen_processor, qwen_vision_metadata_from_values)
+    if model_type == "qwen3_vl":
+        return Family(QWEN_MARKERS, "image_token_id", "visual", qwen_processor, qwen3_metadata_from_values)
     if model_type == "llava":
         return Family(LLAVA_MARKERS, "image_token_index", "vision_tower", llava_processor, llava_image_size_from_shape)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl and llava")
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl and llava")
 
 
 def with_stand_in_markers(config: dict) -> dict:
@@ -246,6 +253,19 @@ def qwen_vision_metadata_from_values():
         yield
     finally:
         qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index = window_index, rope_index
+
+
+@contextlib.contextmanager
+def qwen3_metadata_from_values():
+    """Qwen3-VL's language-model M-RoPE positions computed from the data's values (:func:`_from_values`)."""
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as qwen3
+
+    rope_index = qwen3.Qwen3VLModel.get_rope_index
+    qwen3.Qwen3VLModel.get_rope_index = _from_values(rope_index)
+    try:
+        yield
+    finally:
+        qwen3.Qwen3VLModel.get_rope_index = rope_index
 
 
 def lora_targets(vision_tower: str, plan, config: dict) -> Any:
@@ -389,9 +409,10 @@ def images_of_plan(plan, config: dict | None = None) -> dict:
     if size is None:
         raise ValueError("the plan has no image_size: not a vision-language plan")
     knobs = {}
-    if config is None or str(config.get("model_type", "")).startswith("qwen"):
-        knobs = {"min_pixels": plan.min_pixels or vision_images.QWEN25_VL_MIN_PIXELS,
-                 "max_pixels": plan.max_pixels or vision_images.QWEN25_VL_MAX_PIXELS}
+    model_type = "qwen2_5_vl" if config is None else str(config.get("model_type", ""))
+    if model_type in vision_images.QWEN_PIXEL_BOUNDS:
+        low, high = vision_images.QWEN_PIXEL_BOUNDS[model_type]
+        knobs = {"min_pixels": plan.min_pixels or low, "max_pixels": plan.max_pixels or high}
     return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
             "processor": knobs}
 
