@@ -290,12 +290,13 @@ class TrainingPlan(BaseModel):
                               "full (not modelled yet: refused).")
     min_pixels: int | None = Field(
         None, ge=1, le=MAX_PIXELS_KNOB,
-        description="Qwen-VL image processor min_pixels: images with fewer pixels are scaled up (processor default "
-                    "3136 = 56x56).")
+        description="Qwen-VL image processor min_pixels: images with fewer pixels are scaled up (checkpoint default "
+                    "3136 = 56x56 on Qwen2.5-VL, 65536 = 256x256 on Qwen3-VL).")
     max_pixels: int | None = Field(
         None, ge=1, le=MAX_PIXELS_KNOB,
-        description="Qwen-VL image processor max_pixels: images with more pixels are scaled down (processor default "
-                    "12845056 = 3584x3584); the knob that bounds a large image's tokens.")
+        description="Qwen-VL image processor max_pixels: images with more pixels are scaled down (checkpoint default "
+                    "12845056 = 3584x3584 on Qwen2.5-VL, 16777216 = 4096x4096 on Qwen3-VL); the knob that bounds a "
+                    "large image's tokens.")
     gradient_checkpointing: bool = Field(
         True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on)."
     )

@@ -245,3 +245,34 @@ def test_llava_search_has_no_pixel_knob_and_offers_fewer_images():
         assert s.plan.max_pixels is None and s.plan.min_pixels is None
     fewer = [s for s in result.suggestions if s.cost.kind == "fewer_image_tokens"]
     assert fewer and all("images_per_sample" in {c.field for c in s.changes} for s in fewer)
+
+
+# ------------------------------------------------------------------------------------------------- Qwen3-VL (v23)
+
+QWEN3_VL = "Qwen/Qwen3-VL-8B-Instruct"
+
+
+def test_qwen3_vl_images_use_its_checkpoints_processor():
+    """Patch 16 merged 2 x 2 (32 px a token) within the checkpoint's 65,536..16,777,216 pixels: 1280x720 resizes to
+    1280 x 704, 80 x 44 patches, 880 tokens plus the two markers; a 200x150 image is scaled up to at least 65,536."""
+    r = _resolved(model=QWEN3_VL)
+    assert (r.images.patches_per_image, r.images.lm_tokens_per_image) == (80 * 44, 880 + 2)
+    assert "min_pixels 65,536, max_pixels 16,777,216" in r.images.words()
+    small = _resolved(model=QWEN3_VL, image_size="200x150")
+    assert small.images.patches_per_image * 16 * 16 >= 65_536
+
+
+def test_qwen3_vl_tower_keeps_nothing_even_with_checkpointing():
+    """Qwen3VLVisionModel names no input-embedding layer, so the checkpointing hook never reaches it (measured)."""
+    assert vision_memory.tower_saved_bytes(_resolved(model=QWEN3_VL)) == 0
+    assert vision_memory.tower_saved_bytes(_resolved(model=QWEN3_VL, gradient_checkpointing=False)) == 0
+
+
+def test_qwen3_vl_pixel_knob_counts_its_32_pixel_tokens():
+    from canifinetune.estimator.search import suggest
+
+    plan = TrainingPlan(model=QWEN3_VL, method="lora", seq_len=1024, batch_size=1, image_size="3000x2000",
+                        images_per_sample=4, gpu="RTX 4090")
+    result = suggest(plan, keep=["batch_size", "images_per_sample"])
+    downscales = [c.new for s in result.suggestions for c in s.changes if c.field == "max_pixels"]
+    assert downscales and all(v % (32 * 32) == 0 and v // (32 * 32) in (1280, 768, 512, 256, 128) for v in downscales)

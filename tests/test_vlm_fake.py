@@ -108,3 +108,47 @@ def test_the_llava_batch_holds_the_processors_image_tokens():
     strategy drops: 16 image tokens per image, no markers; pixel values one 3 x 56 x 56 crop per image."""
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_LLAVA, {"size": [90, 60], "per_sample": 2}, fake=True)
     assert fake["sequence"] == {"tokens": 32 + 2 * 16, "image_tokens": 32, "pixel_rows": 2 * 2}
+
+
+# A Qwen3-VL of the published layout at toy sizes: a 2-layer Qwen3 decoder (q/k norms, interleaved M-RoPE), a 4-block
+# tower on 16-pixel patches merged 2 x 2 with deepstack mergers after blocks 1 and 2 (feeding the first two decoder
+# layers), learned positions resampled from a 4 x 4 grid
+TINY_QWEN3_VL = {
+    "model_type": "qwen3_vl",
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+                    "max_position_embeddings": 4096, "rope_theta": 5000000,
+                    "rope_scaling": {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}},
+    "vision_config": {"model_type": "qwen3_vl", "depth": 4, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "in_channels": 3, "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2, "num_position_embeddings": 16, "deepstack_visual_indexes": [1, 2],
+                      "hidden_act": "gelu_pytorch_tanh"},
+}
+# the processor's bounds for images this small (the checkpoint's min_pixels, 65,536, would upscale them to 256 x 256)
+TINY_QWEN3_PIXELS = {"min_pixels": 32 * 32, "max_pixels": 16777216}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True)])
+def test_qwen3_vl_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    images = {"size": [128, 96], "per_sample": 2, "processor": TINY_QWEN3_PIXELS}
+    plan = _plan(method=method, gradient_checkpointing=ckpt)
+    fake = vlm_fake.run_vlm_steps(plan, TINY_QWEN3_VL, images, fake=True, route_sdpa=False)
+    real = vlm_fake.run_vlm_steps(plan, TINY_QWEN3_VL, images, fake=False, route_sdpa=False)
+    assert real["peak_allocated_bytes"] > 0
+    assert fake["peak_allocated_bytes"] == pytest.approx(real["peak_allocated_bytes"], rel=0.01)
+    assert fake["peak_phase"] == real["peak_phase"]
+    assert fake["sequence"] == real["sequence"]
+
+
+def test_the_qwen3_vl_batch_holds_the_processors_image_tokens():
+    """128 x 96 px at 32 px a token: 8 x 6 patches of 16 px, merged 2 x 2: 12 tokens per image and its two markers;
+    pixel rows: 48 patches of an image."""
+    images = {"size": [128, 96], "per_sample": 2, "processor": TINY_QWEN3_PIXELS}
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_QWEN3_VL, images, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 * (12 + 2), "image_tokens": 24, "pixel_rows": 2 * 2 * 48}

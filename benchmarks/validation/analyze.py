@@ -726,6 +726,15 @@ NOTES = {
         "case here repeats those plans. Edits made while it ran (docstrings, messages, docs) change no estimate or "
         "measurement of these plans.",
     ],
+    "cohort-v23": [
+        "Cohort v23 (16 Qwen3-VL plans on Qwen/Qwen3-VL-8B-Instruct with a frozen vision tower, issue 26) was frozen "
+        "in commit 3aca21a with the estimator it checks, before any of its plans was measured. The Qwen3-VL terms were "
+        "built on seven exploratory plans: with Qwen2.5-VL's tower terms they measured -0.32% to +3.88% (the "
+        "overestimate growing with the images under checkpointing); the tower turned out to keep nothing, because "
+        "Qwen3VLVisionModel names no input-embedding layer for enable_input_require_grads to hook, and with that term "
+        "at 0 they measured -0.32% to +0.21%. No case here repeats those plans. Edits made while it ran (tests, "
+        "docstrings, the plan fields' descriptions, docs) change no estimate or measurement of these plans.",
+    ],
 }
 
 
