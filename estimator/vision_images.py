@@ -72,8 +72,6 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
     refusals = (
         (plan.vision_tower != "frozen", "vision_tower",
          f"'{plan.vision_tower}': a trained vision tower is not estimated yet (frozen is)"),
-        (plan.method == "qlora", "method", "a 4-bit (QLoRA) vision-language model is not estimated yet (lora and full "
-                                           "are)"),
         (plan.load_in_8bit, "load_in_8bit", "an 8-bit vision-language model is not estimated yet"),
         (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
         (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),

@@ -21,13 +21,15 @@ What the measurements show, for a vision tower that does not train (the default 
 - the collator's pixel values (fp32) live through the step; the language model's input embeddings are copied once
   when the image features are scattered into them.
 
-Only what was measured is estimated: Qwen2.5-VL and LLaVA-1.5, a frozen vision tower, LoRA or full fine-tuning of
-the language model (LLaVA's projector trained with it) on one GPU with TRL's SFT trainer. Everything else about
+Only what was measured is estimated: Qwen2.5-VL, Qwen3-VL and LLaVA-1.5, a frozen vision tower, LoRA, QLoRA (every
+linear but the LM head in 4 bits, the tower's too) or full fine-tuning of the language model (LLaVA's projector
+trained with it) on one GPU with TRL's SFT trainer. Everything else about
 images is refused by name (estimator/vision_images.py ``check_images``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -55,13 +57,19 @@ def projector_trains(r: ResolvedPlan) -> bool:
 
 
 def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
-    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor), in the weight dtype:
-    the tower frozen (a trained tower is refused), the projector trained where :func:`projector_trains`; unrounded, as
-    the language model's base weights are. A group's modules are identical: one record per parameter of one,
-    ``count`` tensors."""
+    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor): the tower frozen (a
+    trained tower is refused), the projector trained where :func:`projector_trains`; unrounded, as the language
+    model's base weights are. A group's modules are identical: one record per parameter of one, ``count`` tensors.
+
+    On a quantized base (QLoRA) every tower and projector ``nn.Linear`` is packed like the language model's (with its
+    quantization state): transformers' bitsandbytes quantizer converts every Linear but the LM head, and neither TRL
+    1.16 nor these model classes name vision modules to skip (measured: cohort v24). Norms, convolutions, learned
+    positions and biases stay in the frozen dtype."""
     vision = r.spec.vision
     if vision is None:
         return []
+    if r.quantization != "none":
+        return _quantized_vision_records(r)
     dtype = r.weight_dtype
     trains = projector_trains(r)
     return [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0], group.count,
@@ -69,6 +77,27 @@ def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
                          None)
             for group in vision.tower.groups + vision.projector.groups
             for name, shape in group.module_parameter_shapes()]
+
+
+def _quantized_vision_records(r: ResolvedPlan) -> list[TensorRecord]:
+    from .inventory import _linear_records, _quantization_state_bytes  # the language model's own packing rules
+    from .vision_spec import _join
+
+    vision = r.spec.vision
+    assert vision is not None
+    dtype, out = r.frozen_dtype, []
+    for group in vision.tower.groups + vision.projector.groups:
+        for lin in group.linears:
+            named = dataclasses.replace(lin, name=f"{group.path}.{lin.name}")
+            out += _linear_records(named, None, group.count, r.quantization, dtype, False)  # type: ignore[arg-type]
+            out.append(TensorRecord(Role.QUANTIZATION_STATE, named.name, lin.out_features, 1, group.count, "mixed",
+                                    False, _quantization_state_bytes(lin, r.quantization,
+                                                                     r.plan.bnb_4bit_use_double_quant, False)))
+        linear_parameters = {_join(lin.name, part) for lin in group.linears for part in ("weight", "bias")}
+        out += [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0],
+                             group.count, dtype, False, math.prod(shape) * DTYPE_BYTES[dtype], None)
+                for name, shape in group.module_parameter_shapes() if name not in linear_parameters]
+    return out
 
 
 def tower_saved_bytes(r: ResolvedPlan) -> int:
@@ -111,7 +140,8 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     v22), per image of N positions (patches and CLS) of width W and N' image tokens of the text width H:
 
     * with checkpointing, each of the tower's ``depth`` CLIP layers keeps its input (N x W) and ``pre_layrnorm`` its
-      own (N x W); the projector, whose input now requires grad, keeps its GELU's input and output (2 x N' x H);
+      own (N x W); the projector, whose input now requires grad, keeps its GELU's input and output (2 x N' x H; on a
+      4-bit base its GELU's input only, N' x H);
     * without it, a frozen projector (LoRA) keeps nothing, a trained one (full fine-tuning) keeps its linear_1 input
       (a view of the feature layer's output, N x W), its GELU's input and output (2 x N' x H).
 
@@ -121,7 +151,10 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     images = r.images.images_per_sample * r.plan.batch_size
     element = DTYPE_BYTES[r.weight_dtype]
     positions = round_block(r.images.patches_per_image * tower.hidden_size * element)
-    projector = 2 * round_block(r.images.image_tokens_per_image * r.spec.hidden_size * element)
+    # a 16-bit projector keeps its GELU's input and output; on a 4-bit base (QLoRA) its linears are bitsandbytes'
+    # MatMul4Bit, which keeps only the packed weight: the GELU's input alone
+    kept = 1 if r.quantization != "none" else 2
+    projector = kept * round_block(r.images.image_tokens_per_image * r.spec.hidden_size * element)
     if r.plan.gradient_checkpointing:
         return images * ((tower.num_layers + 1) * positions + projector)
     if projector_trains(r):

@@ -74,7 +74,7 @@ def test_the_tower_keeps_its_inputs_only_with_checkpointing():
     ("Qwen/Qwen2.5-7B-Instruct", {"image_size": "640x480"}, "image_size"),  # a text model takes no images
     (VL3B, {"image_size": None}, "image_size"),  # a VLM needs them
     (VL3B, {"vision_tower": "lora"}, "vision_tower"),
-    (VL3B, {"method": "qlora"}, "method"),
+    (VL3B, {"method": "lora", "load_in_8bit": True}, "load_in_8bit"),
     (VL3B, {"framework": "axolotl"}, "framework"),
     (VL3B, {"num_gpus": 2, "sharding": "ddp"}, "num_gpus"),
     (VL3B, {"sharding": "zero3", "offload_params": True}, "sharding"),
@@ -132,7 +132,8 @@ def test_the_mcp_tool_takes_the_image_fields_in_the_plan():
 
 def test_the_search_offers_fewer_image_tokens_and_nothing_refused():
     """A VLM that does not fit: the search may cut its image tokens (max_pixels or fewer images, priced per halving of
-    a sample's image tokens) but never offers what the estimate refuses for images (QLoRA, several GPUs, offload)."""
+    a sample's image tokens) or go to 4 bits (QLoRA, measured by cohort v24) but never offers what the estimate
+    refuses for images (8-bit, several GPUs, offload)."""
     from canifinetune.estimator.search import suggest
 
     plan = TrainingPlan(model="Qwen/Qwen2.5-VL-7B-Instruct", method="lora", seq_len=1024, batch_size=1,
@@ -145,7 +146,8 @@ def test_the_search_offers_fewer_image_tokens_and_nothing_refused():
     assert [c.field for c in change.changes] == ["max_pixels"] and change.estimate.verdict == "fits"
     assert change.cost.quality_penalty > 0 and "tokens each" in " ".join(change.cost.details)
     for s in result.suggestions:
-        assert s.plan.method != "qlora" and s.plan.num_gpus == 1 and s.plan.sharding in ("none", "ddp")
+        assert not s.plan.load_in_8bit and s.plan.num_gpus == 1 and s.plan.sharding in ("none", "ddp")
+        assert not (s.plan.offload_optimizer or s.plan.offload_params)
 
 
 def test_the_search_offers_fewer_images_a_sample():

@@ -288,7 +288,11 @@ def lora_targets(vision_tower: str, plan, config: dict) -> Any:
 def build_vlm(plan, config: dict, vision_tower: str):
     """The ForConditionalGeneration model as TRL's VLM recipe builds it: bf16 weights, LoRA adapters (PEFT's fp32 on a
     16-bit base) or full training of the language model, the vision tower as ``vision_tower`` says, checkpointing
-    as transformers enables it."""
+    as transformers enables it. QLoRA: every nn.Linear quantized as transformers' bitsandbytes quantizer does for
+    ``from_pretrained(quantization_config=...)`` (the vision tower's and projector's too: neither TRL 1.16 nor these
+    model classes name modules to skip, so only the LM head stays 16-bit), adapters then cast to bf16 as TRL does on
+    a quantized base."""
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
@@ -296,8 +300,11 @@ def build_vlm(plan, config: dict, vision_tower: str):
 
     tower = _family(config).tower_path
     cfg = model_setup.hf_config(config)
-    model = AutoModelForImageTextToText.from_config(cfg, dtype=model_setup.weight_dtype(plan),
-                                                    attn_implementation=plan.attn_implementation)
+    qconfig = model_setup.quantization_config(plan)
+    dtype = model_setup.weight_dtype(plan) if qconfig is None else model_setup.torch_dtype(plan)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=dtype, attn_implementation=plan.attn_implementation)
+    if qconfig is not None:
+        model._canifinetune_unquantized = model_setup._quantize_model(model, plan, qconfig)
     model.config.use_cache = False
     if plan.method == "full":
         model.requires_grad_(True)
@@ -309,6 +316,11 @@ def build_vlm(plan, config: dict, vision_tower: str):
                                                  target_modules=lora_targets(vision_tower, plan, config)))
         if vision_tower == "full":
             getattr(model.get_base_model().model, tower).requires_grad_(True)
+        wanted = plan.adapter_dtype or (plan.stack.adapter_dtype_quantized if qconfig is not None else None)
+        if wanted is not None:  # TRL 1.16: the trainable parameters of a quantized base in bf16
+            for name, param in model.named_parameters():
+                if param.requires_grad and "lora_magnitude_vector" not in name:
+                    param.data = param.data.to(getattr(torch, model_setup._DTYPES[wanted]))
     model_setup.enable_checkpointing(model, plan)
     model.train()
     return model
@@ -442,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", help="a TrainingPlan as JSON (a file), images in its image fields")
     parser.add_argument("--config", help="config.json of the model (a file); default: the published one")
     parser.add_argument("--model", help="a published VLM (estimator/data/vlm_configs.json), with the flags below")
-    parser.add_argument("--method", default="lora", choices=("lora", "full"))
+    parser.add_argument("--method", default="lora", choices=("lora", "qlora", "full"))
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
