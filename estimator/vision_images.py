@@ -59,7 +59,7 @@ class ImageFacts(NamedTuple):
 
 
 def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
-    """A text model takes no images; a VLM needs them, and only what cohorts v21 and v22 measured is estimated."""
+    """A text model takes no images; a VLM needs them, and only what cohorts v21 to v24 measured is estimated."""
     if spec.vision is None:
         if plan.image_size is not None:
             raise PlanError.about("image_size", f"{plan.model} is a text model: it reads no images; drop image_size")

@@ -278,3 +278,26 @@ def test_qwen3_vl_pixel_knob_counts_its_32_pixel_tokens():
     result = suggest(plan, keep=["batch_size", "images_per_sample"])
     downscales = [c.new for s in result.suggestions for c in s.changes if c.field == "max_pixels"]
     assert downscales and all(v % (32 * 32) == 0 and v // (32 * 32) in (1280, 768, 512, 256, 128) for v in downscales)
+
+
+# ------------------------------------------------------------------------------------------------- QLoRA (v24)
+
+
+@pytest.mark.parametrize("model", [VL3B, QWEN3_VL, LLAVA])
+def test_qlora_packs_the_vision_linears_too(model):
+    """transformers' bitsandbytes quantizer converts every nn.Linear but the LM head, the tower's and projector's too:
+    their weights are packed 4-bit with a quantization state; norms, convolutions and positions stay 16-bit."""
+    from canifinetune.estimator.tensor_records import Role
+
+    r = _resolved(model=model, method="qlora")
+    records = vision_memory.vision_weight_records(r)
+    vision = r.spec.vision
+    groups = vision.tower.groups + vision.projector.groups
+    linears = sum(lin.weight_params * g.count for g in groups for lin in g.linears)
+    packed = [x for x in records if x.role is Role.QUANTIZED_WEIGHT]
+    assert sum(x.elements * x.tensors for x in packed) == linears
+    assert sum(x.params for x in records) == vision.vision_params  # every parameter once
+    assert any(x.role is Role.QUANTIZATION_STATE for x in records)
+    sixteen = sum(x.bytes for x in records if x.role is Role.BASE_WEIGHT)
+    assert sixteen < 0.1 * 2 * vision.vision_params
+    assert estimate(_plan(model=model, method="qlora")).verdict == "fits"

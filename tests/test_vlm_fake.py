@@ -91,7 +91,8 @@ TINY_LLAVA = {
 }
 
 
-@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("full", False)])
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("full", False),
+                                             ("qlora", True)])
 def test_llava_fake_tensors_count_what_real_tensors_hold(method, ckpt):
     images = {"size": [90, 60], "per_sample": 2}
     plan = _plan(method=method, gradient_checkpointing=ckpt)

@@ -735,6 +735,14 @@ NOTES = {
         "at 0 they measured -0.32% to +0.21%. No case here repeats those plans. Edits made while it ran (tests, "
         "docstrings, the plan fields' descriptions, docs) change no estimate or measurement of these plans.",
     ],
+    "cohort-v24": [
+        "Cohort v24 (12 QLoRA vision-language plans over Qwen2.5-VL, Qwen3-VL and LLaVA-1.5, issue 26) was frozen in "
+        "commit 620ab4e with the estimator it checks, before any of its plans was measured. Six exploratory QLoRA "
+        "plans checked the terms first (+0.56% to +2.82%); text-only Llama-2-7B QLoRA at the same token counts "
+        "measured +1.87% and +2.50%: the overestimate here is the language model's QLoRA margin, which text plans "
+        "show as well (part of it the 32 MiB cuBLAS workspace a fake measurement has no counterpart for), not the "
+        "images. Edits made while it ran (tests, docs) change no estimate or measurement of these plans.",
+    ],
 }
 
 
