@@ -214,6 +214,7 @@ BUILDERS: tuple[Callable[[ResolvedPlan], Iterable[TensorRecord]], ...] = (
     peft_memory.dora_magnitude_records,
     torchtune_memory.rope_cache_records,
     vision_memory.vision_weight_records,
+    vision_memory.vision_adapter_records,
 )
 
 

@@ -70,8 +70,13 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
             "('WIDTHxHEIGHT', e.g. '1280x720') and images_per_sample; each image becomes image tokens in every "
             "sample, so the estimate needs them")
     refusals = (
-        (plan.vision_tower != "frozen", "vision_tower",
-         f"'{plan.vision_tower}': a trained vision tower is not estimated yet (frozen is)"),
+        (plan.vision_tower == "full", "vision_tower",
+         "'full': a fully trained vision tower is not estimated yet (frozen is, and lora with checkpointing)"),
+        (plan.vision_tower == "lora" and not plan.uses_adapters, "vision_tower",
+         f"'lora' puts adapters on the tower of a LoRA or QLoRA plan; method is {plan.method!r}"),
+        (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
+         "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
+         "blocks); with checkpointing it is"),
         (plan.load_in_8bit, "load_in_8bit", "an 8-bit vision-language model is not estimated yet"),
         (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
         (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),

@@ -100,6 +100,24 @@ def _quantized_vision_records(r: ResolvedPlan) -> list[TensorRecord]:
     return out
 
 
+def vision_adapter_records(r: ResolvedPlan) -> list[TensorRecord]:
+    """With ``vision_tower: lora``, lora_A (r x in) and lora_B (out x r) on every ``nn.Linear`` of the tower and its
+    projector (PEFT's ``all-linear`` reaches them all), in the adapter dtype, trained; none otherwise."""
+    vision = r.spec.vision
+    if vision is None or r.plan.vision_tower != "lora" or r.adapter_dtype is None:
+        return []
+    per, rank, dtype = DTYPE_BYTES[r.adapter_dtype], r.plan.lora_r, r.adapter_dtype
+    out = []
+    for group in vision.tower.groups + vision.projector.groups:
+        for lin in group.linears:
+            name = f"{group.path}.{lin.name}"
+            out.append(TensorRecord(Role.ADAPTER, f"{name}.lora_A", rank, lin.in_features, group.count, dtype, True,
+                                    round_block(rank * lin.in_features * per), None))
+            out.append(TensorRecord(Role.ADAPTER, f"{name}.lora_B", lin.out_features, rank, group.count, dtype, True,
+                                    round_block(rank * lin.out_features * per), None))
+    return out
+
+
 def tower_saved_bytes(r: ResolvedPlan) -> int:
     """What the vision tower and its projector keep for backward, from their forward to the end of backward.
 
@@ -115,8 +133,8 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
     if vision.model_type == "qwen3_vl":
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
         # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
-        # with checkpointing too (measured: exploratory plans and cohort v23)
-        return 0
+        # with checkpointing too (measured: exploratory plans and cohort v23); its own adapters put it in the graph
+        return _qwen3_tower_lora_saved_bytes(r) if r.plan.vision_tower == "lora" else 0
     return _qwen_tower_saved_bytes(r) if r.plan.gradient_checkpointing else 0
 
 
@@ -132,7 +150,35 @@ def _qwen_tower_saved_bytes(r: ResolvedPlan) -> int:
     blocks = tower.num_layers * round_block(width_bytes)
     merger = round_block(patches * tower.hidden_size * DTYPE_BYTES["fp32"]) + 2 * round_block(width_bytes)
     rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
-    return blocks + merger + rotary
+    return blocks + merger + rotary + _merger_lora_inputs(r, patches, tower.hidden_size)
+
+
+def _merger_lora_inputs(r: ResolvedPlan, patches: int, width: int) -> int:
+    """With ``vision_tower: lora``, what the lora_A of each of a Qwen merger's two linears keeps: the dropout's output
+    and its bool mask (a·N·W + N·W) when lora_dropout > 0, else the linear's own input (a·N·W); N x W in total over
+    the merged rows (N/4 x 4W). Measured on Qwen2.5-VL-3B (exploratory, 2 x 1920x1080: +166 MB, then cohort v25)."""
+    if r.plan.vision_tower != "lora":
+        return 0
+    unit = round_block(patches * width * DTYPE_BYTES[r.weight_dtype])
+    return 2 * (unit + (round_block(patches * width) if r.plan.lora_dropout > 0 else 0))
+
+
+def _qwen3_tower_lora_saved_bytes(r: ResolvedPlan) -> int:
+    """Qwen3-VL with LoRA on its tower (checkpointing on: a tower LoRA without it is refused), N patches of width W:
+    each of the ``depth`` blocks keeps its input (N x W); each of the 1 + len(deepstack) mergers keeps its GELU's
+    input (N x W in total, 4W wide over N/4 rows) and, per adapted linear (fc1, fc2), the tensor its lora_A reads:
+    the dropout's output and its bool mask (a·N·W + N·W) when lora_dropout > 0, else the linear's own input
+    (a·N·W); the main merger also keeps its LayerNorm's input, the last block's output (the deepstack mergers read
+    block outputs the next block keeps already); the rotary cos and sin in fp32 (N x head_dim each). Measured on
+    Qwen3-VL-8B (exploratory 1280x720, then cohort v25)."""
+    assert r.images is not None and r.spec.vision is not None
+    tower = r.spec.vision.tower
+    patches = r.images.patches_per_sample * r.plan.batch_size
+    unit = round_block(patches * tower.hidden_size * DTYPE_BYTES[r.weight_dtype])
+    per_merger = unit + _merger_lora_inputs(r, patches, tower.hidden_size)
+    mergers = 1 + len(tower.deepstack_layers)
+    rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
+    return tower.num_layers * unit + mergers * per_merger + unit + rotary
 
 
 def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:

@@ -73,7 +73,9 @@ def test_the_tower_keeps_its_inputs_only_with_checkpointing():
 @pytest.mark.parametrize(("model", "kw", "field"), [
     ("Qwen/Qwen2.5-7B-Instruct", {"image_size": "640x480"}, "image_size"),  # a text model takes no images
     (VL3B, {"image_size": None}, "image_size"),  # a VLM needs them
-    (VL3B, {"vision_tower": "lora"}, "vision_tower"),
+    (VL3B, {"vision_tower": "full"}, "vision_tower"),
+    (VL3B, {"vision_tower": "lora", "gradient_checkpointing": False}, "vision_tower"),
+    (VL3B, {"vision_tower": "lora", "method": "full"}, "vision_tower"),
     (VL3B, {"method": "lora", "load_in_8bit": True}, "load_in_8bit"),
     (VL3B, {"framework": "axolotl"}, "framework"),
     (VL3B, {"num_gpus": 2, "sharding": "ddp"}, "num_gpus"),
@@ -301,3 +303,32 @@ def test_qlora_packs_the_vision_linears_too(model):
     sixteen = sum(x.bytes for x in records if x.role is Role.BASE_WEIGHT)
     assert sixteen < 0.1 * 2 * vision.vision_params
     assert estimate(_plan(model=model, method="qlora")).verdict == "fits"
+
+
+# ------------------------------------------------------------------------------------------ LoRA on the tower (v25)
+
+
+@pytest.mark.parametrize("model", [VL3B, QWEN3_VL, LLAVA])
+def test_tower_lora_adds_adapters_on_every_vision_linear(model):
+    """vision_tower lora: lora_A/lora_B on each tower and projector nn.Linear (what all-linear reaches there), trained
+    with the language model's adapters; the frozen-tower estimate has none."""
+    frozen = estimate(_plan(model=model))
+    tower = estimate(_plan(model=model, vision_tower="lora"))
+    r = _resolved(model=model, vision_tower="lora")
+    vision = r.spec.vision
+    groups = vision.tower.groups + vision.projector.groups
+    expected = sum(16 * (lin.in_features + lin.out_features) * g.count for g in groups for lin in g.linears)
+    assert tower.params_trainable - frozen.params_trainable == expected
+    assert tower.peak_allocated_bytes > frozen.peak_allocated_bytes
+
+
+def test_qwen3_tower_lora_puts_its_tower_in_the_graph():
+    """Frozen, Qwen3-VL's tower keeps nothing; with its own adapters each block keeps its input and the four mergers
+    their GELU input and their LoRA inputs (dropout output and mask at lora_dropout 0.05)."""
+    r = _resolved(model=QWEN3_VL, vision_tower="lora")
+    patches, width = 80 * 44, 1152
+    unit = patches * width * 2
+    expected = 27 * unit + 4 * (unit + 2 * (unit + patches * width)) + unit + 2 * patches * 72 * 4
+    assert vision_memory.tower_saved_bytes(r) == pytest.approx(expected, rel=1e-3)
+    no_dropout = _resolved(model=QWEN3_VL, vision_tower="lora", lora_dropout=0.0)
+    assert vision_memory.tower_saved_bytes(no_dropout) == pytest.approx(expected - 8 * patches * width, rel=1e-3)

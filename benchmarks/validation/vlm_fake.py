@@ -269,12 +269,12 @@ def qwen3_metadata_from_values():
 
 
 def lora_targets(vision_tower: str, plan, config: dict) -> Any:
-    """PEFT target_modules: the plan's linear names in the language model's blocks only (PEFT would match a name such
-    as gate_proj in the vision tower's MLPs too), as the estimate reads them for a frozen or fully trained tower (its
-    spec's linears for ``all-linear``, PEFT's default for the family when the plan names none); every linear but the
-    LM head (``all-linear``: the vision tower and merger too) when the tower trains by LoRA."""
-    if vision_tower == "lora":
-        return "all-linear"
+    """PEFT target_modules as one regex: the plan's linear names in the language model's blocks only (PEFT would
+    match a name such as gate_proj in the vision tower's MLPs too), as the estimate reads them (its spec's linears for
+    ``all-linear``, PEFT's default for the family when the plan names none); with ``vision_tower`` lora, every
+    nn.Linear of the vision tower and projector as well (what ``all-linear`` reaches there), by full module path."""
+    import re
+
     from canifinetune.estimator.spec import PEFT_DEFAULT_TARGETS, ModelSpec
 
     spec = ModelSpec.from_config(config)
@@ -282,7 +282,18 @@ def lora_targets(vision_tower: str, plan, config: dict) -> Any:
         names = spec.linear_names()
     else:
         names = plan.target_modules or PEFT_DEFAULT_TARGETS[spec.model_type]
-    return rf"model\.language_model\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(names)})"
+    language = rf"model\.language_model\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(names)})"
+    if vision_tower != "lora":
+        return language
+    assert spec.vision is not None
+    tower = spec.vision.tower.module_path
+    roots = [tower, *(p for p in spec.vision.projector.module_paths if not p.startswith(tower + "."))]
+    linears = {lin.name for group in spec.vision.tower.groups + spec.vision.projector.groups for lin in group.linears}
+    # the spec names a linear relative to its group's module; the model may nest the tower one level deeper (LLaVA's
+    # CLIPVisionModel keeps its layers under vision_model)
+    vision = (rf"model\.({'|'.join(map(re.escape, roots))})\.(.*\.)?"
+              rf"({'|'.join(map(re.escape, sorted(linears)))})")
+    return rf"({language})|({vision})"
 
 
 def build_vlm(plan, config: dict, vision_tower: str):
