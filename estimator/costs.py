@@ -90,6 +90,9 @@ QUALITY_WEIGHTS = {
     # fewer images a sample: whole images are lost and a multi-image task (compare, before/after) changes; dearer
     # than a downscale, which practitioners try first for Qwen-VL (its processor's max_pixels)
     "images_per_sample_per_halving": 3.0,
+    # the vision tower frozen instead of adapted: the default of most VLM recipes (TRL's, Qwen's), so small; priced
+    # as a change of adapted modules is
+    "freeze_vision_tower": 1.0,
     "other": 1.0,
 }
 
@@ -181,6 +184,7 @@ def cost_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel,
     t = _Tally(original, plan)
     _context_cost(t)
     _image_cost(t, rm)
+    _vision_tower_cost(t)
     _method_cost(t, _pct(tp, base_tp))
     _adapter_cost(t, rm)
     eb0, eb1 = _batch_cost(t)
@@ -485,6 +489,14 @@ def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
     t.handled.update(("max_pixels", "images_per_sample"))
 
 
+def _vision_tower_cost(t: _Tally) -> None:
+    """The vision tower frozen instead of trained by LoRA: its adapters no longer learn the training images."""
+    if t.original.vision_tower == "lora" and t.plan.vision_tower == "frozen":
+        t.learning(QUALITY_WEIGHTS["freeze_vision_tower"],
+                   "vision tower frozen: only the language model's adapters learn, as most VLM recipes train")
+    t.handled.add("vision_tower")
+
+
 def _images(plan: TrainingPlan, rm: ResolvedModel):
     from .vision_images import resolve_images
 
@@ -521,7 +533,8 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
     fewer = ((original.method == "full" and plan.method != "full")
              or (plan.uses_adapters and original.uses_adapters and plan.lora_r < original.lora_r)
              or (plan.uses_adapters and original.uses_adapters and _targets_of(plan, rm) < _targets_of(original, rm))
-             or (original.use_dora and not plan.use_dora) or (original.modules_to_save and not plan.modules_to_save))
+             or (original.use_dora and not plan.use_dora) or (original.modules_to_save and not plan.modules_to_save)
+             or (original.vision_tower == "lora" and plan.vision_tower == "frozen"))
     if fewer:
         return "fewer_trainable"
     if (plan.quantized_4bit and not original.quantized_4bit) or (plan.load_in_8bit and not original.load_in_8bit) \

@@ -112,7 +112,8 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
                         _optim_knob(p), _offload_knob(p))  # tier 0
     changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _images_per_sample_knob(p),
-                        _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm), _peft_extras_knob(p))  # tier 1
+                        _vision_tower_knob(p), _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm),
+                        _peft_extras_knob(p))  # tier 1
     knobs = [k for k in (*same_mathematics, *changes_learning) if k is not None]
     trainer_knobs = _trainer_knobs(p)
     knobs[:0] = [k for k in trainer_knobs if k.tier == 0]  # same mathematics: first in cost order
@@ -229,6 +230,11 @@ def _image_pixels_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
     now, per_token = min(size[0] * size[1], ceiling), pixels_per_image_token(spec)
     values = [n * per_token for n in IMAGE_TOKEN_LEVELS if floor <= n * per_token < now]
     return Knob("max_pixels", 1, [{"max_pixels": v} for v in values], monotone=True) if values else None
+
+
+def _vision_tower_knob(p: TrainingPlan) -> Knob | None:
+    """A VLM's vision tower frozen instead of adapted (its adapters, their states and the tower's graph go)."""
+    return Knob("vision_tower", 1, [{"vision_tower": "frozen"}]) if p.vision_tower == "lora" else None
 
 
 def _images_per_sample_knob(p: TrainingPlan) -> Knob | None:

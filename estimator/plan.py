@@ -286,8 +286,9 @@ class TrainingPlan(BaseModel):
     images_per_sample: int = Field(1, ge=1, le=MAX_IMAGES_PER_SAMPLE,
                                    description="Images in each training sample (a VLM; default 1).")
     vision_tower: VisionTower = Field(
-        "frozen", description="What trains in a VLM's vision encoder: frozen (the default of VLM recipes), lora or "
-                              "full (not modelled yet: refused).")
+        "frozen", description="What trains in a VLM's vision encoder: frozen (the default of VLM recipes), lora "
+                              "(adapters on every tower and projector linear; with gradient checkpointing) or full "
+                              "(not modelled yet: refused).")
     min_pixels: int | None = Field(
         None, ge=1, le=MAX_PIXELS_KNOB,
         description="Qwen-VL image processor min_pixels: images with fewer pixels are scaled up (checkpoint default "

@@ -207,5 +207,5 @@ def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
     return (f"target_modules {named}: PEFT would also put adapters on the vision tower's {', '.join(reached)} (it "
             "matches names in every sub-model); this estimate is for a frozen tower, adapters on the language model "
             "only. Restrict your run's target_modules to it (e.g. "
-            "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)'): an adapted "
-            f"tower needs more, {cost}")
+            "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)'), or set "
+            f"vision_tower lora to estimate the adapted tower (with gradient checkpointing): it needs more, {cost}")

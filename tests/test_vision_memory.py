@@ -332,3 +332,19 @@ def test_qwen3_tower_lora_puts_its_tower_in_the_graph():
     assert vision_memory.tower_saved_bytes(r) == pytest.approx(expected, rel=1e-3)
     no_dropout = _resolved(model=QWEN3_VL, vision_tower="lora", lora_dropout=0.0)
     assert vision_memory.tower_saved_bytes(no_dropout) == pytest.approx(expected - 8 * patches * width, rel=1e-3)
+
+
+def test_the_search_can_freeze_an_adapted_tower_at_a_price():
+    """vision_tower lora -> frozen is a costed change (fewer trainable parameters): the knob exists only for an adapted
+    tower, and its cost says what is given up."""
+    from canifinetune.estimator.costs import cost_of
+    from canifinetune.estimator.knobs import build_knobs
+
+    plan = _plan(vision_tower="lora")
+    rm = resolve_model(plan.model)
+    knob = next(k for k in build_knobs(plan, rm, set()) if k.name == "vision_tower")
+    assert knob.levels == [{"vision_tower": "frozen"}] and knob.tier == 1
+    assert not any(k.name == "vision_tower" for k in build_knobs(_plan(), rm, set()))
+    cost = cost_of(plan, plan.replace(vision_tower="frozen"), rm)
+    assert cost.kind == "fewer_trainable" and cost.quality_penalty == pytest.approx(1.0)
+    assert any("vision tower frozen" in d for d in cost.details)

@@ -743,6 +743,14 @@ NOTES = {
         "show as well (part of it the 32 MiB cuBLAS workspace a fake measurement has no counterpart for), not the "
         "images. Edits made while it ran (tests, docs) change no estimate or measurement of these plans.",
     ],
+    "cohort-v25": [
+        "Cohort v25 (12 plans with LoRA on the vision tower and checkpointing over Qwen2.5-VL, Qwen3-VL and LLaVA-1.5, "
+        "issue 26) was frozen in commit 78c6d3e with the estimator it checks, before any of its plans was measured, "
+        "after six exploratory tower-LoRA plans (-0.28% to +0.15% once Qwen3-VL's tower in the graph and the mergers' "
+        "LoRA inputs were counted). Edits made while it ran (the search's knob that freezes the tower again and its "
+        "price, the tower-targets warning's words, tests, docs) change no estimate or measurement of these plans. The "
+        "QLoRA cases carry the language model's QLoRA margin (cohort v24).",
+    ],
 }
 
 
