@@ -302,6 +302,9 @@ def requirements(plan: TrainingPlan) -> list[str]:
         reqs.append("deepspeed>=0.15")
     if plan.trainer == "grpo" and plan.use_vllm:
         reqs.append("vllm  # the version TRL 1.16 supports: see TRL's vLLM integration docs")
+    if plan.image_size is not None:
+        reqs.append("pillow>=10")
+        reqs.append("torchvision  # the build matching your torch: Qwen-VL processors need it (LLaVA's do not)")
     reqs.append("nvidia-ml-py>=12  # optional: lets --probe read per-process GPU memory")
     return reqs
 
@@ -500,11 +503,6 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
     """The recipe for ``plan``: recipe.yaml, the launch command, accelerate config, requirements and the estimate."""
     if not isinstance(plan, TrainingPlan):
         plan = TrainingPlan.model_validate(plan)
-    if plan.image_size is not None:
-        raise RecipeError(
-            "image_size: canifinetune's recipes train text models; a vision-language recipe (an image dataset, the "
-            "processor, TRL's vision collator) is not written yet. Train with TRL's SFTTrainer on your image dataset "
-            "with the estimated settings, LoRA target_modules restricted to the language model")
     # a given estimate (a Hub model's) stays: the equivalent plan has the same figures by construction
     plan, framework_note = trl_equivalent(plan)
     problem = output_dir_problem(plan.output_dir)  # the run writes there: it must stay inside the recipe's folder
@@ -517,7 +515,13 @@ def make_recipe(plan: TrainingPlan, est: Estimate | None = None) -> Recipe:
         raise RecipeError("; ".join(problems))
     est = est if est is not None else estimate(plan)
     extra_files: dict[str, str] = {}
-    if plan.trainer != "sft" and plan.dataset is None:
+    if plan.image_size is not None and plan.dataset is None:
+        # the example image rows (recipes/vision_data.py: shapes drawn at the plan's image size when it trains)
+        from .vision_data import example_jsonl as example_image_jsonl
+
+        extra_files[EXAMPLE_DATA_FILE] = example_image_jsonl(plan.images_per_sample)
+        plan = plan.replace(dataset=EXAMPLE_DATA_FILE)
+    elif plan.trainer != "sft" and plan.dataset is None:
         # a tiny example dataset of the trainer's shape, so the recipe runs as made; the plan names it
         extra_files[EXAMPLE_DATA_FILE] = example_jsonl(plan.trainer)
         plan = plan.replace(dataset=EXAMPLE_DATA_FILE)

@@ -396,6 +396,12 @@ def prepare(
     base = recipe_dir if recipe_dir is not None else Path.cwd()
     out = output_dir if output_dir is not None else checked_output_dir(plan, base)  # before anything loads
     config, source = model_source(plan, recipe_dir)
+    if plan.image_size is not None:
+        if token_ids is not None:
+            raise RecipeError("image_size: synthetic samples (the probe) are text; a vision-language plan trains on "
+                              "its image dataset (run a few steps: max_steps in the recipe)")
+        return _prepare_vlm(plan, machine, config, source, out, recipe_dir=recipe_dir, dataset=dataset,
+                            max_steps=max_steps)
     if plan.trainer != "sft":
         if token_ids is not None:
             raise RecipeError(f"trainer: synthetic samples (the probe) are for sft; a {plan.trainer} plan trains on "
@@ -489,6 +495,48 @@ def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Pat
         notes.append(f"{truncated} samples are longer than seq_len {plan.seq_len}: TRL cuts them (truncation: true)")
     return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=tokenizer, output_dir=out,
                     samples=len(rows), truncated=truncated, notes=notes)
+
+
+def _prepare_vlm(plan: TrainingPlan, machine: Machine, config: dict, source: str, out: Path, *,
+                 recipe_dir: Path | None, dataset: str | None, max_steps: int | None) -> Prepared:
+    """A vision-language SFT run (recipes/vision_setup.py, recipes/vision_data.py): the checkpoint's processor (with
+    the plan's min_pixels/max_pixels where it sets them), the image rows checked against the plan before the model
+    loads, then TRL's SFTTrainer with its vision collator and no max_length (image tokens are never cut)."""
+    from datasets import Dataset
+    from transformers import AutoProcessor
+    from trl import SFTConfig, SFTTrainer
+
+    from canifinetune.estimator.spec import ModelSpec
+    from canifinetune.estimator.vision_images import resolve_images, sequence_length
+
+    from . import vision_data, vision_setup
+
+    spec = ModelSpec.from_config(config)
+    processor = AutoProcessor.from_pretrained(source)
+    if plan.min_pixels is not None or plan.max_pixels is not None:  # the Qwen image processor's bounds
+        image_processor = processor.image_processor
+        size = dict(getattr(image_processor, "size", None) or {})
+        if plan.min_pixels is not None:
+            size["shortest_edge"] = plan.min_pixels
+        if plan.max_pixels is not None:
+            size["longest_edge"] = plan.max_pixels
+        image_processor.size = size
+    path = dataset_path(plan, dataset, recipe_dir)
+    rows = read_rows(path)
+    train_rows = vision_data.image_rows(rows, path, plan, spec)
+    planned = resolve_images(plan, spec)
+    vision_data.check_row_lengths(train_rows, processor, plan, sequence_length(plan.seq_len, planned),
+                                  [r.where for r in rows], path)
+    model = vision_setup.build_vlm(plan, config, pretrained_path=source)
+    if machine.cuda:
+        model.to(_device_for(machine))
+    kwargs = sft_config_kwargs(plan, output_dir=str(out), use_cpu=not machine.cuda, max_steps=max_steps)
+    kwargs["max_length"] = None  # TRL's guidance for VLMs: truncation would cut image tokens
+    trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=Dataset.from_list(train_rows),
+                         processing_class=processor)
+    notes = [f"vision-language SFT: {len(train_rows)} samples, images checked against image_size {plan.image_size}"]
+    return Prepared(plan=plan, trainer=trainer, model=trainer.model, tokenizer=processor, output_dir=out,
+                    samples=len(train_rows), notes=notes)
 
 
 def runtime_settings(prepared: Prepared) -> dict:

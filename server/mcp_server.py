@@ -603,8 +603,8 @@ plan fits unchanged. Same arguments as estimate_memory."""
 
 RECIPE_DOC = """\
 A runnable TRL recipe for the plan: its files as resource links, the command that writes them, the launch
-command and the plan's verdict. Same arguments as estimate_memory plus the run's own. Text models only: a
-vision-language plan (image_size) is refused."""
+command and the plan's verdict. Same arguments as estimate_memory plus the run's own. A vision-language plan
+trains image rows {images, messages}; without a dataset it ships example rows."""
 
 
 # --------------------------------------------------------------------------------------------- server

@@ -97,13 +97,13 @@ def format_estimate(est: Estimate, next_move: str | None = None) -> str:
 
 
 # make_recipe writes text-model recipes only; a vision-language plan's next step is said instead
-VLM_TRAINING_MOVE = ("train it with TRL's SFTTrainer on your image dataset with these settings, LoRA target_modules "
-                     "restricted to the language model (e.g. r'model\\.language_model\\..*\\.(q_proj|v_proj)'); "
-                     "make_recipe does not write vision-language recipes yet")
+VLM_TRAINING_MOVE = ("make a recipe (make_recipe, `canifinetune recipe`) with the same arguments and train a few steps "
+                     "on your image rows (max_steps in the recipe): the probe measures text samples only")
 
 
 def recipe_move(plan, words: str) -> str:
-    """``words`` (a next step through make_recipe), or for a vision-language plan the step that runs instead."""
+    """``words`` (a next step through make_recipe and the probe), or for a vision-language plan, whose recipe the probe
+    does not measure, the recipe and a few steps."""
     return VLM_TRAINING_MOVE if plan.image_size is not None else words
 
 

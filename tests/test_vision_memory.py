@@ -103,15 +103,23 @@ def test_bad_image_fields_are_errors(kw):
         TrainingPlan(model=VL3B, **kw)
 
 
-def test_make_recipe_refuses_a_vision_language_plan():
+def test_make_recipe_writes_a_vision_language_recipe_with_example_image_rows():
+    """Without a dataset, the recipe ships example rows ({images, messages}, one image part per image) whose images the
+    runtime draws at the plan's size; its requirements add pillow and torchvision."""
+    import json
+
+    from canifinetune.recipes.examples import EXAMPLE_DATA_FILE
     from canifinetune.recipes.render import make_recipe
-    from canifinetune.recipes.schema import RecipeError
 
-    with pytest.raises(RecipeError, match="image_size"):
-        make_recipe(_plan())
+    recipe = make_recipe(_plan(images_per_sample=2))
+    assert recipe.plan.dataset == EXAMPLE_DATA_FILE
+    rows = [json.loads(line) for line in recipe.files[EXAMPLE_DATA_FILE].splitlines()]
+    assert rows and all(len(r["images"]) == 2 and r["images"][0].startswith("example:") for r in rows)
+    assert all(sum(p.get("type") == "image" for p in r["messages"][0]["content"]) == 2 for r in rows)
+    assert "pillow" in recipe.requirements_txt and "torchvision" in recipe.requirements_txt
 
 
-def test_the_cli_states_the_whole_sequence_and_never_offers_a_recipe(capsys):
+def test_the_cli_states_the_whole_sequence_and_offers_a_recipe_without_the_probe(capsys):
     from canifinetune.server.cli import main as cli_main
 
     code = cli_main(["estimate", "--model", VL3B, "--gpu", "RTX 4090", "--seq-len", "512", "--batch-size", "1",
@@ -119,7 +127,7 @@ def test_the_cli_states_the_whole_sequence_and_never_offers_a_recipe(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "seq_len 512 + 1,198 image tokens (1 x 1280x720) = 1,710" in out
-    assert "canifinetune recipe" not in out and "make_recipe does not write vision-language recipes" in out
+    assert "canifinetune recipe" in out and "the probe measures text samples only" in out
 
 
 def test_the_mcp_tool_takes_the_image_fields_in_the_plan():
@@ -177,7 +185,7 @@ def test_target_names_the_tower_shares_are_warned_about(targets, warned):
 @pytest.mark.anyio
 async def test_the_image_fields_through_a_real_mcp_client(anyio_backend):
     """The protocol face: the plan object carries the image fields; a VLM without them is a tool error naming
-    image_size; make_recipe refuses the plan by name."""
+    image_size; make_recipe writes the VLM recipe with its example rows."""
     from mcp import Client
 
     from canifinetune.server.mcp_server import build_server
@@ -190,7 +198,7 @@ async def test_the_image_fields_through_a_real_mcp_client(anyio_backend):
         assert missing.is_error and "image_size" in missing.content[0].text
         recipe = await client.call_tool("make_recipe", {"model": VL3B, "gpu": "RTX 4090",
                                                         "plan": {"image_size": "1280x720"}})
-        assert recipe.is_error and "image_size" in recipe.content[0].text
+        assert not recipe.is_error and "example_data.jsonl" in recipe.structured_content["files"]
 
 
 # ------------------------------------------------------------------------------------------------- LLaVA-1.5 (v22)

@@ -166,12 +166,11 @@ def llava_image_size_from_shape():
 
 class Family(NamedTuple):
     """What the harness needs of one vision-language family: its stand-in markers (config key -> (text, id)), the
-    config key of the image placeholder, where its vision tower sits in the <Family>Model, its processor, and the
-    data-only functions run on real values (a context manager)."""
+    config key of the image placeholder, its processor, and the data-only functions run on real values (a context
+    manager)."""
 
     markers: dict
     image_token_key: str
-    tower_path: str
     processor: Any
     values: Any
 
@@ -179,11 +178,11 @@ class Family(NamedTuple):
 def _family(config: dict) -> Family:
     model_type = config.get("model_type")
     if model_type == "qwen2_5_vl":
-        return Family(QWEN_MARKERS, "image_token_id", "visual", qwen_processor, qwen_vision_metadata_from_values)
+        return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen_vision_metadata_from_values)
     if model_type == "qwen3_vl":
-        return Family(QWEN_MARKERS, "image_token_id", "visual", qwen_processor, qwen3_metadata_from_values)
+        return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen3_metadata_from_values)
     if model_type == "llava":
-        return Family(LLAVA_MARKERS, "image_token_index", "vision_tower", llava_processor, llava_image_size_from_shape)
+        return Family(LLAVA_MARKERS, "image_token_index", llava_processor, llava_image_size_from_shape)
     raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl and llava")
 
 
@@ -269,72 +268,18 @@ def qwen3_metadata_from_values():
 
 
 def lora_targets(vision_tower: str, plan, config: dict) -> Any:
-    """PEFT target_modules as one regex: the plan's linear names in the language model's blocks only (PEFT would
-    match a name such as gate_proj in the vision tower's MLPs too), as the estimate reads them (its spec's linears for
-    ``all-linear``, PEFT's default for the family when the plan names none); with ``vision_tower`` lora, every
-    nn.Linear of the vision tower and projector as well (what ``all-linear`` reaches there), by full module path."""
-    import re
+    """PEFT target_modules for ``plan`` with ``vision_tower``: recipes/vision_setup.py's regex (the runtime's)."""
+    from canifinetune.recipes.vision_setup import lora_target_regex
 
-    from canifinetune.estimator.spec import PEFT_DEFAULT_TARGETS, ModelSpec
-
-    spec = ModelSpec.from_config(config)
-    if plan.target_modules == "all-linear":
-        names = spec.linear_names()
-    else:
-        names = plan.target_modules or PEFT_DEFAULT_TARGETS[spec.model_type]
-    language = rf"model\.language_model\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(names)})"
-    if vision_tower != "lora":
-        return language
-    assert spec.vision is not None
-    tower = spec.vision.tower.module_path
-    roots = [tower, *(p for p in spec.vision.projector.module_paths if not p.startswith(tower + "."))]
-    linears = {lin.name for group in spec.vision.tower.groups + spec.vision.projector.groups for lin in group.linears}
-    # the spec names a linear relative to its group's module; the model may nest the tower one level deeper (LLaVA's
-    # CLIPVisionModel keeps its layers under vision_model)
-    vision = (rf"model\.({'|'.join(map(re.escape, roots))})\.(.*\.)?"
-              rf"({'|'.join(map(re.escape, sorted(linears)))})")
-    return rf"({language})|({vision})"
+    return lora_target_regex(plan.model_copy(update={"vision_tower": vision_tower}), config)
 
 
 def build_vlm(plan, config: dict, vision_tower: str):
-    """The ForConditionalGeneration model as TRL's VLM recipe builds it: bf16 weights, LoRA adapters (PEFT's fp32 on a
-    16-bit base) or full training of the language model, the vision tower as ``vision_tower`` says, checkpointing
-    as transformers enables it. QLoRA: every nn.Linear quantized as transformers' bitsandbytes quantizer does for
-    ``from_pretrained(quantization_config=...)`` (the vision tower's and projector's too: neither TRL 1.16 nor these
-    model classes name modules to skip, so only the LM head stays 16-bit), adapters then cast to bf16 as TRL does on
-    a quantized base."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForImageTextToText
+    """The model as the training runtime builds it (recipes/vision_setup.py ``build_vlm``), from ``config`` with
+    random weights, the vision tower as ``vision_tower`` says."""
+    from canifinetune.recipes.vision_setup import build_vlm as build
 
-    from canifinetune.recipes import model_setup
-
-    tower = _family(config).tower_path
-    cfg = model_setup.hf_config(config)
-    qconfig = model_setup.quantization_config(plan)
-    dtype = model_setup.weight_dtype(plan) if qconfig is None else model_setup.torch_dtype(plan)
-    model = AutoModelForImageTextToText.from_config(cfg, dtype=dtype, attn_implementation=plan.attn_implementation)
-    if qconfig is not None:
-        model._canifinetune_unquantized = model_setup._quantize_model(model, plan, qconfig)
-    model.config.use_cache = False
-    if plan.method == "full":
-        model.requires_grad_(True)
-        if vision_tower == "frozen":
-            getattr(model.model, tower).requires_grad_(False)
-    elif plan.uses_adapters:
-        model = get_peft_model(model, LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha,
-                                                 lora_dropout=plan.lora_dropout, bias="none", task_type="CAUSAL_LM",
-                                                 target_modules=lora_targets(vision_tower, plan, config)))
-        if vision_tower == "full":
-            getattr(model.get_base_model().model, tower).requires_grad_(True)
-        wanted = plan.adapter_dtype or (plan.stack.adapter_dtype_quantized if qconfig is not None else None)
-        if wanted is not None:  # TRL 1.16: the trainable parameters of a quantized base in bf16
-            for name, param in model.named_parameters():
-                if param.requires_grad and "lora_magnitude_vector" not in name:
-                    param.data = param.data.to(getattr(torch, model_setup._DTYPES[wanted]))
-    model_setup.enable_checkpointing(model, plan)
-    model.train()
-    return model
+    return build(plan.model_copy(update={"vision_tower": vision_tower}), config)
 
 
 def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: bool = True,

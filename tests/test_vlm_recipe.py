@@ -1,0 +1,136 @@
+"""The vision-language recipe end to end on CPU (issue 26): `canifinetune recipe` for a tiny LLaVA saved with its
+processor, two training steps on the example image rows it ships, and the dataset checks that keep a run to what was
+estimated (images per sample, image tokens, row length)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+pytest.importorskip("PIL")
+
+from canifinetune.estimator.errors import DatasetError, SampleTooLongError
+from canifinetune.estimator.plan import TrainingPlan
+from canifinetune.recipes.runtime import prepare
+from canifinetune.server.cli import main as cli_main
+
+# LLaVA-1.5's layout at toy sizes: a 2-layer Llama decoder, a 3-layer CLIP tower on 56 x 56 crops of 14-pixel
+# patches: every image is 16 tokens
+TINY_LLAVA = {
+    "model_type": "llava",
+    "architectures": ["LlavaForConditionalGeneration"],
+    "image_token_index": 4,
+    "projector_hidden_act": "gelu",
+    "vision_feature_layer": -2,
+    "vision_feature_select_strategy": "default",
+    "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
+                    "max_position_embeddings": 512, "pad_token_id": 0, "eos_token_id": 1},
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 3, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+}
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% for p in m['content'] %}{% if p['type'] == 'image' %}"
+                 "<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}</s>{% endfor %}")
+
+
+def _make_tiny_llava(folder: Path) -> Path:
+    """A random tiny LLaVA and its processor (CLIP image processor, a word-level tokenizer, the chat template)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = ["what", "shape", "is", "in", "this", "picture", "?", "a", "an", "and", "red", "blue", "green", "orange",
+             "circle", "square", "triangle", "diamond", "."]
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "<s>": 3, "<image>": 4, "<|user|>": 5, "<|assistant|>": 6}
+    vocab.update({w: i for i, w in enumerate(words, start=len(vocab))})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   bos_token="<s>", additional_special_tokens=["<image>", "<|user|>", "<|assistant|>"])
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=14,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                               chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**{k: v for k, v in TINY_LLAVA.items() if k != "architectures"})
+    LlavaForConditionalGeneration(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _make_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+
+
+def _plan(model: Path, **kw) -> TrainingPlan:
+    base = {"model": str(model), "method": "lora", "dtype": "fp32", "seq_len": 24, "batch_size": 2, "max_steps": 2,
+            "image_size": "90x60", "target_modules": "all-linear", "learning_rate": 1e-3}
+    return TrainingPlan(**{**base, **kw})
+
+
+def _rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _row(images: list[str], parts: int | None = None) -> dict:
+    content = [{"type": "image"} for _ in range(len(images) if parts is None else parts)]
+    return {"images": images, "messages": [
+        {"role": "user", "content": [*content, {"type": "text", "text": "what shape is in this picture ?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "a red circle ."}]}]}
+
+
+def test_the_recipe_trains_two_steps_on_its_example_image_rows(tiny_llava, tmp_path):
+    from canifinetune.recipes.train import train
+
+    out = tmp_path / "recipe"
+    code = cli_main(["recipe", "--model", str(tiny_llava), "--method", "lora", "--target-modules", "all-linear",
+                     "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
+                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
+                     "--out", str(out), "--offline"])
+    assert code == 0
+    assert (out / "example_data.jsonl").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = train(out / "recipe.yaml", device="cpu")
+    assert result.steps == 2 and len(result.losses) == 2
+    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+    assert (out / "outputs" / "adapter_model.safetensors").exists()
+
+
+def test_image_rows_are_checked_against_the_plan_before_the_model_loads(tiny_llava, tmp_path):
+    image = tmp_path / "one.png"
+    from PIL import Image
+
+    Image.new("RGB", (90, 60), (10, 20, 30)).save(image)
+    cases = [
+        (_row(["one.png", "one.png"]), SampleTooLongError, "2 images, more than images_per_sample 1"),
+        (_row(["one.png"], parts=2), DatasetError, "1 images but 2"),
+        (_row(["missing.png"]), DatasetError, "does not exist"),
+        ({"text": "no images"}, DatasetError, "needs 'images'"),
+    ]
+    for row, error, words in cases:
+        data = _rows(tmp_path / "rows.jsonl", [row])
+        with pytest.raises(error, match=words), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepare(_plan(tiny_llava, dataset=str(data)), output_dir=tmp_path / "o", device="cpu")
+
+
+def test_a_row_longer_than_the_estimated_sequence_is_refused(tiny_llava, tmp_path):
+    """seq_len 4 text tokens plus one 16-token image: the example row is longer than the sequence estimated."""
+    with pytest.raises(SampleTooLongError, match="longer than the 20"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = _rows(tmp_path / "rows.jsonl", [_row(["example:red circle"])])
+        prepare(_plan(tiny_llava, seq_len=4, dataset=str(data)), output_dir=tmp_path / "o", device="cpu")
