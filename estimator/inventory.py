@@ -22,8 +22,9 @@ from functools import cached_property, lru_cache
 from . import peft_memory, term_cache, torchtune_memory, vision_memory
 from .allocator import round_block
 from .constants import DTYPE_BYTES, constant
+from .packed_weights import linear_records, quantization_state_bytes
 from .resolved import ResolvedPlan
-from .spec import LinearSpec, ModelSpec
+from .spec import ModelSpec
 from .tensor_records import Role, TensorRecord
 
 
@@ -81,25 +82,6 @@ class Inventory:
 # the builders: each returns the records of one concern; a knob adds its own
 
 
-def _linear_records(lin: LinearSpec, layer: int, n: int, quantization: str, dtype: str,
-                    trains: bool) -> list[TensorRecord]:
-    """A block linear's weight (packed when bitsandbytes quantizes it) and bias; ``dtype`` is the unpacked
-    tensors'."""
-    out: list[TensorRecord] = []
-    if quantization == "none":
-        out.append(TensorRecord(Role.BASE_WEIGHT, lin.name, lin.out_features, lin.in_features, n, dtype,
-                                trains, lin.weight_params * DTYPE_BYTES[dtype], layer))
-    else:
-        # 4-bit packs two codes per byte (Params4bit), 8-bit one byte per weight (Int8Params)
-        packed = lin.weight_params if quantization == "int8" else math.ceil(lin.weight_params / 2)
-        out.append(TensorRecord(Role.QUANTIZED_WEIGHT, lin.name, lin.out_features, lin.in_features, n,
-                                quantization, False, round_block(packed), layer))
-    if lin.bias:
-        out.append(TensorRecord(Role.BASE_WEIGHT, f"{lin.name}.bias", lin.out_features, 1, n, dtype, trains,
-                                lin.out_features * DTYPE_BYTES[dtype], layer))
-    return out
-
-
 def base_weight_records(r: ResolvedPlan) -> tuple[TensorRecord, ...]:
     """The model's own parameters, tensor kind by tensor kind (ModelSpec's counts): embedding, untied head, final
     norm, and per block kind its linears, norms, q/k norms and fused experts with their router. Unquantized they are
@@ -123,7 +105,7 @@ def _base_weight_records(spec: ModelSpec, quantization: str, dtype: str, trains:
     out.append(rec("norm", h, 1, 1, None))
     for i, n in spec.layer_groups:
         for lin in spec.layer_linears(i):
-            out += _linear_records(lin, i, n, quantization, dtype, trains)
+            out += linear_records(lin, i, n, quantization, dtype, trains)
         # one record per tensor of a block: ``tensors`` is always the number of blocks of the kind
         out += [rec(f"norm{k}", h, 1, n, i) for k in range(spec.norms_per_layer)]
         if spec.qk_norm == "head":
@@ -157,24 +139,8 @@ def quantization_state_records(r: ResolvedPlan) -> tuple[TensorRecord, ...]:
 def _quantization_state_records(spec: ModelSpec, quantization: str, double: bool,
                                 torchao: bool) -> tuple[TensorRecord, ...]:
     return tuple(TensorRecord(Role.QUANTIZATION_STATE, lin.name, lin.out_features, 1, n, "mixed", False,
-                              _quantization_state_bytes(lin, quantization, double, torchao), i)
+                              quantization_state_bytes(lin, quantization, double, torchao), i)
                  for i, n in spec.layer_groups for lin in spec.layer_linears(i))
-
-
-def _quantization_state_bytes(lin: LinearSpec, quantization: str, double: bool, torchao: bool) -> int:
-    if torchao:
-        return torchtune_memory.nf4_state_bytes(lin.weight_params)
-    if quantization == "int8":
-        return round_block(lin.out_features * constant("INT8_ROW_STAT_BYTES"))
-    blocks = math.ceil(lin.weight_params / int(constant("NF4_BLOCKSIZE")))
-    one = round_block(16 * 4)  # the 4-bit code book
-    if double:
-        one += round_block(blocks)  # uint8 absmax
-        one += round_block(math.ceil(blocks / int(constant("NF4_DOUBLE_QUANT_BLOCKSIZE"))) * 4)  # fp32 2nd-level absmax
-        one += round_block(256 * 4) + round_block(4)  # 8-bit code book, offset
-    else:
-        one += round_block(blocks * 4)
-    return one
 
 
 def adapter_records(r: ResolvedPlan) -> list[TensorRecord]:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from .allocator import round_block
 from .constants import DTYPE_BYTES
+from .packed_weights import linear_records, quantization_state_bytes
 from .tensor_records import Role, TensorRecord
 
 if TYPE_CHECKING:
@@ -80,7 +81,6 @@ def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
 
 
 def _quantized_vision_records(r: ResolvedPlan) -> list[TensorRecord]:
-    from .inventory import _linear_records, _quantization_state_bytes  # the language model's own packing rules
     from .vision_spec import _join
 
     vision = r.spec.vision
@@ -89,9 +89,9 @@ def _quantized_vision_records(r: ResolvedPlan) -> list[TensorRecord]:
     for group in vision.tower.groups + vision.projector.groups:
         for lin in group.linears:
             named = dataclasses.replace(lin, name=f"{group.path}.{lin.name}")
-            out += _linear_records(named, None, group.count, r.quantization, dtype, False)  # type: ignore[arg-type]
+            out += linear_records(named, None, group.count, r.quantization, dtype, False)  # type: ignore[arg-type]
             out.append(TensorRecord(Role.QUANTIZATION_STATE, named.name, lin.out_features, 1, group.count, "mixed",
-                                    False, _quantization_state_bytes(lin, r.quantization,
+                                    False, quantization_state_bytes(lin, r.quantization,
                                                                      r.plan.bnb_4bit_use_double_quant, False)))
         linear_parameters = {_join(lin.name, part) for lin in group.linears for part in ("weight", "bias")}
         out += [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0],

@@ -397,11 +397,8 @@ def prepare(
     out = output_dir if output_dir is not None else checked_output_dir(plan, base)  # before anything loads
     config, source = model_source(plan, recipe_dir)
     if plan.image_size is not None:
-        if token_ids is not None:
-            raise RecipeError("image_size: synthetic samples (the probe) are text; a vision-language plan trains on "
-                              "its image dataset (run a few steps: max_steps in the recipe)")
         return _prepare_vlm(plan, machine, config, source, out, recipe_dir=recipe_dir, dataset=dataset,
-                            max_steps=max_steps)
+                            max_steps=max_steps, synthetic=token_ids is not None)
     if plan.trainer != "sft":
         if token_ids is not None:
             raise RecipeError(f"trainer: synthetic samples (the probe) are for sft; a {plan.trainer} plan trains on "
@@ -498,10 +495,14 @@ def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Pat
 
 
 def _prepare_vlm(plan: TrainingPlan, machine: Machine, config: dict, source: str, out: Path, *,
-                 recipe_dir: Path | None, dataset: str | None, max_steps: int | None) -> Prepared:
+                 recipe_dir: Path | None, dataset: str | None, max_steps: int | None, synthetic: bool) -> Prepared:
     """A vision-language SFT run (recipes/vision_setup.py, recipes/vision_data.py): the checkpoint's processor (with
     the plan's min_pixels/max_pixels where it sets them), the image rows checked against the plan before the model
-    loads, then TRL's SFTTrainer with its vision collator and no max_length (image tokens are never cut)."""
+    loads, then TRL's SFTTrainer with its vision collator and no max_length (image tokens are never cut).
+    ``synthetic`` (the probe's text samples) is refused: a VLM trains on its images."""
+    if synthetic:
+        raise RecipeError("image_size: synthetic samples (the probe) are text; a vision-language plan trains on its "
+                          "image dataset (run a few steps: max_steps in the recipe)")
     from datasets import Dataset
     from transformers import AutoProcessor
     from trl import SFTConfig, SFTTrainer
