@@ -16,26 +16,18 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
+from tiny_vlms import TINY_LLAVA as HARNESS_TINY_LLAVA
+
 from canifinetune.estimator.errors import DatasetError, SampleTooLongError
 from canifinetune.estimator.plan import TrainingPlan
 from canifinetune.recipes.runtime import prepare
 from canifinetune.server.cli import main as cli_main
 
-# LLaVA-1.5's layout at toy sizes: a 2-layer Llama decoder, a 3-layer CLIP tower on 56 x 56 crops of 14-pixel
-# patches: every image is 16 tokens
-TINY_LLAVA = {
-    "model_type": "llava",
-    "architectures": ["LlavaForConditionalGeneration"],
-    "image_token_index": 4,
-    "projector_hidden_act": "gelu",
-    "vision_feature_layer": -2,
-    "vision_feature_select_strategy": "default",
-    "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64,
-                    "max_position_embeddings": 512, "pad_token_id": 0, "eos_token_id": 1},
-    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-                      "num_hidden_layers": 3, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
-}
+# test_vlm_fake's tiny LLaVA (2-layer Llama decoder, 3-layer CLIP tower on 56 x 56 crops: 16 tokens an image) with the
+# word-level tokenizer's vocabulary and ids
+TINY_LLAVA = {**HARNESS_TINY_LLAVA, "image_token_index": 4}
+TINY_LLAVA["text_config"] = {**TINY_LLAVA["text_config"], "vocab_size": 64, "max_position_embeddings": 512,
+                             "pad_token_id": 0, "eos_token_id": 1}
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% for p in m['content'] %}{% if p['type'] == 'image' %}"
                  "<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}</s>{% endfor %}")
 

@@ -1,0 +1,19 @@
+"""Tiny vision-language configs shared by the harness tests and the recipe tests."""
+
+from __future__ import annotations
+
+# A LLaVA-1.5 of the published layout at toy sizes: a 2-layer Llama decoder, a 3-layer CLIP tower on 56 x 56 crops of
+# 14-pixel patches (16 patches and the CLS position, 16 image tokens per image), the MLP projector
+TINY_LLAVA = {
+    "model_type": "llava",
+    "architectures": ["LlavaForConditionalGeneration"],
+    "image_token_index": 500,
+    "projector_hidden_act": "gelu",
+    "vision_feature_layer": -2,
+    "vision_feature_select_strategy": "default",
+    "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                    "max_position_embeddings": 4096},
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 3, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+}
