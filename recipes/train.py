@@ -38,6 +38,8 @@ def require_train_dependencies(plan: TrainingPlan) -> None:
         needed.append("deepspeed")
     if plan.trainer == "grpo" and plan.use_vllm:
         needed.append("vllm")
+    if plan.image_size is not None:
+        needed.append("PIL")  # pillow: the image rows
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise RecipeError(f"train: {', '.join(missing)} not installed; from this project's checkout run pip install "

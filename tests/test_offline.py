@@ -107,13 +107,15 @@ def text_of(result) -> str:
 async def exercise_every_tool(client: Client, models: list[str], local_model: str) -> None:
     """estimate_memory and make_recipe on every model given, suggest_cheaper_config on a few; all must answer."""
     for model in [*models, local_model]:
-        if model in VISION_MODELS:  # images needed; LoRA (QLoRA is refused for them); no recipe is written
-            est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": "lora",
-                                                              "plan": {"image_size": "640x480"}})
-            assert not est.is_error, (model, text_of(est))
+        if model in VISION_MODELS:  # images needed; the recipe ships example image rows
+            for method in ("lora", "qlora"):
+                est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": method,
+                                                                  "plan": {"image_size": "640x480"}})
+                assert not est.is_error, (model, text_of(est))
             recipe = await client.call_tool("make_recipe", {"model": model, "gpu_vram_gb": 80, "method": "lora",
                                                             "plan": {"image_size": "640x480"}})
-            assert recipe.is_error and "image_size" in text_of(recipe), (model, text_of(recipe))
+            assert not recipe.is_error and "example_data.jsonl" in recipe.structured_content["files"], (
+                model, text_of(recipe))
             continue
         # lora_dropout 0: PEFT refuses dropout on the fused MoE expert adapters all-linear reaches (issue 13)
         est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": "qlora",
