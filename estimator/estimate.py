@@ -178,6 +178,7 @@ def judge(plan: TrainingPlan, model: ResolvedModel | None = None) -> Judgement:
 def _measure_with_choices(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> _Measured:
     """The plan measured after the choices it leaves to the hardware (dtype, sharding), each said in ``chosen``."""
     gpu = resolve_gpu(plan)  # once: neither choice below changes the GPU
+    plan = _images_from_the_dataset(plan, resolved_model, chosen)
     plan = _dtype_for_the_gpu(plan, gpu, chosen)
     if plan.sharding_unset:
         return _cheapest_sharding(plan, resolved_model, gpu, chosen)
@@ -187,6 +188,33 @@ def _measure_with_choices(plan: TrainingPlan, resolved_model: ResolvedModel, cho
 # The shardings tried, cheapest first, for several GPUs given without one: DDP keeps the step as on one GPU (the
 # fastest, no DeepSpeed), ZeRO-2 shards gradients and optimizer states, ZeRO-3 the parameters too.
 SHARDING_CHOICE_ORDER = ("ddp", "zero2", "zero3")
+
+
+def _images_from_the_dataset(plan: TrainingPlan, resolved_model: ResolvedModel, chosen: list[str]) -> TrainingPlan:
+    """A vision-language plan with a ``dataset`` and no image_size: the dataset's image that the processor makes the
+    most tokens of, and (unless the plan sets it) the most images a row holds (estimator/dataset_images.py)."""
+    if plan.image_size is not None or not plan.dataset or resolved_model.spec.vision is None:
+        return plan
+    from .dataset_images import dataset_images
+    from .vision_images import resolve_images
+
+    found = dataset_images(plan.dataset)
+    if found is None or not found.sizes:
+        return plan  # no image sizes to read: check_images asks for image_size
+
+    def tokens(size: tuple[int, int]) -> int:
+        images = resolve_images(plan.replace(image_size=f"{size[0]}x{size[1]}"), resolved_model.spec)
+        return images.lm_tokens_per_image if images is not None else 0
+
+    width, height = max(found.sizes, key=lambda size: (tokens(size), size[0] * size[1]))
+    changes: dict = {"image_size": f"{width}x{height}"}
+    if "images_per_sample" not in plan.model_fields_set:
+        changes["images_per_sample"] = max(1, found.most_per_row)
+    chosen.append(f"image_size {width}x{height} ({tokens((width, height)):,} tokens an image), images_per_sample "
+                  f"{changes.get('images_per_sample', plan.images_per_sample)}: the largest image and the most images "
+                  f"a row of dataset {plan.dataset!r} ({len(found.sizes):,} image sizes in {found.rows:,} rows; "
+                  "image_size was not given; set it to choose)")
+    return plan.replace(**changes)
 
 
 def _dtype_for_the_gpu(plan: TrainingPlan, gpu: GPUTarget | None, chosen: list[str]) -> TrainingPlan:
