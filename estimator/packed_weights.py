@@ -15,8 +15,16 @@ from .shapes import LinearSpec
 from .tensor_records import Role, TensorRecord
 
 
+def packed_weight_record(lin: LinearSpec, name: str, layer: int | None, n: int, quantization: str) -> TensorRecord:
+    """A linear's weight as bitsandbytes packs it: 4-bit two codes per byte (Params4bit), 8-bit one byte per weight
+    (Int8Params), rounded to the allocator block."""
+    packed = lin.weight_params if quantization == "int8" else math.ceil(lin.weight_params / 2)
+    return TensorRecord(Role.QUANTIZED_WEIGHT, name, lin.out_features, lin.in_features, n, quantization, False,
+                        round_block(packed), layer)
+
+
 def linear_records(lin: LinearSpec, layer: int, n: int, quantization: str, dtype: str,
-                    trains: bool) -> list[TensorRecord]:
+                   trains: bool) -> list[TensorRecord]:
     """A block linear's weight (packed when bitsandbytes quantizes it) and bias; ``dtype`` is the unpacked
     tensors'."""
     out: list[TensorRecord] = []
@@ -24,10 +32,7 @@ def linear_records(lin: LinearSpec, layer: int, n: int, quantization: str, dtype
         out.append(TensorRecord(Role.BASE_WEIGHT, lin.name, lin.out_features, lin.in_features, n, dtype,
                                 trains, lin.weight_params * DTYPE_BYTES[dtype], layer))
     else:
-        # 4-bit packs two codes per byte (Params4bit), 8-bit one byte per weight (Int8Params)
-        packed = lin.weight_params if quantization == "int8" else math.ceil(lin.weight_params / 2)
-        out.append(TensorRecord(Role.QUANTIZED_WEIGHT, lin.name, lin.out_features, lin.in_features, n,
-                                quantization, False, round_block(packed), layer))
+        out.append(packed_weight_record(lin, lin.name, layer, n, quantization))
     if lin.bias:
         out.append(TensorRecord(Role.BASE_WEIGHT, f"{lin.name}.bias", lin.out_features, 1, n, dtype, trains,
                                 lin.out_features * DTYPE_BYTES[dtype], layer))

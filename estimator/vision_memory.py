@@ -29,13 +29,12 @@ images is refused by name (estimator/vision_images.py ``check_images``).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING
 
 from .allocator import round_block
 from .constants import DTYPE_BYTES
-from .packed_weights import linear_records, quantization_state_bytes
+from .packed_weights import packed_weight_record, quantization_state_bytes
 from .tensor_records import Role, TensorRecord
 
 if TYPE_CHECKING:
@@ -62,41 +61,32 @@ def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
     trained tower is refused), the projector trained where :func:`projector_trains`; unrounded, as the language
     model's base weights are. A group's modules are identical: one record per parameter of one, ``count`` tensors.
 
-    On a quantized base (QLoRA) every tower and projector ``nn.Linear`` is packed like the language model's (with its
-    quantization state): transformers' bitsandbytes quantizer converts every Linear but the LM head, and neither TRL
-    1.16 nor these model classes name vision modules to skip (measured: cohort v24). Norms, convolutions, learned
-    positions and biases stay in the frozen dtype."""
+    On a quantized base (QLoRA) every tower and projector ``nn.Linear`` weight is packed like the language model's,
+    with its quantization state: transformers' bitsandbytes quantizer converts every Linear but the LM head, and
+    neither TRL 1.16 nor these model classes name vision modules to skip (measured: cohort v24). Norms,
+    convolutions, learned positions and biases stay in the frozen dtype."""
     vision = r.spec.vision
     if vision is None:
         return []
-    if r.quantization != "none":
-        return _quantized_vision_records(r)
-    dtype = r.weight_dtype
-    trains = projector_trains(r)
-    return [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0], group.count,
-                         dtype, trains and group in vision.projector.groups, math.prod(shape) * DTYPE_BYTES[dtype],
-                         None)
-            for group in vision.tower.groups + vision.projector.groups
-            for name, shape in group.module_parameter_shapes()]
-
-
-def _quantized_vision_records(r: ResolvedPlan) -> list[TensorRecord]:
     from .vision_spec import _join
 
-    vision = r.spec.vision
-    assert vision is not None
-    dtype, out = r.frozen_dtype, []
+    quantized = r.quantization != "none"
+    dtype = r.frozen_dtype if quantized else r.weight_dtype
+    trains = projector_trains(r)
+    out: list[TensorRecord] = []
     for group in vision.tower.groups + vision.projector.groups:
-        for lin in group.linears:
-            named = dataclasses.replace(lin, name=f"{group.path}.{lin.name}")
-            out += linear_records(named, None, group.count, r.quantization, dtype, False)  # type: ignore[arg-type]
-            out.append(TensorRecord(Role.QUANTIZATION_STATE, named.name, lin.out_features, 1, group.count, "mixed",
-                                    False, quantization_state_bytes(lin, r.quantization,
-                                                                     r.plan.bnb_4bit_use_double_quant, False)))
-        linear_parameters = {_join(lin.name, part) for lin in group.linears for part in ("weight", "bias")}
+        packed: set[str] = set()
+        for lin in group.linears if quantized else ():
+            name = f"{group.path}.{lin.name}"
+            packed.add(_join(lin.name, "weight"))
+            out.append(packed_weight_record(lin, name, None, group.count, r.quantization))
+            out.append(TensorRecord(Role.QUANTIZATION_STATE, name, lin.out_features, 1, group.count, "mixed", False,
+                                    quantization_state_bytes(lin, r.quantization, r.plan.bnb_4bit_use_double_quant,
+                                                             False)))
+        group_trains = trains and group in vision.projector.groups
         out += [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0],
-                             group.count, dtype, False, math.prod(shape) * DTYPE_BYTES[dtype], None)
-                for name, shape in group.module_parameter_shapes() if name not in linear_parameters]
+                             group.count, dtype, group_trains, math.prod(shape) * DTYPE_BYTES[dtype], None)
+                for name, shape in group.module_parameter_shapes() if name not in packed]
     return out
 
 
