@@ -222,9 +222,12 @@ def _image_pixels_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
     """A VLM's images downscaled by the processor's max_pixels, to each of IMAGE_TOKEN_LEVELS below what the images
     take now (and not below min_pixels)."""
     size = p.image_width_height
-    if size is None or spec.vision is None or not spec.vision.model_type.startswith("qwen"):
+    if size is None or spec.vision is None:
+        return None
+    from .vision_images import has_pixel_bounds, pixel_bounds, pixels_per_image_token
+
+    if not has_pixel_bounds(spec):
         return None  # other processors resize to a fixed size: no pixel knob
-    from .vision_images import pixel_bounds, pixels_per_image_token
 
     floor, ceiling = pixel_bounds(p, spec)
     now, per_token = min(size[0] * size[1], ceiling), pixels_per_image_token(spec)

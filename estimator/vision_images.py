@@ -94,7 +94,7 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
     for refused, field, words in refusals:
         if refused:
             raise PlanError.about(field, words)
-    if not _qwen(spec):
+    if not has_pixel_bounds(spec):
         for name in ("min_pixels", "max_pixels"):
             if getattr(plan, name) is not None:
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
@@ -103,8 +103,10 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
                                             "drop it")
 
 
-def _qwen(spec: ModelSpec) -> bool:
-    return spec.vision is not None and spec.vision.model_type.startswith("qwen")
+def has_pixel_bounds(spec: ModelSpec) -> bool:
+    """Whether the model's processor takes min_pixels/max_pixels (the Qwen-VL families of QWEN_PIXEL_BOUNDS); the
+    others resize every image to their tower's fixed size."""
+    return spec.vision is not None and spec.vision.model_type in QWEN_PIXEL_BOUNDS
 
 
 def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
@@ -114,7 +116,7 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
         return None
     size = plan.image_width_height
     assert size is not None
-    if not _qwen(spec):
+    if not has_pixel_bounds(spec):
         return _llava_images(plan, spec, size)
     from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
 
