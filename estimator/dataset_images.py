@@ -13,10 +13,13 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .bounded_io import open_regular
 from .errors import PlanError
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec
 
 MAX_DATASET_BYTES = 256 * 2**20  # as estimator/dataset_lengths.py: the first 256 MiB of rows
 MAX_ROWS = 200_000
@@ -143,6 +146,25 @@ def _read(path: str, size: int, mtime: float) -> DatasetImages | None:
                 file = Path(ref) if Path(ref).is_absolute() else folder / ref
                 sizes.setdefault(image_file_size(file, f"line {number} of {path!r}"), None)
     return DatasetImages(tuple(sizes), most, rows) if rows else None
+
+
+@lru_cache(maxsize=32)  # every plan a search evaluates on one dataset asks again
+def largest_image(found: DatasetImages, spec: ModelSpec, model: str, min_pixels: int | None,
+                  max_pixels: int | None) -> tuple[int, int, int]:
+    """(width, height, tokens) of the image of ``found`` that ``model``'s processor (with these pixel bounds) makes
+    the most tokens of; the larger image on a tie."""
+    from .plan import TrainingPlan
+    from .vision_images import resolve_images
+
+    def tokens(size: tuple[int, int]) -> int:
+        plan = TrainingPlan(model=model, image_size=f"{size[0]}x{size[1]}", min_pixels=min_pixels,
+                            max_pixels=max_pixels)
+        images = resolve_images(plan, spec)
+        return images.lm_tokens_per_image if images is not None else 0
+
+    counted = {size: tokens(size) for size in found.sizes}
+    width, height = max(counted, key=lambda size: (counted[size], size[0] * size[1]))
+    return width, height, counted[(width, height)]
 
 
 def dataset_images(dataset: str) -> DatasetImages | None:

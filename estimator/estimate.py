@@ -195,22 +195,16 @@ def _images_from_the_dataset(plan: TrainingPlan, resolved_model: ResolvedModel, 
     most tokens of, and (unless the plan sets it) the most images a row holds (estimator/dataset_images.py)."""
     if plan.image_size is not None or not plan.dataset or resolved_model.spec.vision is None:
         return plan
-    from .dataset_images import dataset_images
-    from .vision_images import resolve_images
+    from .dataset_images import dataset_images, largest_image
 
     found = dataset_images(plan.dataset)
     if found is None or not found.sizes:
         return plan  # no image sizes to read: check_images asks for image_size
-
-    def tokens(size: tuple[int, int]) -> int:
-        images = resolve_images(plan.replace(image_size=f"{size[0]}x{size[1]}"), resolved_model.spec)
-        return images.lm_tokens_per_image if images is not None else 0
-
-    width, height = max(found.sizes, key=lambda size: (tokens(size), size[0] * size[1]))
+    width, height, tokens = largest_image(found, resolved_model.spec, plan.model, plan.min_pixels, plan.max_pixels)
     changes: dict = {"image_size": f"{width}x{height}"}
     if "images_per_sample" not in plan.model_fields_set:
         changes["images_per_sample"] = max(1, found.most_per_row)
-    chosen.append(f"image_size {width}x{height} ({tokens((width, height)):,} tokens an image), images_per_sample "
+    chosen.append(f"image_size {width}x{height} ({tokens:,} tokens an image), images_per_sample "
                   f"{changes.get('images_per_sample', plan.images_per_sample)}: the largest image and the most images "
                   f"a row of dataset {plan.dataset!r} ({len(found.sizes):,} image sizes in {found.rows:,} rows; "
                   "image_size was not given; set it to choose)")

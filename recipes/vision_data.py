@@ -110,6 +110,7 @@ def image_rows(rows: list, path: Path, plan: TrainingPlan, spec) -> list[dict]:
     assert size is not None
     planned = resolve_images(plan, spec)
     assert planned is not None
+    tokens_of: dict[tuple[int, int], int] = {}  # by size: a dataset repeats a few sizes over many images
     out = []
     for row in rows:
         data, where = row.data, row.where
@@ -127,12 +128,15 @@ def image_rows(rows: list, path: Path, plan: TrainingPlan, spec) -> list[dict]:
                                      "recipe and estimate again")
         opened = [_open_image(ref, where, path, size) for ref in images]
         for ref, image in zip(images, opened, strict=True):
-            tokens = resolve_images(plan.replace(image_size=f"{image.width}x{image.height}"), spec)
-            assert tokens is not None
-            if tokens.lm_tokens_per_image > planned.lm_tokens_per_image:
+            shape = (image.width, image.height)
+            if shape not in tokens_of:
+                facts = resolve_images(plan.replace(image_size=f"{shape[0]}x{shape[1]}"), spec)
+                assert facts is not None
+                tokens_of[shape] = facts.lm_tokens_per_image
+            if tokens_of[shape] > planned.lm_tokens_per_image:
                 raise SampleTooLongError(
                     f"dataset: {where} of {str(path)!r}: image {ref!r} is {image.width}x{image.height}, "
-                    f"{tokens.lm_tokens_per_image:,} tokens, more than the {planned.lm_tokens_per_image:,} of the "
+                    f"{tokens_of[shape]:,} tokens, more than the {planned.lm_tokens_per_image:,} of the "
                     f"estimated image_size {plan.image_size}; estimate again with image_size "
                     f"{image.width}x{image.height}, or lower max_pixels")
         out.append({"images": opened, "messages": messages})
