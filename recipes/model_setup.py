@@ -71,13 +71,14 @@ def quantization_config(plan):
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def lora_config(plan):
-    """PEFT ``LoraConfig`` for the plan (None for full fine-tuning)."""
+def lora_config(plan, target_modules: str | None = None):
+    """PEFT ``LoraConfig`` for the plan (None for full fine-tuning); ``target_modules`` (a regex) replaces the plan's
+    names where given (a vision-language model: recipes/vision_setup.py)."""
     if not plan.uses_adapters:
         return None
     from peft import LoraConfig
 
-    targets = plan.target_modules
+    targets = target_modules if target_modules is not None else plan.target_modules
     if isinstance(targets, list):
         targets = list(targets)
     return LoraConfig(
@@ -250,7 +251,6 @@ def build_model(plan, config: dict, *, pretrained_path: str | None = None):
 
     Works with real tensors and under ``FakeTensorMode`` (the caller enters the mode and, for peft, patches
     ``Module._apply``; see benchmarks/validation/fake_mode.py)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     qconfig = quantization_config(plan)
@@ -287,17 +287,23 @@ def build_model(plan, config: dict, *, pretrained_path: str | None = None):
         enable({"use_reentrant": False})
         if plan.uses_adapters:
             model.enable_input_require_grads()  # TRL: PEFT + gradient checkpointing
-    # the adapter dtype as estimator/resolved.py resolves it: the plan's, else TRL's (on a quantized base the trainable
-    # parameters are cast to bf16, QLoRA paper section 3; on a 16-bit base PEFT keeps them in fp32). DoRA's magnitude
-    # vectors stay fp32, as TRL's cast skips them (estimator/peft_memory.py magnitude_dtype)
+    cast_adapters(model, plan, quantized)
+    model.train()
+    return model
+
+
+def cast_adapters(model, plan, quantized: bool) -> None:
+    """The adapter dtype as estimator/resolved.py resolves it: the plan's, else TRL's (on a quantized base the
+    trainable parameters are cast to bf16, QLoRA paper section 3; on a 16-bit base PEFT keeps them in fp32). DoRA's
+    magnitude vectors stay fp32, as TRL's cast skips them (estimator/peft_memory.py magnitude_dtype)."""
+    import torch
+
     wanted = plan.adapter_dtype or (plan.stack.adapter_dtype_quantized if quantized else None)
     if wanted is not None and plan.uses_adapters:
         dtype = getattr(torch, _DTYPES[wanted])
         for name, param in model.named_parameters():
             if param.requires_grad and "lora_magnitude_vector" not in name:
                 param.data = param.data.to(dtype)
-    model.train()
-    return model
 
 
 def _prepare_model_for_kbit_training(model, use_gradient_checkpointing: bool):

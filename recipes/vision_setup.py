@@ -47,8 +47,7 @@ def build_vlm(plan, config: dict, *, pretrained_path: str | None = None) -> Any:
     """The model SFTTrainer trains for a vision-language ``plan``: random weights from ``config`` (the measurement)
     or the checkpoint at ``pretrained_path`` (the runtime), quantized, adapted and checkpointed as TRL 1.16 sets it
     up; adapters cast to bf16 on a quantized base, as TRL does."""
-    import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModelForImageTextToText
 
     from . import model_setup
@@ -71,16 +70,10 @@ def build_vlm(plan, config: dict, *, pretrained_path: str | None = None) -> Any:
         if plan.vision_tower == "frozen":
             getattr(model.model, tower).requires_grad_(False)
     elif plan.uses_adapters:
-        lora = LoraConfig(r=plan.lora_r, lora_alpha=plan.lora_alpha, lora_dropout=plan.lora_dropout, bias="none",
-                          task_type="CAUSAL_LM", target_modules=lora_target_regex(plan, config))
-        model = get_peft_model(model, lora)
+        model = get_peft_model(model, model_setup.lora_config(plan, lora_target_regex(plan, config)))
         if plan.vision_tower == "full":
             getattr(model.get_base_model().model, tower).requires_grad_(True)
-        wanted = plan.adapter_dtype or (plan.stack.adapter_dtype_quantized if qconfig is not None else None)
-        if wanted is not None:  # TRL 1.16: the trainable parameters of a quantized base in bf16
-            for name, param in model.named_parameters():
-                if param.requires_grad and "lora_magnitude_vector" not in name:
-                    param.data = param.data.to(getattr(torch, model_setup._DTYPES[wanted]))
+        model_setup.cast_adapters(model, plan, quantized=qconfig is not None)
     model_setup.enable_checkpointing(model, plan)
     model.train()
     return model
