@@ -187,8 +187,8 @@ async def run_clients(url: str, clients: int, calls: int, seed: int, call_timeou
                     if result.is_error:
                         text = " ".join(getattr(c, "text", "") for c in result.content)
                         errors.append(f"{tool} {json.dumps(args)}: {text}"[:300])
-        except Exception as exc:  # the session itself failed
-            errors.append(f"client {no}: {type(exc).__name__}: {exc}"[:300])
+        except Exception as exc:  # the session itself failed (opening it, its GET stream, or closing it)
+            errors.append(f"client {no}: {_innermost(exc)}"[:300])
             ready_count += 1
             if ready_count == clients:
                 ready.set()
@@ -199,6 +199,17 @@ async def run_clients(url: str, clients: int, calls: int, seed: int, call_timeou
             tg.start_soon(one_client, no)
     wall = time.perf_counter() - start
     return {"latencies": latencies, "opened": opened, "errors": errors, "wall_s": wall}
+
+
+def _innermost(exc: BaseException) -> str:
+    """'Type: message' of the first exception an ExceptionGroup (anyio's task groups) wraps, at any depth, with the
+    groups it came through: a session's failure is in the leaf, not in 'unhandled errors in a TaskGroup'."""
+    path = []
+    while getattr(exc, "exceptions", None):  # an ExceptionGroup (the exceptiongroup backport's on Python 3.10)
+        inner = exc.exceptions  # type: ignore[attr-defined]
+        path.append(f"{type(exc).__name__}({len(inner)})")
+        exc = inner[0]
+    return " > ".join([*path, f"{type(exc).__name__}: {exc}"])
 
 
 def _pct(values: list[float], q: float) -> float:

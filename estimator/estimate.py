@@ -5,6 +5,7 @@ The result's JSON names are the public contract shared by the CLI (`--json`) and
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +36,8 @@ class Component(BaseModel):
 
 
 class GPUTarget(BaseModel):
+    model_config = ConfigDict(frozen=True)  # one instance per catalog card is shared by every estimate (resolve_gpu)
+
     name: str
     usable_bytes: int
     bf16: bool | None = None
@@ -127,12 +130,7 @@ def _gib(n: int) -> float:
 
 def resolve_gpu(plan: TrainingPlan) -> GPUTarget | None:
     if plan.gpu is not None:
-        found = catalog.lookup_gpu(plan.gpu)
-        entry = found.entry
-        if entry is None:  # unknown, ambiguous (the candidates listed), a size the catalog lacks, Apple, laptop
-            raise UnknownGPUError(found.message(), field="gpu")
-        return GPUTarget(name=entry.name, usable_bytes=entry.total_memory_bytes, bf16=entry.bf16,
-                         source=f"catalog: {entry.total_memory_source}")
+        return _catalog_gpu_target(plan.gpu)
     if plan.gpu_vram_gb is not None:
         return GPUTarget(
             name=f"{plan.gpu_vram_gb:g} GB GPU",
@@ -141,6 +139,18 @@ def resolve_gpu(plan: TrainingPlan) -> GPUTarget | None:
             source="gpu_vram_gb, taken as GiB of device memory (what torch reports as total_memory)",
         )
     return None
+
+
+@functools.lru_cache(maxsize=512)  # the catalog is fixed in a process; a search looks up its card for every plan
+def _catalog_gpu_target(name: str) -> GPUTarget:
+    """The catalog GPU a plan's ``gpu`` names, as the estimate's target; UnknownGPUError (not cached) when it names
+    none."""
+    found = catalog.lookup_gpu(name)
+    entry = found.entry
+    if entry is None:  # unknown, ambiguous (the candidates listed), a size the catalog lacks, Apple, laptop
+        raise UnknownGPUError(found.message(), field="gpu")
+    return GPUTarget(name=entry.name, usable_bytes=entry.total_memory_bytes, bf16=entry.bf16,
+                     source=f"catalog: {entry.total_memory_source}")
 
 
 def estimate(plan: TrainingPlan, model: ResolvedModel | None = None) -> Estimate:

@@ -35,6 +35,7 @@ is ambiguous among them, and "Colab Pro A100" is read as the Colab card named "A
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -95,6 +96,11 @@ def split_gpu_count(text: str) -> tuple[int | None, str]:
     'gpu'). The card name is returned as written, without the count; it is not looked up here."""
     if not isinstance(text, str):
         raise TypeError(f"a GPU name is a string, not {type(text).__name__}")
+    return _split_gpu_count(text)
+
+
+@functools.lru_cache(maxsize=1024)  # every plan validation reads its gpu; a search validates a hundred plans a call
+def _split_gpu_count(text: str) -> tuple[int | None, str]:
     card = text.strip()[:MAX_NAME]
     found: list[str] = []
     word = _COUNT_WORD.match(card)

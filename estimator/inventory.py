@@ -75,7 +75,15 @@ class Inventory:
 
     def layer_trainable_bytes(self, layer: int) -> int:
         """Trainable bytes of one block of the kind that starts at ``layer`` (its gradients, made in its backward)."""
-        return sum(rec.elements * DTYPE_BYTES[rec.dtype] for rec in self.trainable if rec.layer == layer)
+        return self._trainable_bytes_by_layer.get(layer, 0)
+
+    @cached_property
+    def _trainable_bytes_by_layer(self) -> dict[int | None, int]:
+        # summed once per inventory (shared by the plans a search evaluates), not once per plan and block kind
+        out: dict[int | None, int] = {}
+        for rec in self.trainable:
+            out[rec.layer] = out.get(rec.layer, 0) + rec.elements * DTYPE_BYTES[rec.dtype]
+        return out
 
 
 # ---------------------------------------------------------------------------

@@ -892,7 +892,9 @@ class TrainingPlan(BaseModel):
 
     def replace(self, **changes) -> TrainingPlan:
         """A new validated plan with some fields changed."""
-        data = self.model_dump()
+        # the fields' values as validated: what model_dump gives for this flat model of plain values, without its
+        # serializer pass (a search makes a hundred plans this way); validation copies the two list fields
+        data = dict(self.__dict__)
         if self.sharding_unset and "sharding" not in changes:
             del data["sharding"]  # still left to the estimate to choose (estimator/estimate.py)
         _relayout(data, self, set(changes) & {"num_gpus", "num_nodes", "gpus_per_node"})

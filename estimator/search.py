@@ -106,6 +106,7 @@ class _Evaluator:
         self.estimates: dict[frozenset, Estimate] = {}
         self.tp_cache: dict[frozenset, Throughput] = {}
         self.cards: dict[str, catalog.CatalogGPU | None] = {}
+        self.frozen_plan = {name: _freeze(value) for name, value in plan.__dict__.items()}  # what key() compares to
 
     def card(self, name: str) -> catalog.CatalogGPU | None:
         if name not in self.cards:
@@ -113,10 +114,12 @@ class _Evaluator:
         return self.cards[name]
 
     def key(self, changes: dict) -> frozenset:
-        return frozenset((k, _freeze(v)) for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v))
+        plan = self.frozen_plan
+        return frozenset(item for item in ((k, _freeze(v)) for k, v in changes.items()) if plan[item[0]] != item[1])
 
     def clean(self, changes: dict) -> dict:
-        return {k: v for k, v in changes.items() if _freeze(getattr(self.plan, k)) != _freeze(v)}
+        plan = self.frozen_plan
+        return {k: v for k, v in changes.items() if plan[k] != _freeze(v)}
 
     def get(self, changes: dict) -> tuple[TrainingPlan, Judgement] | None:
         k = self.key(changes)
@@ -171,7 +174,8 @@ class _Evaluator:
         k = self.key(changes)
         if training_tokens is None and k in self.tp_cache:
             return self.tp_cache[k]
-        plan = self.plan.replace(**self.clean(changes)) if k else self.plan
+        got = self.cache.get(k)  # the plan judged already, when it was (the search asks the cost of plans it judged)
+        plan = got[0] if got is not None else self.plan.replace(**self.clean(changes)) if k else self.plan
         tp = throughput(plan, model=self.rm, training_tokens=training_tokens)
         if training_tokens is None:
             self.tp_cache[k] = tp

@@ -129,7 +129,19 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @cached_property
+    def _linears_memo(self) -> dict[tuple, tuple[LinearSpec, ...]]:
+        # the linears of a block kind, made once per spec: every term of every plan a search evaluates asks for them
+        return {}
+
     def attention_linears(self) -> tuple[LinearSpec, ...]:
+        memo = self._linears_memo
+        got = memo.get(("attention",))
+        if got is None:
+            got = memo[("attention",)] = self._attention_linears()
+        return got
+
+    def _attention_linears(self) -> tuple[LinearSpec, ...]:
         h = self.hidden_size
         if self.fused_qkv:
             return (
@@ -144,6 +156,13 @@ class ModelSpec:
         )
 
     def dense_mlp_linears(self, intermediate: int | None = None) -> tuple[LinearSpec, ...]:
+        memo = self._linears_memo
+        got = memo.get(("mlp", intermediate))
+        if got is None:
+            got = memo[("mlp", intermediate)] = self._dense_mlp_linears(intermediate)
+        return got
+
+    def _dense_mlp_linears(self, intermediate: int | None) -> tuple[LinearSpec, ...]:
         h, i, b = self.hidden_size, intermediate or self.intermediate_size, self.mlp_bias
         if self.fused_qkv:
             return (LinearSpec("gate_up_proj", h, 2 * i, b), LinearSpec("down_proj", i, h, b))
@@ -154,6 +173,14 @@ class ModelSpec:
 
     def layer_linears(self, index: int) -> tuple[LinearSpec, ...]:
         """Every ``nn.Linear`` of block ``index`` (MoE experts are 3-D parameters, not listed here)."""
+        memo = self._linears_memo
+        kind = ("layer", self.is_moe_layer(index))  # blocks of one kind have the same linears
+        got = memo.get(kind)
+        if got is None:
+            got = memo[kind] = self._layer_linears(index)
+        return got
+
+    def _layer_linears(self, index: int) -> tuple[LinearSpec, ...]:
         linears = self.attention_linears()
         if self.is_moe_layer(index):
             moe = self.moe

@@ -572,8 +572,10 @@ def test_the_http_server_is_configured_with_its_limits(monkeypatch):
             return None
 
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    monkeypatch.setattr(mcp_server, "tune_gc_for_serving", lambda: seen.setdefault("gc_tuned", True))
     mcp_server.run_http("127.0.0.1", 8765, offline=True)
     config = seen["config"]
+    assert seen.get("gc_tuned"), "the HTTP server tunes the garbage collector before it serves"
     assert config.timeout_keep_alive == mcp_server.KEEP_ALIVE_TIMEOUT_S
     assert config.h11_max_incomplete_event_size == mcp_server.MAX_HEADER_BYTES
     # admission matches the connection cap (issue 22): uvicorn's limit_concurrency would answer 503 below it
@@ -594,6 +596,7 @@ def test_a_non_loopback_bind_warns(monkeypatch, capsys):
             return None
 
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    monkeypatch.setattr(mcp_server, "tune_gc_for_serving", lambda: None)
     mcp_server.run_http("0.0.0.0", 8765, offline=True, auth_token="a-token-long-enough-1234")
     assert "warning" in capsys.readouterr().err
 
@@ -627,3 +630,35 @@ def test_a_lan_bind_serves_nobody_without_the_token(tmp_path):
     finally:
         if env_before is not None:
             os.environ["CANIFINETUNE_AUTH_TOKEN"] = env_before
+
+
+def test_serving_tunes_the_garbage_collector():
+    """What exists when serving starts is frozen out of every collection, and the young generation is collected every
+    GC_YOUNG_THRESHOLD allocations (the default, 700, took 16.6% of the tools' CPU: benchmarks/bench_tool_cpu.py); the
+    stdio server does it too. The collector is put back for the rest of the tests."""
+    import gc
+
+    from canifinetune.server import mcp_server
+
+    before, frozen_before = gc.get_threshold(), gc.get_freeze_count()
+    sentinel = object.__new__(type("LongLived", (), {}))  # a container made before serving: frozen with the rest
+    try:
+        mcp_server.tune_gc_for_serving()
+        assert gc.get_threshold() == (mcp_server.GC_YOUNG_THRESHOLD, *mcp_server.GC_OLDER_THRESHOLDS)
+        assert gc.get_freeze_count() > frozen_before and gc.is_tracked(sentinel)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    calls = []
+
+    class FakeServer:
+        def run(self):
+            calls.append("run")
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(mcp_server, "build_server", lambda offline=None: FakeServer())
+        m.setattr(mcp_server, "tune_gc_for_serving", lambda: calls.append("gc"))
+        mcp_server.run_stdio(offline=True)
+    assert calls == ["gc", "run"]

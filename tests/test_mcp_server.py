@@ -990,3 +990,23 @@ async def test_model_config_beside_a_training_config():
         assert not result.is_error, text_of(result)
         sc = result.structured_content
         assert (sc["model"], sc["model_source"], sc["plan"]["seq_len"]) == (name, "model_config", 512)
+
+
+def test_recipe_keys_read_back_whatever_zlib_window_made_them():
+    """A recipe key is the plan's delta, deflated with a 4 KiB window (mcp_views.RECIPE_KEY_WINDOW_BITS, cheaper to set
+    up than zlib's default): it reads back as the same plan, and so does a key another server made with zlib's default
+    window (zlib.decompress reads any window), including a plan with long text fields."""
+    import base64
+    import json as json_module
+    import zlib
+
+    plans = [TrainingPlan(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX 4090", method="qlora", seq_len=4096),
+             TrainingPlan(model="Qwen/Qwen2.5-7B-Instruct", gpu="H100 SXM", num_gpus=8, sharding="zero3",
+                          method="full", dataset="d" * 500, output_dir="o" * 500)]
+    for plan in plans:
+        key = mcp_views.recipe_key(plan)
+        assert mcp_views.recipe_from_key(key) == (plan, None)
+        raw = json_module.dumps(mcp_views.plan_delta(plan), separators=(",", ":"), sort_keys=True).encode()
+        default_window = base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+        assert default_window != key and mcp_views.recipe_from_key(default_window) == (plan, None)
+        assert len(key) <= len(default_window) + 4  # the small window costs nothing on a plan's few hundred bytes

@@ -143,7 +143,7 @@ def test_requirements_pin_the_own_version_otherwise(direct_url, monkeypatch):
 
 def test_requirements_never_name_a_bare_canifinetune(monkeypatch):
     for dist in (None, _Dist(None), _Dist({"url": "file:///p", "dir_info": {}})):
-        monkeypatch.setattr(render, "project_requirement", lambda dist=dist: _with_dist(monkeypatch, dist))
+        monkeypatch.setattr(render, "installed_project_requirement", lambda dist=dist: _with_dist(monkeypatch, dist))
         reqs = render.requirements(_plan())
         names = [r for r in reqs if not r.startswith("#") and r.split("[")[0].split("=")[0].strip() == "canifinetune"]
         assert all("==" in r or " @ " in r for r in names), reqs
@@ -231,3 +231,29 @@ def test_packing_for_sft_passes_both(field):
     # padding-free rows without packing: TRL 1.16 refuses a max_length it would not enforce; the runtime has
     # already refused or cut every longer sample
     assert kwargs["max_length"] == (None if field == "padding_free" else plan.seq_len)
+
+
+@pytest.mark.parametrize("plan", [
+    _plan(),
+    TrainingPlan(model="Qwen/Qwen2.5-7B-Instruct", gpu="H100 SXM", num_gpus=8, sharding="zero3", method="full",
+                 dataset="données/été ü.jsonl", output_dir="out dir/ä", num_train_epochs=2.5),
+    TrainingPlan(model="Qwen/Qwen2.5-7B-Instruct", gpu="H100 SXM", num_gpus=16, num_nodes=2,
+                 sharding="fsdp_full_shard", method="full"),
+])
+def test_recipe_yaml_is_what_pyyaml_safe_dump_writes(plan):
+    """dump_yaml (libyaml's emitter where PyYAML has it) writes the recipe and the accelerate config byte for byte as
+    yaml.safe_dump does, unicode and long lines included."""
+    from canifinetune.recipes.schema import RecipeFile, dump_yaml
+
+    made = make_recipe(plan, estimate(plan))
+    recipe = parse_recipe(made.files["recipe.yaml"])
+    data = recipe.model_dump(mode="json")
+    data["plan"] = recipe.plan.model_dump(mode="json", exclude_defaults=True)
+    assert isinstance(recipe, RecipeFile)
+    assert dump_yaml(data, allow_unicode=True, width=100) == yaml.safe_dump(
+        data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    assert made.files["recipe.yaml"].endswith(dump_yaml(data, allow_unicode=True, width=100))
+    accelerate = made.files.get(render.ACCELERATE_FILE)
+    if accelerate is not None:
+        acc = yaml.safe_load(accelerate)
+        assert dump_yaml(acc) == yaml.safe_dump(acc, sort_keys=False, default_flow_style=False)

@@ -197,6 +197,7 @@ def test_the_uvicorn_access_log_is_off(monkeypatch):
 
     with monkeypatch.context() as m:
         m.setattr(uvicorn, "Server", FakeServer)
+        m.setattr(mcp_server, "tune_gc_for_serving", lambda: None)  # the test process keeps its own collector
         mcp_server.run_http("127.0.0.1", 8765, offline=True)
     assert seen["config"].access_log is False
 
@@ -360,3 +361,27 @@ def test_the_http_vs_bare_benchmark_runs():
     assert row["throughput_ratio"] > 0 and row["p99_ratio"] > 0
     assert r["answer_bytes"]["bare"] == r["answer_bytes"]["canifinetune"]
 
+
+
+def test_the_tool_cpu_benchmark_runs(capsys):
+    """benchmarks/bench_tool_cpu.py, tiny: both collector settings measured in their own processes, every tool of the
+    mix reported (figures only; no timing is asserted)."""
+    from benchmarks.bench_tool_cpu import main
+
+    assert main(["--clients", "2", "--calls", "5", "--passes", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gc ")]
+    assert [line.split(":")[0].split()[1] for line in lines] == ["default", "tuned"]
+    for line in lines:
+        assert "estimate_memory" in line and "garbage collector" in line
+
+
+def test_a_failed_session_names_its_innermost_exception():
+    """The load harness reports what ended a session, not 'unhandled errors in a TaskGroup'."""
+    import builtins
+
+    from benchmarks.bench_http_load import _innermost
+
+    group = getattr(builtins, "ExceptionGroup", None) or pytest.importorskip("exceptiongroup").ExceptionGroup
+    exc = group("unhandled errors in a TaskGroup", [group("inner", [TimeoutError("read timed out")])])
+    assert _innermost(exc) == "ExceptionGroup(1) > ExceptionGroup(1) > TimeoutError: read timed out"
+    assert _innermost(ValueError("x")) == "ValueError: x"
