@@ -134,12 +134,14 @@ class ModelSpec:
         # the linears of a block kind, made once per spec: every term of every plan a search evaluates asks for them
         return {}
 
-    def attention_linears(self) -> tuple[LinearSpec, ...]:
-        memo = self._linears_memo
-        got = memo.get(("attention",))
+    def _memo_linears(self, kind: tuple, make) -> tuple[LinearSpec, ...]:
+        got = self._linears_memo.get(kind)
         if got is None:
-            got = memo[("attention",)] = self._attention_linears()
+            got = self._linears_memo[kind] = make()
         return got
+
+    def attention_linears(self) -> tuple[LinearSpec, ...]:
+        return self._memo_linears(("attention",), self._attention_linears)
 
     def _attention_linears(self) -> tuple[LinearSpec, ...]:
         h = self.hidden_size
@@ -156,11 +158,7 @@ class ModelSpec:
         )
 
     def dense_mlp_linears(self, intermediate: int | None = None) -> tuple[LinearSpec, ...]:
-        memo = self._linears_memo
-        got = memo.get(("mlp", intermediate))
-        if got is None:
-            got = memo[("mlp", intermediate)] = self._dense_mlp_linears(intermediate)
-        return got
+        return self._memo_linears(("mlp", intermediate), lambda: self._dense_mlp_linears(intermediate))
 
     def _dense_mlp_linears(self, intermediate: int | None) -> tuple[LinearSpec, ...]:
         h, i, b = self.hidden_size, intermediate or self.intermediate_size, self.mlp_bias
@@ -173,12 +171,8 @@ class ModelSpec:
 
     def layer_linears(self, index: int) -> tuple[LinearSpec, ...]:
         """Every ``nn.Linear`` of block ``index`` (MoE experts are 3-D parameters, not listed here)."""
-        memo = self._linears_memo
-        kind = ("layer", self.is_moe_layer(index))  # blocks of one kind have the same linears
-        got = memo.get(kind)
-        if got is None:
-            got = memo[kind] = self._layer_linears(index)
-        return got
+        # blocks of one kind (dense or MoE) have the same linears
+        return self._memo_linears(("layer", self.is_moe_layer(index)), lambda: self._layer_linears(index))
 
     def _layer_linears(self, index: int) -> tuple[LinearSpec, ...]:
         linears = self.attention_linears()
