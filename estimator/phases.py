@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from . import memory as m
-from . import peft_memory, term_cache, torchtune_memory
+from . import peft_memory, term_cache, torchtune_memory, vision_memory
 from .constants import DTYPE_BYTES
 from .inventory import inventory_of
 from .resolved import ResolvedPlan
@@ -235,6 +235,9 @@ def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: i
     best = _backward_start(r, st, acts, head_grad)
     best = _backward_blocks(r, st, acts, head_grad, best)
     best = _backward_end(r, st, acts, end_grad, best)
+    language_model_best = best
+    best = _vision_tower_backward(r, st, acts, best)
+    in_tower = best is not language_model_best
     return PhasePeak(
         "backward",
         best.bytes,
@@ -244,7 +247,8 @@ def _backward_peak(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: i
             Item("activations", best.parts[0], acts.note + "; those of blocks already back-propagated are freed"),
             Item("logits_and_loss", best.parts[1], _loss_note(r)),
             Item("gradients", best.parts[2] + st.buckets, _grad_note(r, st.sh)),
-            Item("backward_temporaries", best.parts[3], _temporaries_note(r, "backward")),
+            Item("backward_temporaries", best.parts[3],
+                 vision_memory.TOWER_BACKWARD_NOTE if in_tower else _temporaries_note(r, "backward")),
         ),
     )
 
@@ -334,9 +338,25 @@ def _backward_end(r: ResolvedPlan, st: _Static, acts: _Activations, end_grad: in
         grads = 0
         copies = 2 if r.spec.tie_word_embeddings else 1
         embed_grad = copies * int(r.spec.embedding_params * r.trainable_bytes_per_param) + _in_backward_step_bytes(r)
-    end = st.bytes + end_gather + grads + st.buckets + acts.shared + embed_grad + end_grad + acts.held
+    shared = acts.shared - vision_memory.freed_before_embedding_backward(r)
+    end = st.bytes + end_gather + grads + st.buckets + shared + embed_grad + end_grad + acts.held
     if end > best.bytes:
-        return _Live(end, end_gather, (acts.shared, acts.held, grads + embed_grad + end_grad, 0))
+        return _Live(end, end_gather, (shared, acts.held, grads + embed_grad + end_grad, 0))
+    return best
+
+
+def _vision_tower_backward(r: ResolvedPlan, st: _Static, acts: _Activations, best: _Live) -> _Live:
+    """A vision tower in the graph is back-propagated after the whole language model: every gradient made, what the
+    step still holds then (the tower's checkpoints, the pixel values, the batch's ids) and one tower block recomputed
+    with its backward's temporaries (vision_memory.tower_backward_saved_bytes, tower_block_backward_bytes). With many
+    images of a large tower this outgrows every language-model moment (Gemma 3: 4,096 positions an image)."""
+    tower = vision_memory.tower_block_backward_bytes(r)
+    if not tower:
+        return best
+    saved = vision_memory.tower_backward_saved_bytes(r)
+    live = st.bytes + st.gather_bwd + st.grads + st.buckets + saved + tower + acts.held
+    if live > best.bytes:
+        return _Live(live, st.gather_bwd, (saved, acts.held, st.grads, tower))
     return best
 
 

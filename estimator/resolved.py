@@ -238,9 +238,11 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
     images = vision_images.resolve_images(plan, spec)
     sequence = vision_images.sequence_length(plan.seq_len, images)
     attn = _attn_implementation(plan, spec, compute_dtype)
-    masked = sliding_window_mask(attn, spec, sequence)
+    image_mask = vision_images.bidirectional_image_mask(attn, spec, images)
+    masked = image_mask or sliding_window_mask(attn, spec, sequence)
     # with a window on some layers only (Gemma3), the others still run flash: the kernel named is theirs
-    kernel = _attention_kernel(attn, spec, compute_dtype, masked and spec.sliding_window_layers >= spec.num_layers)
+    kernel = _attention_kernel(attn, spec, compute_dtype,
+                               image_mask or (masked and spec.sliding_window_layers >= spec.num_layers))
     if spec.max_position_embeddings and plan.seq_len > spec.max_position_embeddings:
         warnings.append(
             f"seq_len {plan.seq_len} is beyond the model's max_position_embeddings "

@@ -390,13 +390,22 @@ ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tow
 # the text family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v
 # with bias; Qwen3VLTextModel's are Qwen3's, q/k norms per head; LlavaConfig's text_config is a LlamaConfig unless it
 # names another model_type)
-ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama"}
+ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama", "gemma3": "gemma3_text"}
 # What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
 # models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
 # max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)
 TEXT_CONFIG_DEFAULTS = {"llava": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                                   "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 2048,
-                                  "vocab_size": 32000, "tie_word_embeddings": False}}
+                                  "vocab_size": 32000, "tie_word_embeddings": False},
+                        # Gemma3TextConfig's defaults (models/gemma3/configuration_gemma3.py, 5.24): the text_config
+                        # of google/gemma-3-4b-it names only its width, MLP, depth, rope scaling and window; the 8
+                        # heads of 256, 4 k/v heads and the 262,208-token vocabulary come from here
+                        "gemma3": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                                   "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                   "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+                                   "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                                   "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+                                   "tie_word_embeddings": True}}
 
 
 def _refuse_multimodal(config: dict) -> None:

@@ -2,7 +2,7 @@
 sequence and the patches its vision tower runs, and what is refused until measured (issue 26).
 
 estimator/resolved.py reads these facts into ``ResolvedPlan.images``; estimator/vision_memory.py turns them into
-bytes. The Qwen-VL and LLaVA processors are mirrored by estimator/vision_tokens.py (imported only for a VLM).
+bytes. The Qwen-VL, LLaVA and Gemma 3 processors are mirrored by estimator/vision_tokens.py (imported only for a VLM).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ImageFacts(NamedTuple):
 
 
 def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
-    """A text model takes no images; a VLM needs them, and only what cohorts v21 to v24 measured is estimated."""
+    """A text model takes no images; a VLM needs them, and only what cohorts v21 to v26 measured is estimated."""
     if spec.vision is None:
         if plan.image_size is not None:
             raise PlanError.about("image_size", f"{plan.model} is a text model: it reads no images; drop image_size")
@@ -74,6 +74,10 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
          "'full': a fully trained vision tower is not estimated yet (frozen is, and lora with checkpointing)"),
         (plan.vision_tower == "lora" and not plan.uses_adapters, "vision_tower",
          f"'lora' puts adapters on the tower of a LoRA or QLoRA plan; method is {plan.method!r}"),
+        (plan.vision_tower == "lora" and spec.vision.model_type == "gemma3", "vision_tower",
+         "'lora' is not estimated for Gemma 3 yet: its SigLIP tower runs 4,096 positions per image, and the backward "
+         "of an adapted tower block then outgrows the language model's (measured 3.7% above the estimate on "
+         "gemma-3-4b-it with 3 images); frozen is estimated"),
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),
@@ -116,6 +120,8 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
         return None
     size = plan.image_width_height
     assert size is not None
+    if spec.vision.model_type == "gemma3":
+        return _gemma3_images(plan, spec, size)
     if not has_pixel_bounds(spec):
         return _llava_images(plan, spec, size)
     from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
@@ -156,6 +162,28 @@ def _llava_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) ->
                       one.pixel_values_numel, f"LLaVA processor: resized and centre-cropped to {side}")
 
 
+def _gemma3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:
+    """Gemma 3: Gemma3ImageProcessor resizes every image to the tower's square (896 px) without pan-and-scan (the
+    checkpoints' default), the SigLIP tower runs (896 / 14)² = 4,096 positions and the projector pools them to
+    mm_tokens_per_image soft tokens, framed by <start_of_image>, <end_of_image> and two "\n\n" tokens
+    (vision_tokens.gemma3_image_tokens)."""
+    from .vision_tokens import gemma3_image_tokens
+
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    positions = tower.patches_per_image
+    assert tower.image_size is not None and positions is not None
+    tokens_per_image = positions // spec.vision.projector.merge_factor
+    try:
+        one = gemma3_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
+                                  mm_tokens_per_image=tokens_per_image, num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    side = f"{tower.image_size}x{tower.image_size}"
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
+                      one.pixel_values_numel, f"Gemma 3 processor: resized to {side}, no pan-and-scan")
+
+
 def pixel_bounds(plan: TrainingPlan, spec: ModelSpec) -> tuple[int, int]:
     """A Qwen-VL plan's (min_pixels, max_pixels): the plan's, else the checkpoint processor's (QWEN_PIXEL_BOUNDS)."""
     assert spec.vision is not None
@@ -168,6 +196,16 @@ def pixels_per_image_token(spec: ModelSpec) -> int:
     """The pixels one Qwen-VL image token covers: (patch x merge side)², 28² for Qwen2.5-VL, 32² for Qwen3-VL."""
     assert spec.vision is not None
     return spec.vision.tower.patch_size ** 2 * spec.vision.projector.merge_factor
+
+
+def bidirectional_image_mask(attn_implementation: str, spec: ModelSpec, images: ImageFacts | None) -> bool:
+    """Whether every language-model layer gets a 4-D mask because of the images: Gemma 3 lets each image's tokens
+    attend to one another both ways. Its processor returns ``token_type_ids`` (Gemma3Processor.return_mm_token_type_ids)
+    and TRL 1.16's collator passes them on; Gemma3Model.forward then builds both the full and the sliding layers' masks
+    with the image blocks (``create_masks_for_vision_model``, modeling_gemma3.py, transformers 5.24), so SDPA runs the
+    memory-efficient kernel on every layer, with the mask as a bias (memory.attention_mask_and_view_bytes)."""
+    return (attn_implementation == "sdpa" and images is not None and spec.vision is not None
+            and spec.vision.model_type == "gemma3")
 
 
 def sequence_length(seq_len: int, images: ImageFacts | None) -> int:

@@ -124,8 +124,11 @@ def _vlm_entries(estimated: bool) -> list[dict]:
 # else the wrapper with its text model: the refusal reads model_type and the encoder keys, not sizes)
 _NOT_YET_ESTIMATED = [
     *(e["config"] for e in _vlm_entries(estimated=False)),
-    {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
-     "text_config": dict(FAMILY_CONFIGS["gemma3_text"]), "vision_config": {"model_type": "siglip_vision_model"}},
+    {"model_type": "mllama", "architectures": ["MllamaForConditionalGeneration"],
+     "text_config": {**FAMILY_CONFIGS["llama"], "model_type": "mllama_text_model"},
+     "vision_config": {"model_type": "mllama_vision_model"}},
+    {"model_type": "idefics3", "architectures": ["Idefics3ForConditionalGeneration"],
+     "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "idefics3_vision"}},
     {**FAMILY_CONFIGS["qwen2"], "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
      "vision_config": {"depth": 32, "embed_dim": 1280}},
 ]
@@ -144,14 +147,23 @@ def test_a_vision_language_model_not_yet_estimated_is_refused_not_estimated_as_i
 def test_an_estimated_vision_language_model_is_read_whole(entry):
     """Qwen2.5-VL: the language model (a Qwen2 decoder: q/k/v with bias) and the vision side; Qwen3-VL: a Qwen3 decoder
     (q/k norms per head) from its text_config; LLaVA-1.5: a Llama decoder whose text_config leaves its shape to
-    LlamaConfig's defaults, a CLIP tower and the MLP projector. Every parameter: the counts are the checkpoints'
-    safetensors total_size / 2 exactly where the entry records it."""
+    LlamaConfig's defaults, a CLIP tower and the MLP projector; Gemma 3: a Gemma3 decoder whose text_config leaves its
+    heads and vocabulary to Gemma3TextConfig's defaults, a SigLIP tower and the pooling projector. Every parameter: the
+    counts are the checkpoints' safetensors total_size / 2 exactly where the entry records it."""
     spec = ModelSpec.from_config(entry["config"])
     assert spec.vision is not None
     if entry["config"]["model_type"] == "qwen3_vl":
         assert spec.model_type == "qwen3" and spec.qk_norm == "head" and not spec.attention_bias
         assert (spec.hidden_size, spec.num_layers, spec.head_dim) == (4096, 36, 128)
         assert spec.total_params == 8_767_123_696 and spec.vision.vision_params == 576_388_336
+    elif entry["config"]["model_type"] == "gemma3":
+        # Gemma 3 4B: the report's 417M vision encoder, 3,209M non-embedding parameters; heads, k/v heads, head size
+        # and the 262,208-token vocabulary from Gemma3TextConfig's defaults (the text_config leaves them out)
+        assert spec.model_type == "gemma3_text" and spec.qk_norm == "head" and spec.tie_word_embeddings
+        assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                spec.vocab_size) == (2560, 34, 8, 4, 256, 262208)
+        assert (spec.sliding_window, spec.sliding_window_layers) == (1024, 29)
+        assert spec.total_params == 4_300_079_472 and spec.vision.tower_params == 416_866_032
     elif entry["config"]["model_type"] == "llava":
         assert spec.model_type == "llama" and not spec.attention_bias
         assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)
@@ -165,13 +177,20 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
 
 
 @pytest.mark.parametrize("config", [
-    {"model_type": "gemma3", "text_config": dict(FAMILY_CONFIGS["gemma3_text"])},  # the tower's config left default
+    {"model_type": "mllama", "text_config": dict(FAMILY_CONFIGS["llama"])},  # the tower's config left default
     {**FAMILY_CONFIGS["llama"], "mm_vision_tower": "openai/clip-vit-large-patch14-336"},  # an original LLaVA repo
     {**FAMILY_CONFIGS["llama"], "model_type": "qwen2_audio_like", "audio_config": {"d_model": 1280}},
 ])
 def test_any_encoder_beside_the_language_model_is_refused(config):
     with pytest.raises(ModelConfigError, match="multimodal model"):
         ModelSpec.from_config(config)
+
+
+def test_an_estimated_wrapper_without_its_tower_config_names_the_key():
+    """Gemma 3 is estimated: a config.json without its vision_config is an error naming it, never a text-only
+    estimate."""
+    with pytest.raises(ModelConfigError, match="'vision_config' is missing"):
+        ModelSpec.from_config({"model_type": "gemma3", "text_config": dict(FAMILY_CONFIGS["gemma3_text"])})
 
 
 @pytest.mark.parametrize("change, fragment", [

@@ -356,3 +356,80 @@ def test_the_search_can_freeze_an_adapted_tower_at_a_price():
     cost = cost_of(plan, plan.replace(vision_tower="frozen"), rm)
     assert cost.kind == "fewer_trainable" and cost.quality_penalty == pytest.approx(1.0)
     assert any("vision tower frozen" in d for d in cost.details)
+
+
+# ------------------------------------------------------------------------------------------------- Gemma 3 (v26)
+
+GEMMA3 = "google/gemma-3-4b-it"
+GEMMA3_POSITIONS, GEMMA3_WIDTH, GEMMA3_MLP, GEMMA3_DEPTH = 4096, 1152, 4304, 27
+
+
+@pytest.mark.parametrize("size", ["224x224", "1280x720", "4000x3000", "300x1200"])
+def test_gemma3_images_are_260_tokens_whatever_their_size(size):
+    """Gemma3ImageProcessor resizes every image to 896 x 896 (pan-and-scan off): 4,096 SigLIP positions pooled 4 x 4
+    into 256 soft tokens, with <start_of_image>, <end_of_image> and two "\\n\\n" around them."""
+    r = _resolved(model=GEMMA3, image_size=size, images_per_sample=2)
+    assert (r.images.patches_per_image, r.images.image_tokens_per_image, r.images.lm_tokens_per_image) == (
+        GEMMA3_POSITIONS, 256, 260)
+    assert r.sequence_length == 512 + 2 * 260
+    assert "no pan-and-scan" in r.images.words()
+
+
+def test_gemma3_images_put_a_4d_mask_on_every_layer():
+    """token_type_ids make the image blocks attend both ways on every layer: the memory-efficient kernel everywhere,
+    even below the sliding window (1,024 tokens; a text Gemma 3 below its window, 512 on the 1B, runs flash)."""
+    r = _resolved(model=GEMMA3, seq_len=256)
+    assert r.sequence_length < 1024 and r.attention_mask and r.attention_kernel == "efficient"
+    text = resolve(TrainingPlan(model="google/gemma-3-1b-it", method="lora", seq_len=500, batch_size=1),
+                   resolve_model("google/gemma-3-1b-it").spec)
+    assert not text.attention_mask and text.attention_kernel == "flash"
+
+
+def test_gemma3_tower_keeps_its_layers_inputs_with_checkpointing_only():
+    """(27 + 2) inputs of 4,096 x 1,152 an image (the layers', post_layernorm's, avg_pool's) and the norm's fp32
+    input of 256 x 1,152; nothing without checkpointing under LoRA; a training projector adds its own two tensors."""
+    positions = GEMMA3_POSITIONS * GEMMA3_WIDTH * 2
+    soft = 256 * GEMMA3_WIDTH
+    r = _resolved(model=GEMMA3, images_per_sample=3)
+    assert vision_memory.tower_saved_bytes(r) == pytest.approx(3 * (29 * positions + 4 * soft), rel=1e-3)
+    assert vision_memory.tower_saved_bytes(_resolved(model=GEMMA3, gradient_checkpointing=False)) == 0
+    full = _resolved(model=GEMMA3, method="full", gradient_checkpointing=False)
+    assert vision_memory.projector_trains(full)
+    assert vision_memory.tower_saved_bytes(full) == pytest.approx(soft * (4 + 2), rel=1e-3)
+
+
+def test_gemma3_many_images_peak_in_the_towers_backward():
+    """With 8 images and few text tokens the tower's backward (every gradient made, its 27 checkpoints and one block
+    recomputed at 32,768 positions) is the step's peak; with one image the language model's moments are larger."""
+    from canifinetune.estimator import phases
+
+    many = _resolved(model=GEMMA3, seq_len=128, batch_size=2, images_per_sample=4)
+    block = vision_memory.tower_block_backward_bytes(many)
+    positions = 8 * GEMMA3_POSITIONS
+    assert block == pytest.approx(8 * positions * GEMMA3_WIDTH * 2 + 3 * positions * GEMMA3_MLP * 2, rel=1e-3)
+    backward = phases.step_peaks(many)[1]
+    temporaries = next(item for item in backward.items if item.name == "backward_temporaries")
+    assert temporaries.bytes == block and temporaries.explanation == vision_memory.TOWER_BACKWARD_NOTE
+    one = _resolved(model=GEMMA3, seq_len=1024)
+    one_temporaries = next(item for item in phases.step_peaks(one)[1].items if item.name == "backward_temporaries")
+    assert one_temporaries.explanation != vision_memory.TOWER_BACKWARD_NOTE
+    assert vision_memory.tower_block_backward_bytes(_resolved(model=GEMMA3, gradient_checkpointing=False)) == 0
+    assert vision_memory.tower_block_backward_bytes(_resolved()) == 0  # Qwen2.5-VL: not this moment
+
+
+def test_gemma3_tied_embeddings_last_gradient_comes_after_the_towers_backward():
+    """Full fine-tuning: the embedding is looked up before the tower runs, so its gradient (the tied head's 2 x V x H
+    moment) is made after the tower's checkpoints are freed: that moment does not count them."""
+    r = _resolved(model=GEMMA3, method="full", seq_len=128, images_per_sample=6)
+    assert vision_memory.freed_before_embedding_backward(r) == vision_memory.tower_saved_bytes(r) > 0
+    assert vision_memory.freed_before_embedding_backward(_resolved(method="full")) == 0
+
+
+@pytest.mark.parametrize(("kw", "field", "words"), [
+    ({"vision_tower": "lora"}, "vision_tower", "not estimated for Gemma 3"),
+    ({"max_pixels": 1003520}, "max_pixels", "Qwen-VL processor setting"),
+])
+def test_gemma3_refuses_what_was_not_measured_by_name(kw, field, words):
+    with pytest.raises(PlanError, match=words) as info:
+        estimate(_plan(model=GEMMA3, **kw))
+    assert info.value.field == field

@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
 from harness_modules import load_harness as _load
-from tiny_vlms import TINY_LLAVA
+from tiny_vlms import TINY_GEMMA3, TINY_LLAVA
 
 from canifinetune.estimator.plan import TrainingPlan
 
@@ -129,3 +129,15 @@ def test_the_qwen3_vl_batch_holds_the_processors_image_tokens():
     images = {"size": [128, 96], "per_sample": 2, "processor": TINY_QWEN3_PIXELS}
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_QWEN3_VL, images, fake=True)
     assert fake["sequence"] == {"tokens": 32 + 2 * (12 + 2), "image_tokens": 24, "pixel_rows": 2 * 2 * 48}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
+def test_gemma3_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    _fake_equals_real(TINY_GEMMA3, {"size": [90, 60], "per_sample": 2}, method=method, gradient_checkpointing=ckpt)
+
+
+def test_the_gemma3_batch_holds_the_processors_image_tokens():
+    """Any image is resized to 56 x 56: 16 patches pooled into 4 soft tokens, framed by <start_of_image>,
+    <end_of_image> and two "\\n\\n" tokens; pixel values one 3 x 56 x 56 image per image."""
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_GEMMA3, {"size": [90, 60], "per_sample": 2}, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 * (4 + 4), "image_tokens": 8, "pixel_rows": 2 * 2}

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
+from tiny_vlms import TINY_GEMMA3 as HARNESS_TINY_GEMMA3
 from tiny_vlms import TINY_LLAVA as HARNESS_TINY_LLAVA
 
 from canifinetune.estimator.errors import DatasetError, SampleTooLongError
@@ -59,6 +60,55 @@ def _make_tiny_llava(folder: Path) -> Path:
     return folder
 
 
+# test_vlm_fake's tiny Gemma 3 (2-layer Gemma3 decoder, 2-layer SigLIP tower on 56 x 56 images: 4 soft tokens an
+# image, framed by <start_of_image>, <end_of_image> and two "\n\n") with the word-level tokenizer's ids
+TINY_GEMMA3 = {**HARNESS_TINY_GEMMA3, "boi_token_index": 4, "eoi_token_index": 7, "image_token_index": 8}
+TINY_GEMMA3["text_config"] = {**TINY_GEMMA3["text_config"], "vocab_size": 64, "max_position_embeddings": 512,
+                              "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 3}
+GEMMA3_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% for p in m['content'] %}"
+                        "{% if p['type'] == 'image' %}<start_of_image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}"
+                        "</s>{% endfor %}")
+
+
+def _make_tiny_gemma3(folder: Path) -> Path:
+    """A random tiny Gemma 3 and its processor (Gemma 3 image processor at 56 px, a word-level tokenizer that names its
+    boi/eoi/image tokens and keeps "\n\n" whole, the chat template)."""
+    import torch
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, Gemma3ForConditionalGeneration, Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = ["what", "shape", "is", "in", "this", "picture", "?", "a", "an", "and", "red", "blue", "green", "orange",
+             "circle", "square", "triangle", "diamond", "."]
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "<s>": 3, "<start_of_image>": 4, "<|user|>": 5, "<|assistant|>": 6,
+             "<end_of_image>": 7, "<image_soft_token>": 8, "\n\n": 9}
+    vocab.update({w: i for i, w in enumerate(words, start=len(vocab))})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.add_tokens([AddedToken("\n\n", normalized=False)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>",
+        additional_special_tokens=["<start_of_image>", "<end_of_image>", "<image_soft_token>", "<|user|>",
+                                   "<|assistant|>"],
+        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                              "image_token": "<image_soft_token>"})
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
+                                tokenizer=fast, image_seq_length=4, chat_template=GEMMA3_CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**{k: v for k, v in TINY_GEMMA3.items() if k != "architectures"})
+    Gemma3ForConditionalGeneration(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _make_tiny_gemma3(tmp_path_factory.mktemp("models") / "tiny-gemma3")
+
+
 @pytest.fixture(scope="module")
 def tiny_llava(tmp_path_factory) -> Path:
     with warnings.catch_warnings():
@@ -100,6 +150,26 @@ def test_the_recipe_trains_two_steps_on_its_example_image_rows(tiny_llava, tmp_p
     assert result.steps == 2 and len(result.losses) == 2
     assert all(math.isfinite(x) and x > 0 for x in result.losses)
     assert (out / "outputs" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_the_gemma3_recipe_trains_two_steps_on_its_example_image_rows(tiny_gemma3, tmp_path, method):
+    """Gemma 3's processor returns token_type_ids (the image blocks' bidirectional mask), which TRL's collator passes
+    to the model: the recipe trains with them, LoRA on the language model or every language-model weight and the
+    projector."""
+    from canifinetune.recipes.train import train
+
+    out = tmp_path / "recipe"
+    targets = ["--target-modules", "all-linear"] if method == "lora" else []
+    code = cli_main(["recipe", "--model", str(tiny_gemma3), "--method", method, *targets, "--dtype", "fp32",
+                     "--seq-len", "24", "--batch-size", "2", "--max-steps", "2", "--learning-rate", "1e-3",
+                     "--image-size", "90x60", "--images-per-sample", "1", "--out", str(out), "--offline"])
+    assert code == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = train(out / "recipe.yaml", device="cpu")
+    assert result.steps == 2 and len(result.losses) == 2
+    assert all(math.isfinite(x) and x > 0 for x in result.losses)
 
 
 def test_image_rows_are_checked_against_the_plan_before_the_model_loads(tiny_llava, tmp_path):

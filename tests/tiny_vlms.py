@@ -17,3 +17,20 @@ TINY_LLAVA = {
     "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
                       "num_hidden_layers": 3, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
 }
+
+# A Gemma 3 of the published layout at toy sizes: a 2-layer Gemma3 decoder (one sliding layer of window 8, one full),
+# a 2-layer SigLIP tower on 56 px images (4 x 4 patches of 14 px) pooled 2 x 2 into 4 soft tokens
+TINY_GEMMA3 = {
+    "model_type": "gemma3",
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "image_token_index": 262144,
+    "mm_tokens_per_image": 4,
+    "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+                    "sliding_window": 8, "sliding_window_pattern": 2, "max_position_embeddings": 4096},
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
+                      "vision_use_head": False},
+}

@@ -61,6 +61,14 @@ LLAVA_MARKERS = {"image_token_index": ("<image>", 4)}
 LLAVA_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
                   "{% if part['type'] == 'image' %}<image>"
                   "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
+# Gemma 3 (google/gemma-3-4b-it): the config's boi/eoi/image ids and Gemma3Processor's tokens for them; "\n\n" is one
+# token of Gemma's tokenizer (id 108), which Gemma3Processor writes twice around every image
+GEMMA3_MARKERS = {"boi_token_index": ("<start_of_image>", 4), "eoi_token_index": ("<end_of_image>", 5),
+                  "image_token_index": ("<image_soft_token>", 6)}
+GEMMA3_NEWLINES = ("\n\n", 7)
+GEMMA3_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
+                   "{% if part['type'] == 'image' %}<start_of_image>"
+                   "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
 # Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
 VISION_TOWER_MODES = ("frozen", "lora", "full")
 
@@ -80,15 +88,20 @@ def vlm_config(model_id: str) -> dict:
     raise SystemExit(f"{model_id}: not among the published VLM configs ({', '.join(e['id'] for e in data['configs'])})")
 
 
-def _stand_in_tokenizer(folder: Path, markers: dict[str, int]):
-    """A tokenizer TRL and the processor can hold: pad/eos/unk, one word, and the family's marker tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def _stand_in_tokenizer(folder: Path, markers: dict[str, int], *, named: dict[str, str] | None = None,
+                        added: dict[str, int] | None = None):
+    """A tokenizer TRL and the processor can hold: pad/eos/unk, one word, and the family's marker tokens; ``named``
+    sets attributes such as ``boi_token`` (Gemma3Processor reads them), ``added`` are plain tokens kept whole (Gemma's
+    "\n\n")."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    vocab = {"<pad>": PAD, "</s>": EOS, "<unk>": UNK, "w": WORD, **markers}
+    vocab = {"<pad>": PAD, "</s>": EOS, "<unk>": UNK, "w": WORD, **markers, **(added or {})}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    tok.add_tokens([AddedToken(text, normalized=False) for text in added or {}])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   extra_special_tokens=dict(named or {}))
     fast.add_special_tokens({"additional_special_tokens": list(markers)})
     fast.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
@@ -144,6 +157,26 @@ def llava_processor(config: dict, folder: Path, knobs: dict):
                           num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE)
 
 
+def gemma3_processor(config: dict, folder: Path, knobs: dict):
+    """Gemma 3's processor as google/gemma-3-4b-it's processor files set it up: Gemma3ImageProcessor resizing every
+    image to the tower's image_size square (pan-and-scan off, the checkpoint's default), mm_tokens_per_image soft
+    tokens between <start_of_image> and <end_of_image>, each run framed by "\n\n"; the stand-in tokenizer."""
+    from transformers import Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    if knobs:
+        raise ValueError(f"Gemma 3's processor knobs are not measured here; got {sorted(knobs)}")
+    side = int((config.get("vision_config") or {}).get("image_size", 896))
+    names = dict(zip(("boi_token", "eoi_token", "image_token"), (text for text, _ in GEMMA3_MARKERS.values()),
+                     strict=True))
+    tokenizer = _stand_in_tokenizer(folder, dict(GEMMA3_MARKERS.values()), named=names,
+                                    added=dict([GEMMA3_NEWLINES]))
+    image_processor = Gemma3ImageProcessorPil(size={"height": side, "width": side})
+    return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                           image_seq_length=int(config.get("mm_tokens_per_image", 256)),
+                           chat_template=GEMMA3_TEMPLATE)
+
+
 @contextlib.contextmanager
 def llava_image_size_from_shape():
     """LlavaProcessor.replace_image_token reads each image's height and width through numpy, which a fake tensor
@@ -162,6 +195,25 @@ def llava_image_size_from_shape():
         yield
     finally:
         processing_llava.LlavaProcessor.replace_image_token = original
+
+
+@contextlib.contextmanager
+def value_free_truncated_normal():
+    """SigLIP's weight init (Gemma 3's tower) draws truncated normals, whose resampling loop reads the values
+    (``mask.any()``), which a fake tensor has not; under fake tensors it draws a plain normal in place instead (the
+    same allocation: none). Weight values do not change memory."""
+    from transformers import initialization
+
+    original = initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"]
+
+    def normal_in_place(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+        return tensor.normal_(mean, std, generator=generator)
+
+    initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"] = normal_in_place
+    try:
+        yield
+    finally:
+        initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"] = original
 
 
 class Family(NamedTuple):
@@ -183,7 +235,9 @@ def _family(config: dict) -> Family:
         return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen3_metadata_from_values)
     if model_type == "llava":
         return Family(LLAVA_MARKERS, "image_token_index", llava_processor, llava_image_size_from_shape)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl and llava")
+    if model_type == "gemma3":
+        return Family(GEMMA3_MARKERS, "image_token_index", gemma3_processor, contextlib.nullcontext)
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava and gemma3")
 
 
 def with_stand_in_markers(config: dict) -> dict:
@@ -327,7 +381,7 @@ def run_vlm_steps(plan, config: dict, images: dict, *, steps: int = 2, fake: boo
     try:
         with fm.gpu_routing(route_sdpa) as routed, apply_ctx, values_ctx, peft_ctx as build_ctx, fake_mode, counter:
             counter.set_phase("build")
-            with build_ctx():
+            with build_ctx(), (value_free_truncated_normal() if fake else contextlib.nullcontext()):
                 model = build_vlm(plan, config, vision_tower)
             kwargs = runtime.sft_config_kwargs(plan, output_dir=str(folder / "out"), use_cpu=True, max_steps=steps)
             kwargs["max_length"] = None  # TRL's VLM guidance: image tokens are never truncated away
