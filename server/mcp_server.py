@@ -994,8 +994,11 @@ def run_stdio(offline: bool | None = None) -> None:
 # connection cap: HTTP/1.1 runs one request at a time per connection, so every open connection may have its request
 # in flight, and none is refused with 503 (an MCP SDK client holds two connections, a POST one and its GET stream,
 # and does not retry a 503). The tools' work runs on anyio's worker threads (40): further calls wait for one.
-HEADER_TIMEOUT_S = 10.0
-KEEP_ALIVE_TIMEOUT_S = 5
+# 30 s (nginx waits 60 s for a request head, 75 s on an idle keep-alive connection): at 10 s and 5 s a burst of 500
+# SDK clients on a busy 2-core machine lost the clients it had slowed down, their connections closed just as they were
+# about to send or read (docs/security.md)
+HEADER_TIMEOUT_S = 30.0
+KEEP_ALIVE_TIMEOUT_S = 30
 MAX_HEADER_BYTES = 64 * 1024
 MAX_CONNECTIONS = 2048
 MAX_CONCURRENT_REQUESTS = MAX_CONNECTIONS

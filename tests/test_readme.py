@@ -5,7 +5,8 @@ How each is run:
   (the current environment's), except the two below; each must exit 0 unless listed in EXPECTED;
 - `pip install -e .` is run (slow test) in a fresh virtual environment against a copy of the
   checkout, and the block's estimate command is then run with that environment's `canifinetune`;
-- `python -m pip install -e ".[test]" && python -m pytest -q` is the command .ci/run runs (checked); here
+- `python -m pip install -e ".[test]" && python -m pytest -q -n auto --dist loadfile` is the command .ci/run
+  runs (checked); here
   pytest is run with `--collect-only` (running the suite from inside itself would recurse), and
   tests/test_fresh_install.py runs the whole command in a fresh venv;
 - every MCP client snippet (```json blocks with a "command", and the `claude mcp add ... -- CMD` line)
@@ -46,7 +47,7 @@ def _commands() -> list[str]:
 
 
 INSTALL = "pip install -e ."
-TESTS = 'python -m pip install -e ".[test]" && python -m pytest -q'
+TESTS = 'python -m pip install -e ".[test]" && python -m pytest -q -n auto --dist loadfile'
 
 
 def _train_ok(proc: subprocess.CompletedProcess) -> bool:

@@ -752,8 +752,9 @@ NOTES = {
         "QLoRA cases carry the language model's QLoRA margin (cohort v24).",
     ],
     "cohort-v26": [
-        "Cohort v26 (16 Gemma 3 plans on google/gemma-3-4b-it with a frozen SigLIP tower, issue 26) was frozen in commit "
-        "6560d19 with the estimator it checks, before any of its plans was measured, after nine exploratory plans "
+        "Cohort v26 (16 Gemma 3 plans on google/gemma-3-4b-it with a frozen SigLIP tower, issue 26) was frozen in "
+        "commit 6560d19 with the estimator it checks, before any of its plans was measured, after nine exploratory "
+        "plans "
         "(-0.10% to +1.36% once the tower's own backward moment and the tied embedding's end moment without the "
         "tower's checkpoints were counted; a LoRA tower, 3.7% low, stays refused). Edits made while it ran (the "
         "changelog, docs) change no estimate or measurement of these plans. The QLoRA cases carry the language "
