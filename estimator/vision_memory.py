@@ -132,6 +132,17 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
     return _qwen_tower_saved_bytes(r) if r.plan.gradient_checkpointing else 0
 
 
+def _micro_batch_positions(r: ResolvedPlan) -> int:
+    """N: the vision tower's positions over the micro-batch's images (patches, and a CLS position where it has one)."""
+    assert r.images is not None
+    return r.images.patches_per_sample * r.plan.batch_size
+
+
+def _tower_tensor_bytes(r: ResolvedPlan, width: int) -> int:
+    """One N x ``width`` tensor of the tower in the weight dtype (a block input, an MLP activation)."""
+    return round_block(_micro_batch_positions(r) * width * DTYPE_BYTES[r.weight_dtype])
+
+
 def _qwen_tower_saved_bytes(r: ResolvedPlan) -> int:
     """Qwen2.5-VL with checkpointing (measured on Qwen2.5-VL-3B at 1280x720, 4,784 patches): each of its ``depth``
     blocks keeps its input, N x W in the weight dtype; the merger keeps its norm's fp32 input (N x W x 4,
@@ -139,10 +150,10 @@ def _qwen_tower_saved_bytes(r: ResolvedPlan) -> int:
     are kept in fp32 (N x head_dim each). N = patches of the micro-batch, W = the tower's width."""
     assert r.images is not None and r.spec.vision is not None
     tower = r.spec.vision.tower
-    patches = r.images.patches_per_sample * r.plan.batch_size
-    width_bytes = patches * tower.hidden_size * DTYPE_BYTES[r.weight_dtype]
-    blocks = tower.num_layers * round_block(width_bytes)
-    merger = round_block(patches * tower.hidden_size * DTYPE_BYTES["fp32"]) + 2 * round_block(width_bytes)
+    patches = _micro_batch_positions(r)
+    width_bytes = _tower_tensor_bytes(r, tower.hidden_size)
+    blocks = tower.num_layers * width_bytes
+    merger = round_block(patches * tower.hidden_size * DTYPE_BYTES["fp32"]) + 2 * width_bytes
     rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
     return blocks + merger + rotary + _merger_lora_inputs(r, patches, tower.hidden_size)
 
@@ -167,8 +178,8 @@ def _qwen3_tower_lora_saved_bytes(r: ResolvedPlan) -> int:
     Qwen3-VL-8B (exploratory 1280x720, then cohort v25)."""
     assert r.images is not None and r.spec.vision is not None
     tower = r.spec.vision.tower
-    patches = r.images.patches_per_sample * r.plan.batch_size
-    unit = round_block(patches * tower.hidden_size * DTYPE_BYTES[r.weight_dtype])
+    patches = _micro_batch_positions(r)
+    unit = _tower_tensor_bytes(r, tower.hidden_size)
     per_merger = unit + _merger_lora_inputs(r, patches, tower.hidden_size)
     mergers = 1 + len(tower.deepstack_layers)
     rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
@@ -218,7 +229,7 @@ def _gemma3_tower_saved_bytes(r: ResolvedPlan) -> int:
     tower = r.spec.vision.tower
     images = r.images.images_per_sample * r.plan.batch_size
     element = DTYPE_BYTES[r.weight_dtype]
-    positions = round_block(images * r.images.patches_per_image * tower.hidden_size * element)
+    positions = _tower_tensor_bytes(r, tower.hidden_size)
     soft = images * r.images.image_tokens_per_image * tower.hidden_size
     soft_fp32 = round_block(soft * DTYPE_BYTES["fp32"])
     kept = (tower.num_layers + 2) * positions + soft_fp32 if r.plan.gradient_checkpointing else 0
@@ -248,10 +259,8 @@ def tower_block_backward_bytes(r: ResolvedPlan) -> int:
     vision = r.spec.vision
     if r.images is None or vision is None or vision.model_type != "gemma3" or not r.plan.gradient_checkpointing:
         return 0
-    tower = vision.tower
-    positions = r.images.patches_per_image * r.images.images_per_sample * r.plan.batch_size
-    width = round_block(positions * tower.hidden_size * DTYPE_BYTES[r.weight_dtype])
-    mlp = round_block(positions * tower.intermediate_size * DTYPE_BYTES[r.weight_dtype])
+    width = _tower_tensor_bytes(r, vision.tower.hidden_size)
+    mlp = _tower_tensor_bytes(r, vision.tower.intermediate_size)
     return 8 * width + 3 * mlp
 
 
@@ -267,8 +276,7 @@ def tower_backward_saved_bytes(r: ResolvedPlan) -> int:
     backward ran); the tower blocks' checkpointed inputs (d x a·P·N·W), the pixel values and the batch's int64 rows
     remain."""
     assert r.images is not None and r.spec.vision is not None
-    positions = r.images.patches_per_image * r.images.images_per_sample * r.plan.batch_size
-    checkpoint = round_block(positions * r.spec.vision.tower.hidden_size * DTYPE_BYTES[r.weight_dtype])
+    checkpoint = _tower_tensor_bytes(r, r.spec.vision.tower.hidden_size)
     return (r.spec.vision.tower.num_layers * checkpoint + pixel_values_bytes(r)
             + BATCH_INT64_ROWS * round_block(INT64_BYTES * r.tokens))
 

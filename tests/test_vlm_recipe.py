@@ -33,31 +33,53 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% for p in m['conte
                  "<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}</s>{% endfor %}")
 
 
-def _make_tiny_llava(folder: Path) -> Path:
-    """A random tiny LLaVA and its processor (CLIP image processor, a word-level tokenizer, the chat template)."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoConfig, LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+# the words of the rows these tests write (_row) and of the shapes, one token each; any other word is <unk>
+WORDS = ["what", "shape", "is", "in", "this", "picture", "?", "a", "an", "and", "red", "blue", "green", "orange",
+         "circle", "square", "triangle", "diamond", "."]
 
-    folder.mkdir(parents=True, exist_ok=True)
-    words = ["what", "shape", "is", "in", "this", "picture", "?", "a", "an", "and", "red", "blue", "green", "orange",
-             "circle", "square", "triangle", "diamond", "."]
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "<s>": 3, "<image>": 4, "<|user|>": 5, "<|assistant|>": 6}
-    vocab.update({w: i for i, w in enumerate(words, start=len(vocab))})
+
+def _word_tokenizer(specials: list[str], *, named: dict[str, str] | None = None, added: tuple[str, ...] = ()):
+    """A word-level tokenizer: <pad>, </s>, <unk>, <s> (ids 0-3), then ``specials`` (special tokens, from id 4), the
+    ``added`` plain tokens kept whole, and WORDS; ``named`` sets attributes such as ``boi_token``."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "<s>": 3}
+    for token in (*specials, *added, *WORDS):
+        vocab[token] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                   bos_token="<s>", additional_special_tokens=["<image>", "<|user|>", "<|assistant|>"])
-    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
-    processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=14,
-                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                               chat_template=CHAT_TEMPLATE)
+    tok.add_tokens([AddedToken(text, normalized=False) for text in added])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   bos_token="<s>", additional_special_tokens=list(specials),
+                                   # an empty extra_special_tokens would drop the additional special tokens
+                                   **({"extra_special_tokens": named} if named else {}))
+
+
+def _save_tiny(folder: Path, processor, model_class, config: dict) -> Path:
+    """The processor and a random model of ``config`` (seeded), saved as a checkpoint folder."""
+    import torch
+    from transformers import AutoConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
     processor.save_pretrained(folder)
     torch.manual_seed(0)
-    config = AutoConfig.for_model(**{k: v for k, v in TINY_LLAVA.items() if k != "architectures"})
-    LlavaForConditionalGeneration(config).save_pretrained(folder)
+    model_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    model_class(model_config).save_pretrained(folder)
     return folder
+
+
+def _make_tiny_llava(folder: Path) -> Path:
+    """A random tiny LLaVA and its processor (CLIP image processor, a word-level tokenizer, the chat template)."""
+    from transformers import LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    processor = LlavaProcessor(image_processor=image_processor,
+                               tokenizer=_word_tokenizer(["<image>", "<|user|>", "<|assistant|>"]), patch_size=14,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                               chat_template=CHAT_TEMPLATE)
+    return _save_tiny(folder, processor, LlavaForConditionalGeneration, TINY_LLAVA)
 
 
 # test_vlm_fake's tiny Gemma 3 (2-layer Gemma3 decoder, 2-layer SigLIP tower on 56 x 56 images: 4 soft tokens an
@@ -73,33 +95,15 @@ GEMMA3_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% for p in m
 def _make_tiny_gemma3(folder: Path) -> Path:
     """A random tiny Gemma 3 and its processor (Gemma 3 image processor at 56 px, a word-level tokenizer that names its
     boi/eoi/image tokens and keeps "\n\n" whole, the chat template)."""
-    import torch
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import AutoConfig, Gemma3ForConditionalGeneration, Gemma3Processor, PreTrainedTokenizerFast
+    from transformers import Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    folder.mkdir(parents=True, exist_ok=True)
-    words = ["what", "shape", "is", "in", "this", "picture", "?", "a", "an", "and", "red", "blue", "green", "orange",
-             "circle", "square", "triangle", "diamond", "."]
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "<s>": 3, "<start_of_image>": 4, "<|user|>": 5, "<|assistant|>": 6,
-             "<end_of_image>": 7, "<image_soft_token>": 8, "\n\n": 9}
-    vocab.update({w: i for i, w in enumerate(words, start=len(vocab))})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    tok.add_tokens([AddedToken("\n\n", normalized=False)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>",
-        additional_special_tokens=["<start_of_image>", "<end_of_image>", "<image_soft_token>", "<|user|>",
-                                   "<|assistant|>"],
-        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
-                              "image_token": "<image_soft_token>"})
+    markers = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer = _word_tokenizer(["<start_of_image>", "<|user|>", "<|assistant|>", "<end_of_image>",
+                                 "<image_soft_token>"], named=markers, added=("\n\n",))
     processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
-                                tokenizer=fast, image_seq_length=4, chat_template=GEMMA3_CHAT_TEMPLATE)
-    processor.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(**{k: v for k, v in TINY_GEMMA3.items() if k != "architectures"})
-    Gemma3ForConditionalGeneration(config).save_pretrained(folder)
-    return folder
+                                tokenizer=tokenizer, image_seq_length=4, chat_template=GEMMA3_CHAT_TEMPLATE)
+    return _save_tiny(folder, processor, Gemma3ForConditionalGeneration, TINY_GEMMA3)
 
 
 @pytest.fixture(scope="module")

@@ -100,8 +100,9 @@ def _stand_in_tokenizer(folder: Path, markers: dict[str, int], *, named: dict[st
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_tokens([AddedToken(text, normalized=False) for text in added or {}])
+    # (an empty extra_special_tokens would drop the additional special tokens in transformers 5: passed only when set)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                   extra_special_tokens=dict(named or {}))
+                                   **({"extra_special_tokens": named} if named else {}))
     fast.add_special_tokens({"additional_special_tokens": list(markers)})
     fast.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
