@@ -108,8 +108,8 @@ class Estimate(BaseModel):
     phases: dict[str, int] = Field(description="peak allocated bytes at the forward, backward and optimizer peaks "
                                    "(and generation, for GRPO generating with model.generate)")
     breakdown: list[Component]
-    host_memory_bytes: int = Field(0, description="host RAM the offloaded states/parameters need (all GPUs; per node "
-                                                  "when num_nodes > 1)")
+    host_memory_bytes: int = Field(0, description="host RAM the offloaded states, parameters or activations need (all "
+                                                  "GPUs; per node when num_nodes > 1)")
     assumptions: list[str]
     warnings: list[str]
     calibration_version: str
@@ -459,7 +459,7 @@ def _host_ram_shortfall(plan: TrainingPlan, host_memory_bytes: int) -> str | Non
     have = int(plan.host_ram_gb * GIB)
     if host_memory_bytes + HOST_RAM_RESERVED_BYTES <= have:
         return None
-    return (f"the offloaded states need {_gib(host_memory_bytes):.2f} GiB of host RAM, plus "
+    return (f"the offloaded tensors need {_gib(host_memory_bytes):.2f} GiB of host RAM, plus "
             f"{_gib(HOST_RAM_RESERVED_BYTES):.0f} GiB for the system and the training process; the machine has "
             f"{plan.host_ram_gb:g} GiB (host_ram_gb)")
 

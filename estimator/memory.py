@@ -546,6 +546,46 @@ def checkpoint_boundary_bytes(r: ResolvedPlan) -> int:
     return round_block(residual_bytes(r) * r.tokens * r.spec.hidden_size)
 
 
+# TRL 1.16's and torchtune 0.6.1's OffloadActivations(max_fwd_stash_size=5) (trl/models/activation_offloading.py,
+# torchtune/training/_activation_offloading.py): an offloaded tensor's GPU copy stays in the forward stash until five
+# more saved tensors have been packed, so the copy to the host has ended before its memory is reused
+OFFLOAD_FORWARD_STASH_TENSORS = 5
+# In backward a tensor brought back from the host stays in the backward stash until the next autograd node that
+# unpacks one has run: the block being back-propagated has its input back, and the block before it may still have
+OFFLOAD_BROUGHT_BACK_INPUTS = 2
+
+
+def offload_stash_bytes(r: ResolvedPlan) -> int:
+    """Activation offloading with checkpointing: what stays on the GPU of the offloaded tensors at the end of forward.
+
+    Every tensor saved for backward of at least 1 KiB that is not a parameter is copied to pinned host memory; the
+    saved tensors of a checkpointed block are its input hidden states (non-reentrant checkpoint saves them through
+    ``_NoopSaveInputs``, so the offload hooks see them; the block's own saved tensors are the checkpoint's). The GPU
+    copies of the last OFFLOAD_FORWARD_STASH_TENSORS packed tensors are alive: at most that many block inputs,
+    5 x e·T·H (an upper bound: the last packs include the final norm's smaller tensors). The LM head is excluded by
+    a NoOpManager, so the loss's tensors stay as they are (counted by the loss terms)."""
+    if not r.plan.activation_offloading:
+        return 0
+    return OFFLOAD_FORWARD_STASH_TENSORS * checkpoint_boundary_bytes(r)
+
+
+def offload_host_bytes(r: ResolvedPlan) -> int:
+    """Activation offloading: the pinned host memory of the offloaded block inputs, every block's e·T·H (the host RAM
+    check of the verdict reads it)."""
+    if not r.plan.activation_offloading:
+        return 0
+    return r.spec.num_layers * checkpoint_boundary_bytes(r)
+
+
+def offload_brought_back_bytes(r: ResolvedPlan) -> int:
+    """Activation offloading in backward: the block inputs brought back from the host while a block is recomputed and
+    back-propagated, OFFLOAD_BROUGHT_BACK_INPUTS x e·T·H (its own, and the previous block's until the next unpacking
+    node's hook frees it)."""
+    if not r.plan.activation_offloading:
+        return 0
+    return OFFLOAD_BROUGHT_BACK_INPUTS * checkpoint_boundary_bytes(r)
+
+
 # ---------------------------------------------------------------------------
 # Transient memory: alive during part of one phase
 

@@ -75,6 +75,7 @@ class _Activations(NamedTuple):
     dequant: int  # a quantized linear's forward transient (also in checkpoint recomputation)
     dequant_backward: int  # and its input gradient's
     adapter_tmp: int
+    brought_back: int  # activation offloading: block inputs back from the host while a block is back-propagated
     note: str
 
 
@@ -102,7 +103,7 @@ def step_peaks(r: ResolvedPlan, end_grad: int = 0) -> tuple[PhasePeak, PhasePeak
         "weights": st.weights,
         "gradients": st.grads,
         "optimizer_states": st.states,
-        "host_memory": 0 if st.sh is None else st.sh.host,
+        "host_memory": (0 if st.sh is None else st.sh.host) + m.offload_host_bytes(r),
     }
     return forward, backward, optimizer, sizes
 
@@ -141,8 +142,11 @@ def _activations(r: ResolvedPlan) -> _Activations:
     layer_full = {i: m.layer_activation_bytes(r, i) for i, _ in groups}
     boundary = m.checkpoint_boundary_bytes(r)
     kept = {i: m.int8_kept_input_bytes(r, i) for i, _ in groups}  # 8-bit linears' inputs: never checkpointed
-    saved_per_layer = {i: (boundary + kept[i] if ckpt else layer_full[i]) for i, _ in groups}
-    if ckpt:
+    offloaded = r.plan.activation_offloading  # with checkpointing (plan.py): the block inputs go to the host
+    saved_per_layer = {i: (kept[i] if offloaded else boundary + kept[i]) if ckpt else layer_full[i] for i, _ in groups}
+    if offloaded:
+        saved_layers = m.offload_stash_bytes(r) + sum(kept[i] * n for i, n in groups)
+    elif ckpt:
         # block inputs; block 0's input is the embedding output, already in the shared activations
         saved_layers = boundary * (spec.num_layers - 1) + sum(kept[i] * n for i, n in groups)
     else:
@@ -158,13 +162,17 @@ def _activations(r: ResolvedPlan) -> _Activations:
         if ckpt
         else f"{spec.num_layers} blocks x what each saves for backward (norms, attention, MLP, adapters)"
     )
+    if offloaded:
+        note = (f"gradient checkpointing with activation offloading: the {spec.num_layers} block inputs are copied to "
+                f"host memory; the GPU keeps the last {m.OFFLOAD_FORWARD_STASH_TENSORS} until their copy ends, and "
+                f"in backward {m.OFFLOAD_BROUGHT_BACK_INPUTS} brought back at a time")
     return _Activations(
         layer_full=layer_full, boundary=boundary, saved_per_layer=saved_per_layer, saved_layers=saved_layers,
         shared=m.shared_activation_bytes(r), loss_fwd=m.loss_forward_bytes(r) + m.lm_head_cast_bytes(r),
         loss_fwd_tmp=m.loss_forward_transient_bytes(r), loss_bwd=m.loss_backward_bytes(r),
         loss_bwd_start=m.loss_backward_start_bytes(r), held=m.held_logits_bytes(r), forward_cache=forward_cache,
         dequant=m.dequantization_bytes(r), dequant_backward=m.backward_dequantization_bytes(r),
-        adapter_tmp=m.adapter_forward_transient_bytes(r), note=note)
+        adapter_tmp=m.adapter_forward_transient_bytes(r), brought_back=m.offload_brought_back_bytes(r), note=note)
 
 
 def _accumulated_grads(r: ResolvedPlan, st: _Static) -> int:
@@ -298,7 +306,7 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
         transient = max(m.layer_backward_transient_bytes(r, index) + acts.dequant_backward, recompute)
         for below in (spec.num_layers - 1, 0):
             saved_below = _saved_below(r, below, acts.saved_per_layer)
-            current = acts.layer_full[index]
+            current = acts.layer_full[index] + acts.brought_back
             grads_above = _grads_above(r, below, layer_grad) + head_grad + layer_grad.get(index, 0)
             if r.plan.optimizer_in_backward:  # each gradient is stepped and freed as it is made: this block's, and
                 # a tied head's summed gradient, whose AccumulateGrad waits for the embedding's backward

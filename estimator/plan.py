@@ -362,8 +362,15 @@ class TrainingPlan(BaseModel):
                            "set never exists. framework torchtune, method full, no gradient accumulation."
     )
     activation_offloading: bool = Field(
-        False, description="TRL's activation_offloading or torchtune's enable_activation_offloading: saved activations "
-                           "move to the CPU during forward (not modelled yet: refused)."
+        False, description="TRL's activation_offloading (SFT) or torchtune's enable_activation_offloading: the "
+                           "tensors saved for backward are copied to CPU memory in forward and brought back in "
+                           "backward. Modelled with gradient_checkpointing (what torchtune requires): each block's "
+                           "checkpointed input leaves the GPU; one GPU, text models, framework trl or torchtune."
+    )
+    torch_compile: bool = Field(
+        False, description="torch.compile (TrainingArguments' and Axolotl's and LLaMA-Factory's torch_compile, "
+                           "torchtune's compile, accelerate's dynamo backend, DeepSpeed's compile): not modelled, "
+                           "so refused by name; false estimates the eager run."
     )
     packing: bool = Field(
         False,
@@ -721,14 +728,9 @@ class TrainingPlan(BaseModel):
                                   "accumulation (each parameter steps in every backward); set "
                                   "gradient_accumulation_steps 1")
         if self.activation_offloading:
-            whose = "TRL's activation offloading (saved activations moved to the CPU)"
-            if self.framework == "torchtune":
-                whose = ("torchtune's enable_activation_offloading (OffloadActivations: saved tensors copied to pinned "
-                         "CPU memory on a side stream, up to 5 kept on the GPU until their copy ends)")
-            raise PlanError.about("activation_offloading",
-                f"{whose} is not modelled yet; estimate without it (an upper bound for the GPU) and leave it off in "
-                "the plan"
-            )
+            self._check_activation_offloading()
+        if self.torch_compile:
+            raise PlanError.about("torch_compile", TORCH_COMPILE_REFUSAL)
         if self.use_liger_kernel:
             raise PlanError.about("use_liger_kernel",
                 "Liger's fused kernels are not modelled yet; estimate without them (for the loss, "
@@ -744,6 +746,31 @@ class TrainingPlan(BaseModel):
                 "it prepares a 4-bit or 8-bit base; use method 'qlora' or "
                 "load_in_8bit, or leave it null"
             )
+
+    def _check_activation_offloading(self) -> None:
+        """Activation offloading as measured (TRL 1.16's and torchtune 0.6.1's OffloadActivations, cohort v27): with
+        checkpointing, on one GPU, for a text model trained by TRL's SFTTrainer or torchtune's recipes."""
+        whose = ("torchtune's enable_activation_offloading" if self.framework == "torchtune"
+                 else "TRL's activation_offloading")
+        refusals = (
+            ("framework", self.framework not in ("trl", "torchtune"), "activation offloading is modelled as TRL's "
+             "SFTTrainer and torchtune's recipes run it (framework 'trl' or 'torchtune')"),
+            ("trainer", self.trainer != "sft", f"{whose} is modelled for supervised fine-tuning (trainer 'sft'); "
+             "the preference trainers' offloading is not measured yet"),
+            ("gradient_checkpointing", not self.gradient_checkpointing, f"{whose} is modelled with gradient "
+             "checkpointing on (torchtune refuses it without; without checkpointing TRL keeps every storage saved "
+             "twice on the GPU, which is not modelled yet): set gradient_checkpointing true"),
+            ("num_gpus", self.num_gpus > 1 or self.sharding != "none", f"{whose} on several GPUs is not modelled "
+             "yet; estimate one GPU"),
+            ("load_in_8bit", self.load_in_8bit, "bitsandbytes' 8-bit linears keep their inputs outside autograd's "
+             "saved tensors, which offloading does not move; with offloading this is not measured yet"),
+            ("image_size", self.image_size is not None, f"{whose} for a "
+             "vision-language model is not measured yet; estimate without it (an upper bound for the GPU)"),
+        )
+        for field, refused, why in refusals:
+            if refused:
+                raise PlanError.about(field if field != "framework" else "activation_offloading",
+                                      f"{why}; got {field} {getattr(self, field)!r}" if field == "framework" else why)
 
     def _check_litgpt(self) -> None:
         """What LitGPT 0.5.13's single-device fine-tuning (litgpt/finetune/lora.py, full.py) runs, and nothing else."""
@@ -900,6 +927,15 @@ class TrainingPlan(BaseModel):
         _relayout(data, self, set(changes) & {"num_gpus", "num_nodes", "gpus_per_node"})
         data.update(changes)
         return TrainingPlan(**data)
+
+
+# Why torch.compile is refused (the plan's torch_compile; the config readers map every format's key to it)
+TORCH_COMPILE_REFUSAL = (
+    "torch.compile's memory is not modelled: inductor fuses and recomputes, so other tensors are saved than in "
+    "eager mode, and CUDA graphs (mode reduce-overhead, max-autotune) keep a memory pool of their own; a CPU build of "
+    "torch compiles for the CPU, so it is not measured here either. Set torch_compile false (CLI --no-torch-compile) "
+    "to estimate the eager run, and measure the compiled one with a short probe (`canifinetune train recipe.yaml "
+    "--probe 3`)")
 
 
 def _relayout(data: dict, plan: TrainingPlan, changed: set[str]) -> None:

@@ -222,6 +222,9 @@ def resolve(plan: TrainingPlan, spec: ModelSpec) -> ResolvedPlan:
         spec = _litgpt_model(spec)
     if plan.framework == "torchtune":
         _check_torchtune_model(spec)
+    if plan.activation_offloading and spec.vision is not None:
+        raise PlanError("activation_offloading: offloading a vision-language model's activations is not measured "
+                        "yet; estimate without it (an upper bound for the GPU)", field="activation_offloading")
     if plan.trainer != "sft":
         # DPO/ORPO/KTO/GRPO/reward: what estimator/trainer_memory.py does not model is refused before it is needed
         check_supported(plan)

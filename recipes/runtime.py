@@ -314,6 +314,8 @@ def sft_config_kwargs(plan: TrainingPlan, *, output_dir: str, use_cpu: bool, max
         "gradient_checkpointing": ckpt,
         "activation_checkpointing_kwargs": ckpt_kwargs,
         "gradient_checkpointing_kwargs": ckpt_kwargs,
+        # TRL's OffloadActivations around each training step (estimator/memory.py offload_stash_bytes)
+        "activation_offloading": plan.activation_offloading,
         "optim": plan.optim,
         "bf16": plan.dtype == "bf16",
         "fp16": plan.dtype == "fp16",

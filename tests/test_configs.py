@@ -170,11 +170,17 @@ def test_trl_examples():
         load_configs([("t.yaml", "model_name_or_path: m\nuse_peft: true\nmax_length: null\n")])
 
 
-def test_trl_liger_and_offloading_are_warned_not_refused():
+def test_trl_liger_is_warned_and_offloading_is_read():
     cfg = load_configs([("t.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nuse_liger_kernel: true\n"
                                    "activation_offloading: true\nmax_length: 1024\n")])
-    assert "use_liger_kernel" in warnings(cfg) and "activation_offloading" in warnings(cfg)
-    assert not cfg.plan.use_liger_kernel and not cfg.plan.activation_offloading
+    assert "use_liger_kernel" in warnings(cfg) and "activation_offloading" not in warnings(cfg)
+    assert not cfg.plan.use_liger_kernel and cfg.plan.activation_offloading
+
+
+def test_trl_offloading_without_checkpointing_is_refused_naming_the_setting():
+    with pytest.raises(ConfigError, match="gradient_checkpointing"):
+        load_configs([("t.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nmax_length: 1024\n"
+                                 "activation_offloading: true\ngradient_checkpointing: false\n")])
 
 
 def test_training_arguments_json_needs_a_model():

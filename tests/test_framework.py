@@ -82,7 +82,9 @@ def test_kbit_preparation_makes_the_unquantized_base_fp32():
         ({"method": "full", "use_dora": True}, "use_dora"),
         ({"method": "full", "modules_to_save": ["lm_head"]}, "modules_to_save"),
         ({"method": "lora", "prepare_model_for_kbit_training": True}, "prepare_model_for_kbit_training"),
-        ({"activation_offloading": True}, "activation_offloading"),
+        ({"activation_offloading": True, "framework": "axolotl"}, "activation_offloading"),
+        ({"activation_offloading": True, "gradient_checkpointing": False}, "gradient_checkpointing"),
+        ({"torch_compile": True}, "torch_compile"),
         ({"use_liger_kernel": True}, "use_liger_kernel"),
     ],
 )

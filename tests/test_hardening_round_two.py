@@ -435,7 +435,7 @@ CHANGES: dict[str, list] = {  # plan field -> values to move it to (those a read
     "precompute_ref_log_probs": [False], "loss_type": ["hinge"], "beta": [0.5], "num_generations": [16],
     "max_completion_length": [256], "generation_batch_size": [128], "steps_per_generation": [8],
     "use_vllm": [False], "vllm_mode": ["server"], "vllm_gpu_memory_utilization": [0.5],
-    "vllm_max_model_length": [1024],
+    "vllm_max_model_length": [1024], "activation_offloading": [True, False],
 }
 # the trainer is `trl <trainer>`, the command: a note, not a key; GRPOConfig has no prompt length (the GRPO reader
 # never sets seq_len either)
@@ -473,7 +473,10 @@ def test_every_field_a_reader_sets_has_an_edit_back(fmt):
     assert not missing - NO_OTHER_VALUE.get(fmt, set()), (fmt, sorted(missing))
 
 
-NO_OTHER_VALUE = {"peft": {"method"}}  # an adapter_config.json is LoRA: the reader says method lora only
+# an adapter_config.json is LoRA: the reader says method lora only; torch_compile true is refused by the plan, so no
+# plan moves it off false
+NO_OTHER_VALUE = {"peft": {"method"}, **{fmt: {"torch_compile"} for fmt in ("axolotl", "llama_factory", "trl",
+                                                                             "transformers")}}
 # values no key of the format says (the reader never gives them): a note instead (LLaMA-Factory's FSDP is accelerate's;
 # TrainingArguments has no dtype key, so fp32 is the script's)
 CANNOT_SAY = {("llama_factory", "sharding"): {"fsdp_full_shard"}, ("transformers", "dtype"): {"fp32"}}

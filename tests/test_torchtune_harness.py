@@ -28,8 +28,3 @@ def test_torchtunes_own_lora_step_runs_in_its_environment():
     assert 4 * resolved["params_trainable"] <= states < 4 * resolved["params_trainable"] + 2**20
 
 
-def test_activation_offloading_is_refused_by_name():
-    """What the harness does not run is refused by name, never measured as something else."""
-    measured = _measure({"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 128, "batch_size": 1,
-                         "gradient_checkpointing": True, "activation_offloading": True})
-    assert "activation_offloading" in measured.get("error", "")

@@ -117,6 +117,7 @@ def torchtune_case(plan) -> dict:
     case: dict = {"model": plan.model, "method": plan.method, "seq_len": plan.seq_len, "batch_size": plan.batch_size,
                   "gradient_accumulation_steps": plan.gradient_accumulation_steps,
                   "gradient_checkpointing": plan.gradient_checkpointing,
+                  "activation_offloading": plan.activation_offloading,
                   "optimizer": {"_component_": "torch.optim.AdamW", "fused": plan.optim == "adamw_torch_fused",
                                 "lr": plan.effective_learning_rate}}
     if plan.method == "full":

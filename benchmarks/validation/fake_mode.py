@@ -386,6 +386,9 @@ def run_steps(plan, config: dict, *, fake: bool = True, steps: int = 2, loss: st
 
     from canifinetune.recipes import model_setup
 
+    if plan.activation_offloading:  # TRL's offloader is entered by SFTTrainer.training_step: the trainer driver
+        raise ValueError("activation_offloading: the hand-written loop does not run TRL's OffloadActivations; use "
+                         "the trainer driver (sft_trainer_fake.run_trainer_sft_steps)")
     Counter = _make_counter_class()
     counter = Counter()
     fake_mode = FakeTensorMode(allow_fallback_kernels=False) if fake else contextlib.nullcontext()

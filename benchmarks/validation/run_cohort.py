@@ -144,7 +144,7 @@ def run_fake(plan: dict, timeout: float) -> dict:
                 "traceback_tail": (measured.get("traceback") or "")[-3000:]}
     keep = ("peak_allocated_bytes", "peak_phase", "phase_peaks", "peak_categories", "peak_largest_other_bytes",
             "after_build_bytes", "attention_kernels", "resolved", "loss", "versions", "wall_seconds", "trainer",
-            "reference", "driver", "trainer_class", "scalar_reads", "sequence", "images")
+            "reference", "driver", "trainer_class", "scalar_reads", "sequence", "images", "activation_offloading")
     return {"status": "ok", "measured": {k: measured.get(k) for k in keep}}
 
 

@@ -24,6 +24,13 @@ transformers reads the mask, finds no padding and drops it for ``is_causal``; it
 keep a 4-D mask that rules out the flash kernel), while the trainer's own code still sees it; and a read of a fake
 scalar (``.item()``, ``bool(t)``: TRL's logging metrics and token counts) returns 1, which allocates nothing. Those
 reads are counted in the report (``scalar_reads``).
+
+Activation offloading (``plan.activation_offloading``, with gradient checkpointing: TRL 1.16's
+``SFTConfig(activation_offloading=True)``, passed by ``runtime.sft_config_kwargs``): the trainer builds its own
+``OffloadActivations`` (``get_act_offloading_ctx_manager(model)`` in ``SFTTrainer.__init__``) and enters it around
+each ``training_step`` (forward and backward), running TRL's code under ``offload_emulation.emulated_offloading``
+(the emulated CUDA path of its streams, events, pinned host copies and storage pointers: that module's docstring);
+the report's ``activation_offloading`` counts what it offloaded, kept, skipped and brought back.
 """
 
 from __future__ import annotations
@@ -238,14 +245,23 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
                                                     plan.batch_size * steps * accumulated_micro_steps(plan))})
     apply_ctx = fm.classic_module_apply() if fake else contextlib.nullcontext()
     peft_ctx = fm._beside("peft_fake").fake_peft_support(fake)
-    with fm.gpu_routing(route_sdpa) as routed, apply_ctx, peft_ctx as build_ctx, fake_mode, counter:
+    offloading = bool(getattr(plan, "activation_offloading", False))
+    offload_ctx = fm._beside("offload_emulation").emulated_offloading() if offloading else contextlib.nullcontext()
+    with offload_ctx as offload_stats, fm.gpu_routing(route_sdpa) as routed, apply_ctx, peft_ctx as build_ctx, \
+            fake_mode, counter:
         counter.set_phase("build")
         with build_ctx():
             model = model_setup.build_model(plan, config)
         args = SFTConfig(**runtime.sft_config_kwargs(plan, output_dir=str(folder / "out"), use_cpu=True,
                                                      max_steps=steps))
+        if bool(getattr(args, "activation_offloading", False)) != offloading:
+            raise RuntimeError(f"plan.activation_offloading is {offloading} but runtime.sft_config_kwargs gives "
+                               f"SFTConfig(activation_offloading={args.activation_offloading})")
         trainer = runtime._trainer_class(plan)(model=model, args=args, train_dataset=dataset,
                                                processing_class=tokenizer)
+        offload_context = type(getattr(trainer, "maybe_activation_offload_context", None)).__name__
+        if offloading and offload_context != "OffloadActivations":
+            raise RuntimeError(f"activation offloading: the trainer built {offload_context}, not OffloadActivations")
         optimizer = model_setup.build_optimizer(plan, trainer.model)
         trainer.optimizer = optimizer
         resolved = model_setup.resolved_settings(plan, trainer.model, optimizer)
@@ -270,5 +286,8 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
         counter.set_phase("done")
     report = fm.measurement_report(counter, state, timeline, routed, resolved)
     loss = "trl_fused" if plan.effective_loss_implementation == "chunked" else "model"
-    return {**report, "loss": loss, "fake": fake, "driver": "trainer", "trainer_class": type(trainer).__name__,
-            "scalar_reads": counter.scalar_reads}
+    result = {**report, "loss": loss, "fake": fake, "driver": "trainer", "trainer_class": type(trainer).__name__,
+              "scalar_reads": counter.scalar_reads}
+    if offloading:
+        result["activation_offloading"] = {"context": offload_context, **offload_stats.report()}
+    return result

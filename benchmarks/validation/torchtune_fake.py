@@ -48,7 +48,14 @@ choices emulated where torch or torchtune choose by device (each emulation is li
 - torchtune's ``RMSNorm`` calls ``F.rms_norm(x.float(), weight=bf16 scale)``: mismatched dtypes take the composite
   (unfused) path on CUDA as on CPU, so nothing to emulate; nor for ``training.get_dtype("bf16", device)``, which
   checks bf16 support only for non-CPU devices;
-- ``enable_activation_offloading`` and ``compile`` are refused (see below), not faked.
+- ``enable_activation_offloading`` (with checkpointing): torchtune's own ``OffloadActivations`` runs under
+  ``offload_emulation.emulated_offloading`` (its CUDA streams, events, pinned host copies and the host-to-device copy
+  emulated: that module's docstring). The recipe's ``__init__`` refuses offloading unless ``self._device.type ==
+  "cuda"``; that one answer is emulated: the recipe is constructed with the flag off, then the flag is set as
+  ``__init__`` sets it (``recipe._enable_activation_offloading = True``) after its other check, which is kept: with
+  checkpointing off the recipe's own RuntimeError is raised; ``setup`` then builds the offloading context itself
+  (``training.get_act_offloading_ctx_manager``). Counts are in the result's ``activation_offloading``;
+- ``compile`` is refused (see below), not faked.
 
 What torchtune 0.6.1's step does that changes memory against a transformers/TRL step (source read from the wheel):
 
@@ -95,8 +102,9 @@ What torchtune 0.6.1's step does that changes memory against a transformers/TRL 
   brought back with ``.to("cuda")`` in backward; up to 5 recent activations stay on the GPU (``fwd_stash``) until
   their copy finishes; the output head's input is excluded (``NoOpManager`` hooks on ``model.output``). The recipe
   raises unless the device is CUDA and checkpointing is on, so with checkpointing only each layer's saved input is
-  offloaded. Not run here: the recipe refuses ``device: cpu``, and a fake ``cuda`` device needs CUDA streams,
-  events and a CUDA device guard that a CPU build of torch lacks (see the measuring note).
+  offloaded. The context covers the forward only (``_loss_step``: ``with self.activations_handling_ctx: logits =
+  self._model(**batch)``): the chunked loss's saved tensors stay on the GPU. Run here with the emulated CUDA path
+  (above).
 - ``compile``: ``training.compile_model`` compiles each layer with inductor and ``compile_loss`` the chunk CE. Not run
   here: inductor on a CPU build generates CPU code (no Triton), whose buffer reuse is not the GPU's.
 - logged memory: with ``log_peak_memory_stats: True`` (all shipped YAMLs) the loop logs ``training.get_memory_stats``
@@ -341,13 +349,12 @@ def run_torchtune_steps(case: dict, steps: int = 2) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    for field, why in (("activation_offloading", "OffloadActivations needs CUDA streams/events and a CUDA device "
-                        "(the recipe refuses device cpu); a CPU build of torch has neither"),
-                       ("compile", "inductor on a CPU build of torch compiles CPU code, not the GPU's kernels")):
+    for field, why in (("compile", "inductor on a CPU build of torch compiles CPU code, not the GPU's kernels"),):
         if case.get(field):
             raise NotImplementedError(f"{field}: not measured under fake tensors: {why}")
     method = case.get("method", "lora")
     cfg, config_name, builder_path = build_config(case, steps)
+    offloading = bool(cfg.get("enable_activation_offloading", False))
     _BASE_STATE.clear()
     _BASE_STATE.update(base_state_shapes(builder_path))
     Recipe, recipe_path = load_recipe_class(method)
@@ -359,7 +366,22 @@ def run_torchtune_steps(case: dict, steps: int = 2) -> dict:
                   "recipe.save_checkpoint is a no-op (after the measured steps)"]
     counter = _counter_class(fm)()
     _COUNTER = counter
+    if offloading:  # the recipe's __init__ refuses offloading off CUDA: constructed with the flag off, set after
+        cfg.enable_activation_offloading = False
     recipe = Recipe(cfg=cfg)  # outside fake mode: seeds and flags only
+    if offloading:
+        cfg.enable_activation_offloading = True
+        # __init__'s two checks: the device is CUDA (the emulated answer: yes), checkpointing is on (kept as it is)
+        if not recipe._enable_activation_checkpointing:
+            raise RuntimeError("enable_activation_offloading should only be True when enable_activation_checkpointing "
+                               "is True")
+        recipe._enable_activation_offloading = True
+        emulations.append("enable_activation_offloading: the recipe's __init__ check that the device is CUDA answers "
+                          "yes (the recipe is constructed with the flag off, then it is set as __init__ sets it); "
+                          "torchtune's OffloadActivations runs under offload_emulation.emulated_offloading")
+        emulations.extend(fm._beside("offload_emulation").EMULATIONS)
+    offload_ctx = (fm._beside("offload_emulation").emulated_offloading() if offloading
+                   else contextlib.nullcontext())
     state: dict = {"calls": {"save_checkpoint": 0, "item": 0, "optimizer_step": 0, "loss_step": 0}}
     timeline: list = []
 
@@ -433,8 +455,8 @@ def run_torchtune_steps(case: dict, steps: int = 2) -> dict:
                       "frequencies' values; under fake tensors it returns an empty tensor of the same shape and dtype "
                       "(the RoPE cache built from it has its real shape)")
     try:
-        with fm.gpu_routing(True) as routed, fm.classic_module_apply(), FakeTensorMode(allow_fallback_kernels=False), \
-                counter:
+        with offload_ctx as offload_stats, fm.gpu_routing(True) as routed, fm.classic_module_apply(), \
+                FakeTensorMode(allow_fallback_kernels=False), counter:
             counter.set_phase("build")
             recipe.setup(cfg=cfg)
             state["after_build"] = counter.current
@@ -494,6 +516,7 @@ def run_torchtune_steps(case: dict, steps: int = 2) -> dict:
                                                     "compile", "clip_grad_norm", "dtype", "optimizer_in_bwd")},
                 "optimizer": dict(cfg.optimizer),
                 "model_config": dict(cfg.model),
+                "activations_handling_ctx": type(getattr(recipe, "activations_handling_ctx", None)).__name__,
             }
     finally:
         torch.Tensor.item = original_item
@@ -501,8 +524,13 @@ def run_torchtune_steps(case: dict, steps: int = 2) -> dict:
         nf4_linear.FrozenNF4Linear.__init__ = original_frozen_init
         _COUNTER = None
     report = fm.measurement_report(counter, state, timeline, routed, resolved)
-    return {**report, "loss": "torchtune_chunked_ce", "fake": True, "driver": "torchtune", "calls": state["calls"],
-            "logged": RecordingLogger.records, "emulations": emulations}
+    result = {**report, "loss": "torchtune_chunked_ce", "fake": True, "driver": "torchtune", "calls": state["calls"],
+              "logged": RecordingLogger.records, "emulations": emulations}
+    if offloading:
+        if resolved["activations_handling_ctx"] != "OffloadActivations":
+            raise RuntimeError(f"enable_activation_offloading: the recipe built {resolved['activations_handling_ctx']}")
+        result["activation_offloading"] = offload_stats.report()
+    return result
 
 
 def main(argv=None) -> int:

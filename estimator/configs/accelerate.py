@@ -101,8 +101,8 @@ def read(r: Reading) -> None:
             r.use("mixed_precision", None, precision)
     r.mark("deepspeed_config", "fsdp_config", "num_machines", "mixed_precision")
     dynamo = r.get("dynamo_config")
-    if isinstance(dynamo, dict) and str(dynamo.get("dynamo_backend", "NO")).upper() != "NO":
-        r.warn("dynamo_config", "torch.compile (dynamo) is not modelled")
+    if isinstance(dynamo, dict):  # a dynamo backend other than NO is torch.compile: the plan refuses it by name
+        r.use("dynamo_config", "torch_compile", dynamo, str(dynamo.get("dynamo_backend", "NO")).upper() != "NO")
     if r.boolean("use_cpu", False):
         r.warn("use_cpu", "training on the CPU: a GPU estimate does not apply")
     for key, message in NOT_MODELLED.items():
@@ -111,7 +111,8 @@ def read(r: Reading) -> None:
 
 
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
-FIELDS = ("sharding", "offload_params", "offload_optimizer", "num_gpus", "dtype", "num_nodes", "gpus_per_node")
+FIELDS = ("sharding", "offload_params", "offload_optimizer", "num_gpus", "dtype", "num_nodes", "gpus_per_node",
+          "torch_compile")
 
 
 def edits(changes: dict, old: dict, r: Reading) -> list[tuple]:

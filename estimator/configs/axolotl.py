@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import safe_text
 from .reading import Reading, fsdp_offload_edits, read_optim, reasons
-from .transformers_args import deepspeed_path, fsdp_words
+from .transformers_args import deepspeed_path, fsdp_words, read_torch_compile
 
 SCHEMA = "axolotl 0.18.0's keys as canifinetune knows them (docs/configs.md)"
 DEFAULTS = {  # what Axolotl 0.18.0 does when the key is absent
@@ -29,7 +29,7 @@ NOT_MODELLED = {
     "sequence_parallel_degree": "sequence parallelism is not modelled (estimated with whole sequences per GPU)",
     "context_parallel_size": "context parallelism is not modelled (estimated with whole sequences per GPU)",
     "tensor_parallel_size": "tensor parallelism is not modelled", "fp8": "fp8 training is not modelled",
-    "torch_compile": "torch.compile's memory is not modelled",
+    "torch_compile": None,  # read into the plan's torch_compile, which refuses it by name
     "activation_offloading": "activation offloading is not modelled (an upper bound)",
     "eval_batch_size": "evaluation batches are not estimated (training only)",
     "gpu_memory_limit": "a memory cap is not modelled",
@@ -237,8 +237,9 @@ def read(r: Reading) -> None:
         r.use("cut_cross_entropy", "loss_implementation", True, "chunked")
     _distribution(r)
     _plugins(r)
+    read_torch_compile(r, "torch_compile")  # the plan's torch_compile refuses it by name
     for key, message in NOT_MODELLED.items():
-        if r.get(key) not in (None, False, 0, "", []):
+        if message is not None and r.get(key) not in (None, False, 0, "", []):
             r.warn(key, message)
 
 
@@ -270,12 +271,12 @@ SIMPLE = {"model": "base_model", "lora_r": "lora_r", "seq_len": "sequence_len", 
           "gradient_accumulation_steps": "gradient_accumulation_steps", "optim": "optimizer",
           "gradient_checkpointing": "gradient_checkpointing", "use_dora": "peft_use_dora",
           "modules_to_save": "lora_modules_to_save", "packing": "sample_packing", "lora_dropout": "lora_dropout",
-          "lora_alpha": "lora_alpha"}
+          "lora_alpha": "lora_alpha", "torch_compile": "torch_compile"}
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
 FIELDS = ("model", "method", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout", "target_modules",
           "modules_to_save", "use_dora", "seq_len", "batch_size", "gradient_accumulation_steps", "packing", "optim",
           "gradient_checkpointing", "attn_implementation", "dtype", "loss_implementation", "sharding",
-          "offload_params", "offload_optimizer")
+          "offload_params", "offload_optimizer", "torch_compile")
 ATTENTION_KEYS = {"flash_attention_2": "flash_attention", "sdpa": "sdp_attention", "eager": "eager_attention"}
 CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 SHIPPED_DS = {("zero1", False, False): "deepspeed_configs/zero1.json",

@@ -10,7 +10,7 @@ from .reading import Reading, reasons
 SCHEMA = "DeepSpeed's JSON config (deepspeed 0.19 runtime/config.py)"
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 READS = ("zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-         "bf16", "fp16", "activation_checkpointing", "optimizer")
+         "bf16", "fp16", "activation_checkpointing", "optimizer", "compile")
 NOT_MODELLED: dict[str, str | None] = {
     "optimizer": None,  # read: see _optimizer()
     "amp": "apex AMP is not modelled",
@@ -20,7 +20,7 @@ NOT_MODELLED: dict[str, str | None] = {
     "sequence_parallel_size": "sequence parallelism is not modelled",
     "compression_training": "compression training is not modelled",
     "torch_autocast": "DeepSpeed's torch autocast is not modelled",
-    "compile": "DeepSpeed's torch.compile is not modelled",
+    "compile": None,  # read into the plan's torch_compile, which refuses it by name
     "elasticity": "elastic batch sizes are not modelled",
     "activation_checkpointing": "DeepSpeed's own activation checkpointing (partition_activations, cpu_checkpointing) "
                                 "is not modelled; the trainer's gradient_checkpointing is",
@@ -104,10 +104,20 @@ def _optimizer(r: Reading) -> None:
         r.warn("optimizer", f"DeepSpeed's optimizer '{kind}' is not modelled; estimated with the trainer's optim")
 
 
+def _compile(r: Reading) -> None:
+    """DeepSpeed's ``compile`` section ({"enabled": true, ...}, or a bare true): the plan's torch_compile."""
+    value = r.get("compile")
+    if value is None:
+        return
+    enabled = value.get("enabled", False) if isinstance(value, dict) else value
+    r.use("compile", "torch_compile", value, enabled is True or str(enabled).lower() == "true")
+
+
 def read(r: Reading) -> None:
     _stage(r)
     _batch(r)
     _optimizer(r)
+    _compile(r)
     for key, message in NOT_MODELLED.items():
         value = r.get(key)
         if message is not None and value not in (None, False, 0, {}):
@@ -124,7 +134,7 @@ def read(r: Reading) -> None:
 
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
 FIELDS = ("sharding", "offload_params", "offload_optimizer", "batch_size",
-          "gradient_accumulation_steps", "dtype")
+          "gradient_accumulation_steps", "dtype", "torch_compile")
 
 
 def edits(changes: dict, old: dict) -> list[tuple[str, Any, list[str]]]:

@@ -25,7 +25,7 @@ NOT_MODELLED = {
     "neat_packing": "neat packing is modelled as packing", "shift_attn": "shifted-sparse attention is not modelled",
     "use_llama_pro": "LLaMA Pro's expanded blocks are not modelled",
     "train_mm_proj_only": "training the projector only is not modelled",
-    "torch_compile": "torch.compile's memory is not modelled", "use_kt": "KTransformers is not modelled",
+    "torch_compile": None, "use_kt": "KTransformers is not modelled",
     "use_dft_loss": "the DFT loss (probability-weighted tokens) is not modelled; estimated as the plain loss",
     "mixture_of_depths": "mixture-of-depths is not modelled", "resize_vocab": "a resized vocabulary is not modelled",
     "use_muon": "the Muon optimizer is not modelled", "pissa_init": "PiSSA's SVD of the weights at the start is not "
@@ -39,7 +39,8 @@ NOT_MODELLED = {
 READS = ("model_name_or_path", "stage", "finetuning_type", "quantization_bit", "quantization_method",
          "quantization_type", "double_quantization", "lora_rank", "lora_alpha", "lora_dropout", "lora_target",
          "additional_target", "use_dora", "cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps",
-         "disable_gradient_checkpointing", "flash_attn", "optim", "bf16", "fp16", "deepspeed", "packing")
+         "disable_gradient_checkpointing", "flash_attn", "optim", "bf16", "fp16", "deepspeed", "packing",
+         "torch_compile")
 # LLaMA-Factory keys that do not change GPU memory, each with why (src/llamafactory/hparams: model_args.py,
 # data_args.py, finetuning_args.py, generating_args.py, training_args.py), and transformers' TrainingArguments
 IGNORED = {
@@ -167,6 +168,7 @@ def read(r: Reading) -> None:
     read_optim(r, "optim")
     _precision(r)
     transformers_args.deepspeed_path(r)
+    transformers_args.read_torch_compile(r, "torch_compile")  # the plan's torch_compile refuses it by name
     for key, message in NOT_MODELLED.items():
         if message is not None and r.get(key) not in (None, False, 0, "", [], {}):
             r.warn(key, message)
@@ -177,12 +179,12 @@ def read(r: Reading) -> None:
 SIMPLE = {"model": "model_name_or_path", "lora_r": "lora_rank", "seq_len": "cutoff_len",
           "batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
           "optim": "optim", "use_dora": "use_dora", "packing": "packing", "lora_dropout": "lora_dropout",
-          "lora_alpha": "lora_alpha", "bnb_4bit_quant_type": "quantization_type"}
+          "lora_alpha": "lora_alpha", "bnb_4bit_quant_type": "quantization_type", "torch_compile": "torch_compile"}
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
 FIELDS = ("model", "method", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "lora_r",
           "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "use_dora", "seq_len", "batch_size",
           "gradient_accumulation_steps", "gradient_checkpointing", "attn_implementation", "optim", "dtype", "packing",
-          "sharding", "offload_params", "offload_optimizer")
+          "sharding", "offload_params", "offload_optimizer", "torch_compile")
 SHIPPED_DS = {"ddp": "examples/deepspeed/ds_z0_config.json", "zero2": "examples/deepspeed/ds_z2_config.json",
               "zero3": "examples/deepspeed/ds_z3_config.json"}
 

@@ -12,11 +12,11 @@ DEFAULTS = {"batch_size": 8, "gradient_accumulation_steps": 1, "gradient_checkpo
 # The keys read into the plan (tests/test_configs.py walks TrainingArguments' fields: each is read, warned about
 # when set, or ignored with its reason)
 READS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "bf16", "fp16",
-         "optim", "deepspeed", "fsdp", "fsdp_config")
+         "optim", "deepspeed", "fsdp", "fsdp_config", "torch_compile")
 # Keys that change GPU memory but are not modelled: warned about whenever they are on (a message of None: read and
 # only said when set, see read_training_args)
 NOT_MODELLED: dict[str, str | None] = {
-    "torch_compile": "torch.compile's memory is not modelled",
+    "torch_compile": None,  # read into the plan's torch_compile, which refuses it by name
     "use_liger_kernel": "Liger's kernels are not modelled (estimated without them: an upper bound)",
     "activation_offloading": "activation offloading is not modelled (estimated without it: an upper bound)",
     "tp_size": "tensor parallelism is not modelled", "parallelism_config": "the parallelism config is not modelled",
@@ -158,13 +158,21 @@ def read_training_args(r: Reading) -> None:
     read_optim(r, "optim")
     deepspeed_path(r)
     _fsdp(r)
+    read_torch_compile(r, "torch_compile")
     warn_not_modelled(r, NOT_MODELLED)
 
 
+def read_torch_compile(r: Reading, key: str) -> None:
+    """A torch.compile switch (``key`` true or false) into the plan's torch_compile, which refuses it by name."""
+    if r.has(key):
+        r.use(key, "torch_compile", r.boolean(key, False))
+
+
 def warn_not_modelled(r: Reading, table: dict[str, str | None]) -> None:
-    """Warn about each key of ``table`` that is on (a message of None: read elsewhere)."""
+    """Warn about each key of ``table`` that is on (a message of None: read elsewhere), unless a format's own reader
+    has read it already (TRL's SFT reads activation_offloading)."""
     for key, message in table.items():
-        if message is not None and r.get(key) not in OFF:
+        if message is not None and r.get(key) not in OFF and key not in r.seen:
             r.warn(key, message)
 
 
@@ -179,12 +187,12 @@ def read(r: Reading) -> None:
 # ------------------------------------------------------------------ edits back into the file
 
 SIMPLE = {"batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
-          "gradient_checkpointing": "gradient_checkpointing", "optim": "optim"}
+          "gradient_checkpointing": "gradient_checkpointing", "optim": "optim", "torch_compile": "torch_compile"}
 
 
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
 FIELDS = ("batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "optim", "dtype", "sharding",
-          "offload_params", "offload_optimizer")
+          "offload_params", "offload_optimizer", "torch_compile")
 
 
 def edits(changes: dict, new: dict, r: Reading) -> list[tuple]:

@@ -88,9 +88,10 @@ KTO_LOSSES = ("kto", "apo_zero_unpaired")  # kto_config.py: the same log-probabi
 READS = ("model_name_or_path", "use_peft", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout",
          "lora_target_modules", "lora_modules_to_save", "use_dora", "bnb_4bit_quant_type", "use_bnb_nested_quant",
          "max_length", "max_seq_length", "packing", "padding_free", "dtype", "torch_dtype", "attn_implementation",
-         "model_init_kwargs", "disable_dropout", *TRAINER_KEYS, *transformers_args.READS)
+         "model_init_kwargs", "disable_dropout", "activation_offloading", *TRAINER_KEYS, *transformers_args.READS)
 NOT_MODELLED: dict[str, str | None] = {
     **transformers_args.NOT_MODELLED,
+    "activation_offloading": None,  # read (SFT); the preference trainers' offloading is refused by the plan
     "lora_target_parameters": "adapters on parameters (MoE experts) are not modelled",
     "sync_ref_model": "a reference model synced to the policy (TR-DPO) is not modelled",
     "precompute_ref_batch_size": "the batch of the pass that precomputes the reference log-probabilities is not "
@@ -311,6 +312,9 @@ def read(r: Reading) -> None:
         if r.has(key) and trainer in KEY_TRAINERS[key]:
             r.use(key, key, r.boolean(key, False))
     _trainer_settings(r, trainer)
+    if r.has("activation_offloading") and trainer in KEY_TRAINERS["activation_offloading"]:
+        # modelled for SFT with checkpointing; the plan refuses what is not (naming trainer or checkpointing)
+        r.use("activation_offloading", "activation_offloading", r.boolean("activation_offloading", False))
     transformers_args.read_training_args(r)
     for key in ("dtype", "torch_dtype", "model_init_kwargs.dtype", "model_init_kwargs.torch_dtype"):
         name = r.text(key) if isinstance(r.get(key), str) else None
@@ -333,12 +337,14 @@ def read(r: Reading) -> None:
 SIMPLE = {"model": "model_name_or_path", "lora_r": "lora_r", "use_dora": "use_dora", "lora_alpha": "lora_alpha",
           "modules_to_save": "lora_modules_to_save", "lora_dropout": "lora_dropout",
           "bnb_4bit_quant_type": "bnb_4bit_quant_type", "bnb_4bit_use_double_quant": "use_bnb_nested_quant",
+          "activation_offloading": "activation_offloading", "torch_compile": "torch_compile",
           **{k: k for k in TRAINER_KEYS}}
 # The plan fields the reader can set; each has an edit back (tests/test_configs.py checks both)
 FIELDS = ("model", "method", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout", "target_modules",
           "modules_to_save", "use_dora", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "seq_len", "packing",
           "padding_free", "batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "dtype", "optim",
-          "attn_implementation", "sharding", "offload_params", "offload_optimizer", "trainer", *TRAINER_KEYS)
+          "attn_implementation", "sharding", "offload_params", "offload_optimizer", "trainer", "activation_offloading",
+          "torch_compile", *TRAINER_KEYS)
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
