@@ -107,3 +107,15 @@ def test_the_recipe_trains_with_the_plans_offloading():
     assert sft_config_kwargs(plan, output_dir="out", use_cpu=False)["activation_offloading"] is True
     assert sft_config_kwargs(plan.replace(activation_offloading=False), output_dir="out",
                              use_cpu=False)["activation_offloading"] is False
+
+
+def test_trls_offloader_takes_a_softcapping_models_tanh_output_off_the_loss_backward():
+    # gemma-2-2b config.json: vocab 256,000, final_logit_softcapping 30; TRL's context covers the loss (cohort v27 o06)
+    plan = TrainingPlan(model="google/gemma-2-2b", method="lora", seq_len=4096, batch_size=2,
+                        loss_implementation="standard", activation_offloading=True)
+    r = resolve(plan, resolve_model(plan.model).spec)
+    assert m.offloaded_softcap_bytes(r) == round_block(2 * 8192 * 256_000)
+    for other in (plan.replace(loss_implementation="chunked"), plan.replace(activation_offloading=False)):
+        assert m.offloaded_softcap_bytes(resolve(other, r.spec)) == 0
+    assert m.offloaded_softcap_bytes(_resolved(method="lora", loss_implementation="standard",
+                                               activation_offloading=True)) == 0  # Qwen: no softcap

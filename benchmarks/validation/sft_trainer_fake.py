@@ -271,6 +271,9 @@ def run_trainer_sft_steps(plan, config: dict, *, fake: bool = True, steps: int =
         trainable = [p for p in model.parameters() if p.requires_grad]
         step_now = backward_phases_after_build(trainer, counter, state)
         micro_steps = accumulated_micro_steps(plan)
+        # set by Trainer._inner_training_loop before each optimizer step (len(batch_samples)); TRL's compute_loss
+        # divides an MoE router's aux loss by it
+        trainer.current_gradient_accumulation_steps = plan.gradient_accumulation_steps
         row = 0
         for step in range(1, steps + 1):
             step_now["n"] = step
