@@ -760,6 +760,21 @@ NOTES = {
         "changelog, docs) change no estimate or measurement of these plans. The QLoRA cases carry the language "
         "model's QLoRA margin (cohort v24).",
     ],
+    "cohort-v27": [
+        "Cohort v27 (15 plans with activation offloading and gradient checkpointing, issue 24: 10 under TRL 1.16's "
+        "SFTTrainer, 5 under torchtune 0.6.1's recipes, each measured by the library's own OffloadActivations with the "
+        "device, host copies and storage pointers emulated: docs/measuring.md) was frozen in commit 14adbc6 with the "
+        "estimator it checks, before any of its plans was measured, after five exploratory plans on Qwen2.5-0.5B and "
+        "Llama-3.2-1B. Its first run (results/fake-cohort-v27.jsonl) had 13 cases within bounds and two misses: o06 "
+        "(Gemma-2-2B LoRA, standard loss) +13.65%, because TRL's offloader, which covers the loss too, takes the "
+        "softcapped logits' tanh output (a·T·V) off the GPU before the loss's backward "
+        "(memory.offloaded_softcap_bytes, now counted: +0.03%), and o08 (Qwen1.5-MoE-A2.7B) a harness error (the "
+        "harness did not set Trainer's current_gradient_accumulation_steps, which TRL's compute_loss reads for an MoE "
+        "router's aux loss); both were re-run after those two commits "
+        "(results/fake-cohort-v27-rerun-softcap-moe.jsonl). Full fine-tuning peaks at the end of backward, where "
+        "offloading frees nothing (o03, o09, t03, t04). The chunked-loss LoRA/QLoRA cases carry the estimate's "
+        "margin without offloading on those plans (+3% to +6% on the exploratory plans).",
+    ],
 }
 
 
