@@ -237,7 +237,10 @@ def train_dataset(plan: TrainingPlan, rows):
 
 def config_kwargs(plan: TrainingPlan, common: dict) -> dict:
     """The trainer config's arguments: TrainingArguments' (``common``) and the trainer's own, from the plan."""
-    kw = {k: v for k, v in common.items() if k not in ("max_length", "truncation_mode", "packing", "padding_free")}
+    # activation_offloading is SFTConfig's own field (TRL 1.16: GRPOConfig and ORPOConfig refuse the keyword); the plan
+    # refuses offloading for every other trainer (plan.py), so leaving it out changes nothing
+    sft_only = ("max_length", "truncation_mode", "packing", "padding_free", "activation_offloading")
+    kw = {k: v for k, v in common.items() if k not in sft_only}
     t = plan.trainer
     if t in ("dpo", "orpo", "kto", "reward"):
         kw["max_length"] = plan.seq_len
