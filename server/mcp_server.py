@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from canifinetune.estimator.plan import ENUM_FIELDS, LIST_FIELDS, TrainingPlan, 
 from canifinetune.server.config_face import load_call_config, mcp_structured, mcp_text
 from canifinetune.server.mcp_views import (
     MEMORY_FIELDS,
+    MODEL_CONFIG_PARAMETER,
     PLAN_SCHEMA_URI,
     RECIPE_FIELDS,
     RECIPE_URI_PREFIX,
@@ -572,13 +574,49 @@ def recipe_file(key: str, name: str, *, offline: bool = False) -> str:
 TOOL_CALL_ARGUMENT = "tool_call"
 
 
-def _tool_function(name: str, impl, params: list[inspect.Parameter], output: type[BaseModel], doc: str):
-    """A tool function with the given parameters (server/mcp_views.py tool_parameters) and output model (plus the
-    optional config report), and the hidden TOOL_CALL_ARGUMENT that it hands to ``impl`` as ``tool_call``."""
+def runs_in_the_event_loop(arguments: dict[str, Any], offline: bool) -> bool:
+    """Whether a call is answered in the event loop itself rather than on a worker thread: only when it can neither
+    reach the network (the server is offline, the call gives its model's config, or names a catalog model) nor read
+    a dataset, so it is a few milliseconds of pure computation. The worker thread's hop and the GIL passed between
+    it and the event loop cost more than such a call: on bench_http_vs_bare.py's mix at 20 clients, 8.3 -> 5.4 ms of
+    server CPU per call (docs/mcp.md, "Tests and benchmark")."""
+    given = arguments.get("plan")
+    plan: dict[str, Any] = given if isinstance(given, dict) else {}
+    if arguments.get("dataset") or plan.get("dataset"):
+        return False
+    model = arguments.get("model") or plan.get("model")
+    if isinstance(model, str) and _names_a_local_path(model):
+        return False  # a folder's config.json and safetensors headers (up to 2,048 files) are read from disk
+    if offline or arguments.get(MODEL_CONFIG_PARAMETER) is not None or arguments.get("model_config") is not None:
+        return True
+    if not isinstance(model, str):
+        return False
+    from canifinetune.estimator.catalog import find_model
 
-    def fn(**arguments):
+    return find_model(model, forgiving=False) is not None
+
+
+def _names_a_local_path(model: str) -> bool:
+    """Whether ``model`` is a path on this machine (one ``lstat``; a refused name is answered on a thread too)."""
+    try:
+        return os.path.lexists(os.path.expanduser(model))
+    except (OSError, ValueError):
+        return True
+
+
+def _tool_function(name: str, impl, params: list[inspect.Parameter], output: type[BaseModel], doc: str,
+                   offline: bool = False):
+    """A tool function with the given parameters (server/mcp_views.py tool_parameters) and output model (plus the
+    optional config report), and the hidden TOOL_CALL_ARGUMENT that it hands to ``impl`` as ``tool_call``; run in
+    the event loop or on a worker thread as :func:`runs_in_the_event_loop` decides."""
+
+    async def fn(**arguments):
         tool_call = arguments.pop(TOOL_CALL_ARGUMENT, None)
-        return impl(arguments, tool_call=tool_call)
+        if runs_in_the_event_loop(arguments, offline):
+            return impl(arguments, tool_call=tool_call)
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(functools.partial(impl, arguments, tool_call=tool_call))
 
     hidden = inspect.Parameter(TOOL_CALL_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None,
                                annotation=Annotated[InstanceOf[ToolCall] | None, SkipJsonSchema()])
@@ -806,16 +844,16 @@ def build_server(offline: bool | None = None) -> CanIFinetuneServer:
                            description="The budget as a stacked bar against the GPU, and suggestions side by side.")
     apps.tool(resource_uri=BUDGET_APP_URI, title="Estimate fine-tuning GPU memory", annotations=annotations)(
         _tool_function("estimate_memory", functools.partial(estimate_memory_impl, offline=hub_offline),
-                       tool_parameters(MEMORY_FIELDS), EstimateView, ESTIMATE_DOC))
+                       tool_parameters(MEMORY_FIELDS), EstimateView, ESTIMATE_DOC, hub_offline))
     apps.tool(resource_uri=BUDGET_APP_URI, title="Suggest a configuration that fits", annotations=annotations)(
         _tool_function("suggest_cheaper_config", functools.partial(suggest_impl, offline=hub_offline),
-                       tool_parameters(MEMORY_FIELDS, keep=True), SuggestView, SUGGEST_DOC))
+                       tool_parameters(MEMORY_FIELDS, keep=True), SuggestView, SUGGEST_DOC, hub_offline))
     mcp = CanIFinetuneServer(SERVER_NAME, title="canifinetune: will this fine-tune fit my GPU?",
                              instructions=INSTRUCTIONS, version=ver, log_level="WARNING", extensions=[apps])
     mcp.answer_cache = AnswerCache(ANSWER_CACHE_ENTRIES, ANSWER_CACHE_BYTES)
 
     mcp.add_tool(_tool_function("make_recipe", functools.partial(recipe_impl, offline=hub_offline),
-                                tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS), RecipeView, RECIPE_DOC),
+                                tool_parameters(MEMORY_FIELDS + RECIPE_FIELDS), RecipeView, RECIPE_DOC, hub_offline),
                  title="Make a runnable fine-tuning recipe", annotations=annotations)
     for tool in mcp._tool_manager.list_tools():  # what tools/list sends: small (server/mcp_views.py)
         compact_schema(tool.parameters, arguments=True)

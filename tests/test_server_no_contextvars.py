@@ -6,9 +6,11 @@ path and can read the same notes."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver.exceptions import ToolError
@@ -163,7 +165,7 @@ def test_the_tool_function_hands_its_tool_call_to_the_implementation():
     tool_call = ToolCall(sent=frozenset(CATALOG))
     arguments = tool.fn_metadata.validate_arguments({**CATALOG, TOOL_CALL_ARGUMENT: tool_call})
     assert arguments[TOOL_CALL_ARGUMENT] is tool_call
-    result = tool.fn(**arguments)
+    result = anyio.run(functools.partial(tool.fn, **arguments))  # a coroutine function (runs_in_the_event_loop)
     assert not result.is_error and tool_call.models == [("not-local", "Qwen/Qwen2.5-0.5B", None)]
 
 
