@@ -52,7 +52,9 @@ USER_COST_WEIGHTS = {
     # ranks before a second GPU
     "more_gpus_per_doubling": 4.0,
     "larger_gpu": 4.0,  # another GPU to rent or buy: as dear as twice the GPUs
-    "cpu_offload": 1.0,  # a DeepSpeed launch, host RAM for the offloaded states, the CPU in the step
+    # a DeepSpeed launch, host RAM for the offloaded states, the CPU in the step; for activation offloading, pinned
+    # host RAM and PCIe traffic each micro-step (its exposed time is priced by the throughput model)
+    "cpu_offload": 1.0,
     # offload when the plan does not say how much host RAM the machine has: per doubling of the need over 32 GiB (a
     # common workstation), so a 131 GiB offload ranks after an option of similar cost that needs no host RAM
     "host_ram_unknown_per_doubling": 1.0,
@@ -386,13 +388,19 @@ def _same_math_words(t: _Tally, extra: int) -> None:
     if p.optim != o.optim:
         word = _OPTIMIZER_WORDS.get(p.optim)
         say(f"optimizer {o.optim} -> {p.optim}" + (f": {word}" if word else ""))
+    if p.activation_offloading != o.activation_offloading:
+        whose = "torchtune's" if p.framework == "torchtune" else "TRL's"
+        say(f"activation offloading ({whose} OffloadActivations): each checkpointed block's input is copied to "
+            "pinned host RAM in forward and brought back in backward, on a side stream"
+            if p.activation_offloading else "activation offloading off")
     if p.offload_optimizer != o.offload_optimizer or p.offload_params != o.offload_params:
         what = (["optimizer states"] if p.offload_optimizer and not o.offload_optimizer else []) + (
             ["parameters"] if p.offload_params and not o.offload_params else [])
         say(f"CPU offload of {' and '.join(what) or 'nothing'} ({p.sharding})")
     elif p.sharding != o.sharding and not extra:
         say(f"sharding {o.sharding} -> {p.sharding}")
-    t.handled |= {"prepare_model_for_kbit_training", "framework", "gradient_checkpointing", "loss_implementation",
+    t.handled |= {"prepare_model_for_kbit_training", "framework", "gradient_checkpointing", "activation_offloading",
+                  "loss_implementation",
                   "attn_implementation", "optim", "offload_optimizer", "offload_params", "sharding"}
 
 
@@ -518,7 +526,8 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
     if plan.num_gpus > original.num_gpus or _vllm_server_gpus(original, plan):
         return "more_gpus"
     offloads_more = ((plan.offload_optimizer and not original.offload_optimizer)
-                     or (plan.offload_params and not original.offload_params))
+                     or (plan.offload_params and not original.offload_params)
+                     or (plan.activation_offloading and not original.activation_offloading))
     if offloads_more:
         return "cpu_offload"
     if plan.trainer == original.trainer == "grpo" and (

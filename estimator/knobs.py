@@ -110,7 +110,7 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     """Every knob the search may turn for ``plan``, in cost order, with pinned fields left out."""
     p = plan
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
-                        _optim_knob(p), _offload_knob(p))  # tier 0
+                        _optim_knob(p), _activation_offload_knob(p), _offload_knob(p))  # tier 0
     changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _images_per_sample_knob(p),
                         _vision_tower_knob(p), _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm),
                         _peft_extras_knob(p))  # tier 1
@@ -184,6 +184,15 @@ def _optim_knob(p: TrainingPlan) -> Knob | None:
     if p.optim == "paged_adamw_32bit":
         return Knob("optim", 0, [{"optim": "paged_adamw_8bit"}])
     return None
+
+
+def _activation_offload_knob(p: TrainingPlan) -> Knob | None:
+    """Activation offloading with checkpointing: each checkpointed block's input moved to pinned host memory in
+    forward and brought back in backward (TRL 1.16's and torchtune 0.6.1's OffloadActivations). Offered where it is
+    estimated: SFT with TRL or torchtune on one GPU; the plan refuses the rest (plan.py), which the search skips."""
+    if p.activation_offloading or p.framework not in ("trl", "torchtune") or p.trainer != "sft":
+        return None
+    return Knob("activation_offloading", 0, [{"activation_offloading": True, "gradient_checkpointing": True}])
 
 
 def _offload_knob(p: TrainingPlan) -> Knob | None:

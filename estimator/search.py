@@ -481,7 +481,10 @@ class _Search:
 
     def run(self) -> list[dict]:
         found: list[dict] = []
-        tier0 = [k for k in self.knobs if k.tier == 0]
+        # the two offloads exclude each other (the plan refuses activation offloading under ZeRO/FSDP): each has
+        # its own base, so a combination never stalls on the other one being applied first
+        activations = [k for k in self.knobs if k.name == "activation_offloading"]
+        tier0 = [k for k in self.knobs if k.tier == 0 and k.name != "activation_offloading"]
         tier1 = [k for k in self.knobs if k.tier == 1]
         no_off = [k for k in tier0 if k.name != "cpu_offload"]
         # single-knob moves
@@ -496,6 +499,8 @@ class _Search:
         meth = [k for k in tier1 if k.name == "method"]
         free = [k for k in no_off if k.name != "gradient_checkpointing"]
         bases = [tier0]
+        if activations:
+            bases.insert(0, no_off + activations)
         if len(no_off) < len(tier0):
             bases.insert(0, no_off)
         if len(free) < len(no_off):

@@ -28,7 +28,8 @@ or foreach: OPTIMIZER_FOREACH_TRAFFIC_FACTOR) and gradient clipping. More than o
 reduce-scatters and all-reduces over the catalog's NVLink bandwidth (``interconnect_gbs``) or PCIe, at
 NCCL_BUS_EFFICIENCY, hidden behind compute up to the sharding's overlap (COMM_OVERLAP_FSDP for PyTorch DDP/FSDP,
 COMM_OVERLAP_DEEPSPEED for ZeRO); CPU offload streams over PCIe the same way and runs Adam at
-HOST_MEMORY_BANDWIDTH_GBS.
+HOST_MEMORY_BANDWIDTH_GBS. Activation offloading copies every block's input over PCIe both ways on a side stream,
+exposed only where a phase's copies outlast its compute (``_activation_offload``).
 
 Stacks (``plan.framework``): Unsloth's fused Triton kernels and compiled modules move fewer bytes and launch fewer
 kernels (UNSLOTH_ELEMENTWISE_FACTOR, UNSLOTH_LAUNCH_FACTOR); no other plan framework compiles by default.
@@ -47,7 +48,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, Field
 
-from . import catalog, peft_memory
+from . import catalog, memory, peft_memory
 from .constants import DTYPE_BYTES, constant
 from .dataset_lengths import token_lengths
 from .errors import PlanError
@@ -180,6 +181,7 @@ class _Step:
     dispatch: float = 0.0
     zero3_hooks: float = 0.0
     comm_micro: float = 0.0  # exposed communication per micro-step
+    offload_micro: float = 0.0  # exposed activation-offload copies per micro-step
     optimizer: float = 0.0
     comm_step: float = 0.0  # exposed communication per optimizer step
     notes: list[str] = field(default_factory=list)
@@ -195,7 +197,7 @@ class _Step:
 
     @property
     def micro(self) -> float:
-        return self.busy + self.zero3_hooks + self.comm_micro
+        return self.busy + self.zero3_hooks + self.comm_micro + self.offload_micro
 
 
 # ------------------------------------------------------------------------------------------ model facts
@@ -583,6 +585,26 @@ def _communication(plan: TrainingPlan, spec: ModelSpec, trainable: tuple[float, 
     step.comm_step = max(per_step - overlap * compute, (1.0 - overlap) * per_step) if per_step else 0.0
 
 
+# With checkpointing a block's FLOPs run as forward (2 per parameter and token), recomputed forward (2) and backward
+# (4): forward is a quarter of the micro-step's compute, backward with its recomputation three quarters (Kaplan et
+# al. 2020's 2N forward, 4N backward; Korthikanti et al. 2022 for the recomputation)
+FORWARD_SHARE_WITH_CHECKPOINTING = 2 / 8
+
+
+def _activation_offload(plan: TrainingPlan, r: ResolvedPlan | None, step: _Step) -> None:
+    """Activation offloading (TRL 1.16's and torchtune 0.6.1's OffloadActivations, ``use_streams`` on CUDA): every
+    block's input (memory.offload_host_bytes) crosses PCIe to the host in forward and back in backward, on a side
+    stream beside the compute; what a phase's copies take beyond that phase's compute is exposed. Full overlap up to
+    the compute is the best case, not a GPU measurement."""
+    if r is None or not plan.activation_offloading:
+        return
+    one_way = memory.offload_host_bytes(r) / (constant("PCIE_BANDWIDTH_GBS") * 1e9)
+    forward = FORWARD_SHARE_WITH_CHECKPOINTING * step.busy
+    step.offload_micro = max(0.0, one_way - forward) + max(0.0, one_way - (step.busy - forward))
+    step.notes.append("activation offloading: every block's input crosses PCIe twice per micro-step on a side stream; "
+                      "only what outlasts the compute is counted")
+
+
 def _across_nodes(plan: TrainingPlan, sharding: str, stored: float, tbytes: float, g: _Gpu) -> tuple[float, float]:
     """(per micro-step, per optimizer step) seconds of communication on several nodes. A collective over every GPU
     runs at the slower of NVLink and the inter-node link (NCCL's rings cross nodes); FSDP's hybrid shard gathers and
@@ -607,7 +629,7 @@ def _across_nodes(plan: TrainingPlan, sharding: str, stored: float, tbytes: floa
 
 def _bound(step: _Step) -> str:
     parts = {"compute": step.gemm + step.attention, "memory": step.memory + step.dequant,
-             "dispatch": step.dispatch + step.zero3_hooks, "communication": step.comm_micro}
+             "dispatch": step.dispatch + step.zero3_hooks, "communication": step.comm_micro + step.offload_micro}
     return max(parts, key=lambda k: parts[k])
 
 
@@ -631,6 +653,7 @@ def throughput(plan: TrainingPlan, model: ResolvedModel | None = None,
     _micro_step(plan, spec, r, g, ln, f, step)
     _optimizer_seconds(plan, spec, trainable, g, step)
     _communication(plan, spec, trainable, g, step)
+    _activation_offload(plan, r, step)
     gas = plan.gradient_accumulation_steps
     n_gpus = plan.num_gpus
     micro_s = step.micro
@@ -650,7 +673,7 @@ def throughput(plan: TrainingPlan, model: ResolvedModel | None = None,
     breakdown = {"gemm": gas * step.gemm, "attention": gas * step.attention, "memory_bound": gas * step.memory,
                  "dequantisation": gas * step.dequant, "dispatch_not_hidden": gas * max(0.0, step.dispatch - step.gpu),
                  "deepspeed_zero3_hooks": gas * step.zero3_hooks, "communication": gas * step.comm_micro
-                 + step.comm_step, "optimizer": step.optimizer}
+                 + step.comm_step, "activation_offload": gas * step.offload_micro, "optimizer": step.optimizer}
     result = Throughput(
         gpu=g.name,
         gpu_assumed=g.assumed,
