@@ -18,3 +18,17 @@ def load_harness(name: str):
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+# The tiny Llama the harness tests build: two blocks, a 512-token vocabulary (meta-llama's architecture at toy size)
+TINY_LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}

@@ -10,6 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from harness_modules import TINY_LLAMA_CONFIG as TINY
 from harness_modules import load_harness as _load
 from stack_harness import run_case, stack_python
 
@@ -19,17 +20,6 @@ fake_mode = _load("fake_mode")
 sft_trainer_fake = _load("sft_trainer_fake")
 offload_emulation = _load("offload_emulation")
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
 # many layers, a long sequence and a small vocabulary: the checkpointed layers' saved inputs dominate the backward
 DEEP = {**TINY, "num_hidden_layers": 16, "vocab_size": 256, "max_position_embeddings": 2048}
 

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from harness_modules import TINY_LLAMA_CONFIG as TINY
 from harness_modules import load_harness as _load
 
 from canifinetune.estimator.plan import TrainingPlan
@@ -20,17 +21,6 @@ fake_mode = _load("fake_mode")
 pref = _load("pref_trainer_fake")
 trainer_fake = _load("trainer_fake")
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
 GRPO = {"trainer": "grpo", "num_generations": 2, "max_completion_length": 32}
 
 

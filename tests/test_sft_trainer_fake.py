@@ -9,6 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from harness_modules import TINY_LLAMA_CONFIG as TINY
 from harness_modules import load_harness as _load
 
 from canifinetune.estimator.plan import TrainingPlan
@@ -16,17 +17,6 @@ from canifinetune.estimator.plan import TrainingPlan
 fake_mode = _load("fake_mode")
 sft_trainer_fake = _load("sft_trainer_fake")
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
 
 
 def _plan(**kw) -> TrainingPlan:
