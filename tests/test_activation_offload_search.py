@@ -104,3 +104,11 @@ def test_throughput_reports_the_offload_term():
     tp = tp_module.throughput(plan)
     assert "activation_offload" in tp.breakdown and tp.breakdown["activation_offload"] >= 0.0
     assert find_model(LLAMA) is not None
+
+
+def test_a_machine_without_the_host_ram_is_not_offered_offloading():
+    # the block inputs take 8 GiB of pinned host RAM; with 8 GiB on the machine (the estimate keeps an allowance for the
+    # system and the training process) the offload does not fit, so the search offers the shorter context instead
+    small = _offloading_suggestions(_plan(host_ram_gb=8))
+    assert not small
+    assert _offloading_suggestions(_plan(host_ram_gb=64))
