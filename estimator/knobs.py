@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .model_sources import ResolvedModel
 from .moe_adapters import PEFT_EXPERT_TARGETS
-from .plan import MAX_NUM_GPUS, PARAM_OFFLOAD_SHARDINGS, TrainingPlan
+from .plan import ACTIVATION_OFFLOADING_FRAMEWORKS, MAX_NUM_GPUS, PARAM_OFFLOAD_SHARDINGS, TrainingPlan
 from .spec import PEFT_DEFAULT_TARGETS, ModelSpec
 from .trainers import TRAINER_DEFAULTS
 
@@ -190,7 +190,7 @@ def _activation_offload_knob(p: TrainingPlan) -> Knob | None:
     """Activation offloading with checkpointing: each checkpointed block's input moved to pinned host memory in
     forward and brought back in backward (TRL 1.16's and torchtune 0.6.1's OffloadActivations). Offered where it is
     estimated: SFT with TRL or torchtune on one GPU; the plan refuses the rest (plan.py), which the search skips."""
-    if p.activation_offloading or p.framework not in ("trl", "torchtune") or p.trainer != "sft":
+    if p.activation_offloading or p.framework not in ACTIVATION_OFFLOADING_FRAMEWORKS or p.trainer != "sft":
         return None
     return Knob("activation_offloading", 0, [{"activation_offloading": True, "gradient_checkpointing": True}])
 

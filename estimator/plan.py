@@ -85,6 +85,8 @@ NUMBER_FIELDS: tuple[str, ...] = (
 HYBRID_SHARDINGS: tuple[str, ...] = ("zero3_hpz", "fsdp_hybrid_shard")
 # The shardings that can keep parameters on the CPU (offload_params)
 PARAM_OFFLOAD_SHARDINGS: tuple[str, ...] = ("zero3", "zero3_hpz", "fsdp_full_shard", "fsdp_hybrid_shard")
+# The frameworks whose activation offloading is estimated (TRL 1.16's SFT, torchtune 0.6.1; cohort v27)
+ACTIVATION_OFFLOADING_FRAMEWORKS: tuple[str, ...] = ("trl", "torchtune")
 # Every sharding a plan of several GPUs can name, in words (the messages that ask for one)
 SHARDING_WORDS = ", ".join(s for s in SHARDINGS if s != "none")
 
@@ -753,8 +755,8 @@ class TrainingPlan(BaseModel):
         whose = ("torchtune's enable_activation_offloading" if self.framework == "torchtune"
                  else "TRL's activation_offloading")
         refusals = (
-            ("framework", self.framework not in ("trl", "torchtune"), "activation offloading is modelled as TRL's "
-             "SFTTrainer and torchtune's recipes run it (framework 'trl' or 'torchtune')"),
+            ("framework", self.framework not in ACTIVATION_OFFLOADING_FRAMEWORKS, "activation offloading is "
+             "modelled as TRL's SFTTrainer and torchtune's recipes run it (framework 'trl' or 'torchtune')"),
             ("trainer", self.trainer != "sft", f"{whose} is modelled for supervised fine-tuning (trainer 'sft'); "
              "the preference trainers' offloading is not measured yet"),
             ("gradient_checkpointing", not self.gradient_checkpointing, f"{whose} is modelled with gradient "

@@ -31,6 +31,16 @@ class Stack(NamedTuple):
     measured: bool  # the validation harness runs this stack as the framework runs it
     source: str  # where the defaults come from
     full_weight_dtype: str | None = None  # full fine-tuning: dtype the trainable weights are cast to (None: the plan's)
+    # A stack whose step a TRL recipe cannot carry (its own model code and loss): what of it, in words, and the commands
+    # that train it, (LoRA and QLoRA, full); None for the stacks canifinetune's TRL recipe trains
+    own_step: str | None = None
+    own_commands: tuple[str, str] | None = None
+
+    def own_command(self, method: str) -> str | None:
+        """The command that trains ``method`` with this stack's own tool, or None when a TRL recipe carries it."""
+        if self.own_commands is None:
+            return None
+        return self.own_commands[1] if method == "full" else self.own_commands[0]
 
 
 STACKS: dict[str, Stack] = {
@@ -134,6 +144,8 @@ STACKS: dict[str, Stack] = {
             "where the checkpoint ties it), chunked_cross_entropy over 128-token lm_head chunks, torch AdamW, no "
             "activation checkpointing; quantization and several GPUs are refused until modelled"
         ),
+        own_step="its model code, its fp32 logit chunks, bf16-true",
+        own_commands=("litgpt finetune lora", "litgpt finetune full"),
     ),
     "torchtune": Stack(
         name="torchtune",
@@ -152,6 +164,8 @@ STACKS: dict[str, Stack] = {
             "8 bf16 logit chunks; QLoRA's base in torchao NF4 (estimator/torchtune_memory.py). Measured with "
             "torchtune's own recipes under fake tensors (benchmarks/validation/torchtune_fake.py)"
         ),
+        own_step="its model code, its chunked cross-entropy, torchao's NF4 base",
+        own_commands=("tune run lora_finetune_single_device", "tune run full_finetune_single_device"),
     ),
 }
 

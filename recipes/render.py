@@ -472,19 +472,13 @@ def trl_equivalent(plan: TrainingPlan) -> tuple[TrainingPlan, str | None]:
     estimates, what the user's framework would. Everything else in the plan is the same field by field."""
     if plan.framework == "trl":
         return plan, None
-    if plan.framework == "litgpt":
-        # LitGPT's loss (fp32 logit chunks its loop holds through the step) and its model code have no TRL fields
+    own = plan.stack.own_command(plan.method)
+    if own is not None:
+        # LitGPT's and torchtune's model code and loss have no TRL fields (estimator/stacks.py own_step)
         raise RecipeError(
-            "framework: canifinetune writes TRL recipes, and LitGPT's own step (its model code, its fp32 logit chunks, "
-            "bf16-true) cannot be carried into one; run `litgpt finetune lora` (or `full`) with the estimated "
-            "settings, or make the plan with framework 'trl' for a TRL recipe (estimate it again: its memory differs)")
-    if plan.framework == "torchtune":
-        # torchtune's model code, chunked loss and NF4 base have no TRL fields either
-        raise RecipeError(
-            "framework: canifinetune writes TRL recipes, and torchtune's own step (its model code, its chunked "
-            "cross-entropy, torchao's NF4 base) cannot be carried into one; run `tune run lora_finetune_single_device` "
-            "(or full_finetune_single_device) with the estimated settings, or make the plan with framework 'trl' for "
-            "a TRL recipe (estimate it again: its memory differs)")
+            f"framework: canifinetune writes TRL recipes, and {plan.stack.title}'s own step ({plan.stack.own_step}) "
+            f"cannot be carried into one; run `{own}` with the estimated settings, or make the plan with framework "
+            "'trl' for a TRL recipe (estimate it again: its memory differs)")
     changes: dict = {"framework": "trl", "loss_implementation": plan.effective_loss_implementation}
     if plan.quantized_4bit or plan.load_in_8bit:
         changes["prepare_model_for_kbit_training"] = plan.effective_kbit_preparation

@@ -578,7 +578,7 @@ def runs_in_the_event_loop(arguments: dict[str, Any], offline: bool) -> bool:
     """Whether a call is answered in the event loop itself rather than on a worker thread: only when it can neither
     reach the network (the server is offline, the call gives its model's config, or names a catalog model) nor read
     a dataset, so it is a few milliseconds of pure computation. The worker thread's hop and the GIL passed between
-    it and the event loop cost more than such a call: on bench_http_vs_bare.py's mix at 20 clients, 8.3 -> 5.4 ms of
+    it and the event loop cost more than such a call: on bench_http_vs_bare.py's mix at 20 clients, 8.3 -> 5.0 ms of
     server CPU per call (docs/mcp.md, "Tests and benchmark")."""
     given = arguments.get("plan")
     plan: dict[str, Any] = given if isinstance(given, dict) else {}

@@ -104,26 +104,12 @@ VLM_TRAINING_MOVE = ("make a recipe (make_recipe, `canifinetune recipe`) with th
 def recipe_move(plan, words: str) -> str:
     """``words`` (a next step through make_recipe and the probe), or for a vision-language plan, whose recipe the probe
     does not measure, the recipe and a few steps; for a LitGPT or torchtune plan, whose step make_recipe refuses to
-    carry into TRL (recipes/render.py), that framework's own command."""
-    if plan.framework in OWN_COMMAND_FRAMEWORKS:
-        return own_framework_move(plan)
+    carry into TRL, that framework's own command (estimator/stacks.py ``Stack.own_command``)."""
+    own = plan.stack.own_command(plan.method)
+    if own is not None:
+        return (f"run `{own}` with these settings (make_recipe writes TRL recipes, which cannot carry "
+                f"{plan.stack.title}'s own step)")
     return VLM_TRAINING_MOVE if plan.image_size is not None else words
-
-
-# The frameworks whose step a TRL recipe cannot carry (recipes/render.py refuses them): the user runs their own command
-OWN_COMMAND_FRAMEWORKS = ("litgpt", "torchtune")
-
-
-def own_framework_move(plan) -> str:
-    """Training a LitGPT (0.5.13 finetune scripts) or torchtune (0.6.1 single-device recipes) plan with its own tool,
-    the estimated settings carried by hand."""
-    if plan.framework == "litgpt":
-        command = f"litgpt finetune {'full' if plan.method == 'full' else 'lora'}"
-    else:
-        recipe = "full_finetune_single_device" if plan.method == "full" else "lora_finetune_single_device"
-        command = f"tune run {recipe}"
-    return (f"run `{command}` with these settings (make_recipe writes TRL recipes, which cannot carry "
-            f"{plan.stack.title}'s own step)")
 
 
 def default_next_move(est: Estimate) -> str:
