@@ -13,6 +13,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from harness_modules import TINY_LLAMA_CONFIG
+
 from canifinetune.estimator.plan import TrainingPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,17 +25,7 @@ fake_mode = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("fake_mode", fake_mode)
 _spec.loader.exec_module(fake_mode)
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
+TINY = {**TINY_LLAMA_CONFIG, "vocab_size": 256}
 
 QWEN2_05B = {
     "model_type": "qwen2",
