@@ -548,7 +548,7 @@ def assumptions(r) -> list[str]:
 
         out.extend(trainer_memory.assumptions(plan))
     if r.images is not None:
-        out.append("vision tower frozen: LoRA adapters on the language model's linears only; with gradient "
-                   "checkpointing the tower's blocks keep their inputs until the end of backward (transformers' "
-                   "enable_input_require_grads hooks the tower's patch embedding)")
+        from .vision_memory import tower_assumption
+
+        out.append(tower_assumption(r))
     return out

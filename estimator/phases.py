@@ -151,11 +151,19 @@ def _activations(r: ResolvedPlan) -> _Activations:
         saved_layers = boundary * (spec.num_layers - 1) + sum(kept[i] * n for i, n in groups)
     else:
         saved_layers = sum(saved_per_layer[i] * n for i, n in groups)
+    # Mllama's cross-attention layers keep more than the Llama layers counted in their place: each of them without
+    # checkpointing, and the one recomputed (the largest block) with it
+    cross = vision_memory.cross_attention_layer_extra_bytes(r)
+    if cross:
+        layer_full = {i: full + cross for i, full in layer_full.items()}
+        if not ckpt:
+            saved_layers += cross * len(r.spec.vision.cross_attention_layers) if r.spec.vision else 0
     # autocast caches its casts of weights that require grad until the forward returns (torch autocast's
     # cached_cast, cleared when accelerate's autocast context exits): with checkpointing, every block's casts are alive
     # at the end of forward, though none is saved for backward (memory.weight_cast_bytes)
     casts = {i: m.weight_cast_bytes(r, i) for i, _ in groups} if (ckpt and r.full and r.fp32_weight_casts) else {}
     forward_cache = sum(casts[i] * n for i, n in groups) - max(casts.values()) if casts else 0
+    forward_cache += vision_memory.image_outputs_bytes(r)  # held with the model's output until the loss is computed
     note = (
         f"gradient checkpointing: each of {spec.num_layers} blocks keeps its input (a·T·H)"
         + (" and its 8-bit linears' inputs (bitsandbytes keeps them past checkpointing)" if any(kept.values()) else "")
@@ -303,7 +311,8 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
         # with checkpointing the block is first recomputed, so its adapters' and quantized linears' forward
         # temporaries recur
         recompute = acts.adapter_tmp + acts.dequant if r.plan.gradient_checkpointing else 0
-        transient = max(m.layer_backward_transient_bytes(r, index) + acts.dequant_backward, recompute)
+        transient = max(m.layer_backward_transient_bytes(r, index) + acts.dequant_backward, recompute,
+                        vision_memory.cross_attention_backward_bytes(r) + acts.dequant_backward)
         for below in (spec.num_layers - 1, 0):
             saved_below = _saved_below(r, below, acts.saved_per_layer)
             current = acts.layer_full[index] + acts.brought_back

@@ -255,8 +255,8 @@ class ModelSpec:
 
     @cached_property
     def total_params(self) -> int:
-        """Every parameter: the language model's, and a VLM's vision tower and projector."""
-        vision = self.vision.vision_params if self.vision is not None else 0
+        """Every parameter: the language model's, and a VLM's vision tower and projector (and Mllama's extras)."""
+        vision = self.vision.params_beside_language_model if self.vision is not None else 0
         return self.embedding_params + self.lm_head_params + self.block_params + self.hidden_size + vision
 
     @cached_property
@@ -390,7 +390,10 @@ ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tow
 # the text family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v
 # with bias; Qwen3VLTextModel's are Qwen3's, q/k norms per head; LlavaConfig's text_config is a LlamaConfig unless it
 # names another model_type)
-ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama", "gemma3": "gemma3_text"}
+ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama", "gemma3": "gemma3_text",
+                          # MllamaTextModel: Llama decoder layers, num_hidden_layers of them counting the
+                          # cross-attention layers, which have the same linears (estimator/vision_memory.py)
+                          "mllama": "llama"}
 # What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
 # models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
 # max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)

@@ -38,6 +38,8 @@ class ImageFacts(NamedTuple):
     patches_per_image: int  # the vision tower's sequence for one image (before its 2x2 merge)
     pixel_values_per_image: int  # elements of the processor's pixel_values for one image
     processor: str  # what the processor did to the image, in words (its family and knobs)
+    # Mllama: the vision states per image its cross-attention layers read (tiles x positions); 0 elsewhere
+    cross_attention_tokens_per_image: int = 0
 
     @property
     def lm_tokens_per_sample(self) -> int:
@@ -47,19 +49,28 @@ class ImageFacts(NamedTuple):
     def patches_per_sample(self) -> int:
         return self.patches_per_image * self.images_per_sample
 
+    @property
+    def cross_attention_tokens_per_sample(self) -> int:
+        return self.cross_attention_tokens_per_image * self.images_per_sample
+
     def words(self) -> str:
         """'1 image of 1280x720 per sample -> 1,198 tokens each (1,196 image tokens + 2 markers; ...)', for the
         assumptions."""
         images = f"{self.images_per_sample} image{'s' if self.images_per_sample != 1 else ''}"
         markers = self.lm_tokens_per_image - self.image_tokens_per_image
         marker_words = f" + {markers} markers" if markers else ""
+        if self.cross_attention_tokens_per_image:
+            return (f"{images} of {self.width}x{self.height} per sample -> {self.lm_tokens_per_image:,} token each "
+                    f"in the text and {self.cross_attention_tokens_per_image:,} vision states its cross-attention "
+                    f"layers read ({self.patches_per_image:,} vision positions), {self.processor}")
         return (f"{images} of {self.width}x{self.height} per sample -> {self.lm_tokens_per_image:,} tokens each "
                 f"({self.image_tokens_per_image:,} image tokens{marker_words}; {self.patches_per_image:,} "
                 f"vision positions), {self.processor}")
 
 
 def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
-    """A text model takes no images; a VLM needs them, and only what cohorts v21 to v26 measured is estimated."""
+    """A text model takes no images; a VLM needs them, and only what cohorts v21 to v26 and v28 measured is
+    estimated."""
     if spec.vision is None:
         if plan.image_size is not None:
             raise PlanError.about("image_size", f"{plan.model} is a text model: it reads no images; drop image_size")
@@ -78,6 +89,9 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
          "'lora' is not estimated for Gemma 3 yet: its SigLIP tower runs 4,096 positions per image, and the backward "
          "of an adapted tower block then outgrows the language model's (measured 3.7% above the estimate on "
          "gemma-3-4b-it with 3 images); frozen is estimated"),
+        (plan.vision_tower == "lora" and spec.vision.model_type == "mllama", "vision_tower",
+         "'lora' is not estimated for Llama 3.2 Vision yet (an adapted tower of 40 layers that are not checkpointing "
+         "layers, on 4 tiles of 1,608 positions an image, is not measured); frozen is"),
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),
@@ -99,12 +113,14 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         if refused:
             raise PlanError.about(field, words)
     if not has_pixel_bounds(spec):
+        side = f"{spec.vision.tower.image_size}x{spec.vision.tower.image_size}"
+        does = (f"tiles every image into up to {spec.vision.tower.max_num_tiles} tiles of {side} and always runs "
+                f"{spec.vision.tower.max_num_tiles}" if spec.vision.model_type == "mllama" else
+                f"resizes every image to the tower's {side}")
         for name in ("min_pixels", "max_pixels"):
             if getattr(plan, name) is not None:
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
-                                            f"({spec.vision.model_type}) has none: it resizes every image to the "
-                                            f"tower's {spec.vision.tower.image_size}x{spec.vision.tower.image_size}; "
-                                            "drop it")
+                                            f"({spec.vision.model_type}) has none: it {does}; drop it")
 
 
 def has_pixel_bounds(spec: ModelSpec) -> bool:
@@ -122,6 +138,8 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
     assert size is not None
     if spec.vision.model_type == "gemma3":
         return _gemma3_images(plan, spec, size)
+    if spec.vision.model_type == "mllama":
+        return _mllama_images(plan, spec, size)
     if not has_pixel_bounds(spec):
         return _llava_images(plan, spec, size)
     from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
@@ -182,6 +200,28 @@ def _gemma3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -
     side = f"{tower.image_size}x{tower.image_size}"
     return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
                       one.pixel_values_numel, f"Gemma 3 processor: resized to {side}, no pan-and-scan")
+
+
+def _mllama_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:
+    """Llama 3.2 Vision: MllamaImageProcessor tiles every image into up to max_num_tiles tiles of the tower's size
+    (560 px) and always pads to max_num_tiles, so every image runs the same tower sequence (4 x 1,608 positions)
+    and gives the language model's cross-attention layers the same 4 x 1,601 vision states; the text holds one
+    <|image|> token per image (vision_tokens.mllama_image_tokens)."""
+    from .vision_tokens import mllama_image_tokens
+
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    assert tower.image_size is not None
+    try:
+        one = mllama_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
+                                  max_image_tiles=tower.max_num_tiles, num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    rows, cols = one.grid
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
+                      one.pixel_values_numel,
+                      f"Mllama processor: {rows}x{cols} tiles of {tower.image_size} px, padded to "
+                      f"{tower.max_num_tiles}", one.cross_attention_tokens)
 
 
 def pixel_bounds(plan: TrainingPlan, spec: ModelSpec) -> tuple[int, int]:

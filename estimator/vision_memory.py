@@ -23,10 +23,16 @@ What the measurements show, for a vision tower that does not train (the default 
 - the collator's pixel values (fp32) live through the step; the language model's input embeddings are copied once
   when the image features are scattered into them.
 
-Only what was measured is estimated: Qwen2.5-VL, Qwen3-VL, LLaVA-1.5 and Gemma 3, a frozen vision tower, LoRA,
-QLoRA (every linear but the LM head in 4 bits, the tower's too) or full fine-tuning of the language model (LLaVA's and
-Gemma 3's projectors trained with it) on one GPU with TRL's SFT trainer. Everything else about images is refused by
-name (estimator/vision_images.py ``check_images``).
+Llama 3.2 Vision (Mllama) reads its images differently: one <|image|> token each in the text, and 4 tiles x 1,601
+vision states that cross-attention layers inside the language model read (:func:`cross_attention_layer_extra_bytes`);
+its tower's layers are not checkpointing layers, so with checkpointing the hooked frozen tower keeps every activation
+(:func:`_mllama_tower_saved_bytes`). Exploratory runs on Llama-3.2-90B-Vision (and the same config cut to 10 text
+layers), then cohort v28.
+
+Only what was measured is estimated: Qwen2.5-VL, Qwen3-VL, LLaVA-1.5, Gemma 3 and Llama 3.2 Vision, a frozen vision
+tower, LoRA, QLoRA (every linear but the LM head in 4 bits, the tower's too) or full fine-tuning of the language model
+(LLaVA's, Gemma 3's and Mllama's projectors trained with it) on one GPU with TRL's SFT trainer. Everything else about
+images is refused by name (estimator/vision_images.py ``check_images``).
 """
 
 from __future__ import annotations
@@ -124,6 +130,8 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
         return _llava_tower_saved_bytes(r)
     if vision.model_type == "gemma3":
         return _gemma3_tower_saved_bytes(r)
+    if vision.model_type == "mllama":
+        return _mllama_tower_saved_bytes(r) + cross_attention_kept_bytes(r)
     if vision.model_type == "qwen3_vl":
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
         # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
@@ -236,6 +244,161 @@ def _gemma3_tower_saved_bytes(r: ResolvedPlan) -> int:
     if projector_trains(r):
         kept += soft_fp32 + round_block(soft * element)
     return kept
+
+
+# xformers' memory-efficient kernel (CUDA) keeps its logsumexp in fp32, one per head and query position
+LOGSUMEXP_BYTES = 4
+
+
+def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
+    """Llama 3.2 Vision (transformers 5.24 models/mllama/modeling_mllama.py), for the micro-batch's images, each a
+    sequence of N = tiles x padded positions (4 x 1,608) of width W (1,280), MLP width I, h heads:
+
+    * with checkpointing, ``enable_input_require_grads`` hooks MllamaVisionModel's ``get_input_embeddings``, its
+      patch embedding, so the frozen tower's output requires grad; its layers (MllamaVisionEncoderLayer) are plain
+      modules, not checkpointing layers, so each of the local and global layers keeps everything its backward reads:
+      its two LayerNorms' inputs, the memory-efficient attention's q, k, v and output (6·a·N·W), its fp32 logsumexp
+      (4·h·N) and the GELU's input (a·N·I); the frozen linears keep nothing. Once per image: the aspect-ratio
+      attention bias (a·N², every layer's attention reads the same one) and ``layernorm_pre``/``layernorm_post``'s
+      inputs (2·a·N·W);
+    * without it the frozen tower builds no graph;
+    * a projector that trains (full fine-tuning) keeps its input for its weight's gradient: the S vision states of
+      the final and intermediate layers, a·S·vision_output_dim.
+
+    Measured on Llama-3.2-90B-Vision's tower alone under fake tensors (exploratory): 6,737 MB kept per image, this
+    formula 6,722 MB (the gated position and tile embeddings' few small tensors are left out)."""
+    assert r.images is not None and r.spec.vision is not None
+    vision = r.spec.vision
+    states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+    element = DTYPE_BYTES[r.weight_dtype]
+    projector = round_block(element * states * vision.projector.in_features) if projector_trains(r) else 0
+    if not r.plan.gradient_checkpointing:
+        return projector
+    tower = vision.tower
+    images = r.images.images_per_sample * r.plan.batch_size
+    positions = r.images.patches_per_image
+    width = _tower_tensor_bytes(r, tower.hidden_size)
+    per_layer = (6 * width + _tower_tensor_bytes(r, tower.intermediate_size)
+                 + round_block(LOGSUMEXP_BYTES * tower.num_heads * positions * images))
+    bias = round_block(element * positions * positions * images)
+    return tower.num_layers * per_layer + bias + 2 * width + projector
+
+
+def image_outputs_bytes(r: ResolvedPlan) -> int:
+    """Mllama: MllamaModel.forward returns the tower's output with the model's (``image_outputs``), and TRL 1.16's
+    compute_loss holds the model's output until the loss and its metrics are computed: a·S·vision_output_dim alive
+    through the forward, freed before backward. 0 where a trained projector keeps it anyway (it is then counted in
+    :func:`_mllama_tower_saved_bytes`) and for other families (not measured). Measured on the 90B config cut to 10
+    layers (exploratory, LoRA without checkpointing): the forward peak 96 MB above the estimate without it."""
+    if r.images is None or r.spec.vision is None or r.spec.vision.model_type != "mllama" or projector_trains(r):
+        return 0
+    states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+    return round_block(DTYPE_BYTES[r.weight_dtype] * states * r.spec.vision.projector.in_features)
+
+
+def tower_assumption(r: ResolvedPlan) -> str:
+    """What the estimate takes the frozen vision tower to keep, in words, for the assumptions."""
+    vision = r.spec.vision
+    if vision is not None and vision.model_type == "mllama":
+        if not r.plan.gradient_checkpointing:
+            return "vision tower frozen: without gradient checkpointing it builds no graph and keeps nothing"
+        kept = _mllama_tower_saved_bytes(r) / 2**30
+        images = r.images.images_per_sample * r.plan.batch_size if r.images is not None else 0
+        return (f"vision tower frozen, yet with gradient checkpointing transformers' enable_input_require_grads hooks "
+                f"its patch embedding and its {vision.tower.num_layers} layers are not checkpointing layers "
+                f"(MllamaVisionEncoderLayer): it keeps every activation until its backward, {kept:.2f} GiB for the "
+                f"micro-batch's {images} image{'s' if images != 1 else ''} (without checkpointing: none)")
+    return ("vision tower frozen: LoRA adapters on the language model's linears only; with gradient checkpointing the "
+            "tower's blocks keep their inputs until the end of backward (transformers' enable_input_require_grads "
+            "hooks the tower's patch embedding)")
+
+
+def cross_attention_states_bytes(r: ResolvedPlan) -> int:
+    """Mllama: the projected vision states every cross-attention layer reads, B x S x H in the weight dtype, S the
+    sample's images x tiles x positions (4 x 1,601 an image); 0 for other families."""
+    if r.images is None or not r.images.cross_attention_tokens_per_image:
+        return 0
+    states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+    return round_block(states * r.spec.hidden_size * DTYPE_BYTES[r.weight_dtype])
+
+
+def cross_attention_mask_bytes(r: ResolvedPlan) -> int:
+    """Mllama: the cross-attention bias ``_prepare_cross_attention_mask`` builds, B x 1 x T x S in the weight dtype,
+    kept by the checkpointed layers' recomputation through backward; 0 for other families."""
+    if r.images is None or not r.images.cross_attention_tokens_per_image:
+        return 0
+    states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+    return round_block(states * r.tokens // r.plan.batch_size * DTYPE_BYTES[r.weight_dtype])
+
+
+def cross_attention_layer_extra_bytes(r: ResolvedPlan) -> int:
+    """Mllama: what one cross-attention decoder layer (MllamaCrossAttentionDecoderLayer) keeps for backward beyond
+    the Llama decoder layer the language model's count already holds in its place (memory.layer_activation_bytes:
+    the norms, q and o projections, attention output and MLP on the T text tokens are the same), for the
+    micro-batch's T tokens and S vision states, width H, k/v width kv, a bytes an element; 0 for other families:
+
+    * keys and values from the S vision states, expanded to every query head for the memory-efficient kernel
+      (transformers' SDPA path repeats them itself when a mask is given): 2·a·S·H, where the Llama layer counted
+      flash attention's 2·a·T·kv;
+    * q_norm and k_norm (MllamaTextRMSNorm, computed in fp32) keep their fp32 inputs: 4·T·H + 4·S·kv;
+    * the kernel's bias: the cross-attention mask copied to a multiple of 8 positions (torch's preprocess_mask),
+      a·T·S;
+    * adapters on k_proj and v_proj read the vision states, not the text: each keeps its dropped-out input and mask
+      with dropout, (a+1)·S·H, or without it, in adapters of another dtype than the compute dtype, its input cast
+      back by autocast, a·S·H, where the Llama layer counted the same of T tokens (:func:`_lora_input_bytes`);
+    * in full fine-tuning its two tanh gates and its q_norm and k_norm weights train, so the gates keep the hidden
+      states they scale (2·a·T·H) and the norms their normalized outputs (a·T·H + a·S·kv)."""
+    if r.images is None or not r.images.cross_attention_tokens_per_image or r.spec.vision is None:
+        return 0
+    if not r.spec.vision.cross_attention_layers:
+        return 0
+    spec, a, t = r.spec, r.act_bytes, r.tokens
+    states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+    per_text_row = -(-states // r.plan.batch_size // 8) * 8 * r.plan.batch_size
+    keys_values = 2 * round_block(a * states * spec.q_dim) - 2 * round_block(a * t * spec.kv_dim)
+    norms = round_block(4 * t * spec.q_dim) + round_block(4 * states * spec.kv_dim)
+    bias = round_block(a * (t // r.plan.batch_size) * per_text_row)
+    reading_states = [lin for lin in spec.layer_linears(0) if lin.name in ("k_proj", "v_proj") and r.adapted(lin)]
+    adapters = len(reading_states) * (_lora_input_bytes(r, states, spec.hidden_size)
+                                      - _lora_input_bytes(r, t, spec.hidden_size))
+    trained = 3 * round_block(a * t * spec.hidden_size) + round_block(a * states * spec.kv_dim) if r.full else 0
+    return keys_values + norms + bias + adapters + trained
+
+
+def _lora_input_bytes(r: ResolvedPlan, tokens: int, width: int) -> int:
+    """What one adapter's lora_A keeps of an input of ``tokens`` x ``width`` that the block keeps anyway
+    (memory._consumer_parts): the dropped-out copy and its bool mask with dropout; without it, the input cast to
+    the adapters' dtype and back by autocast when they are not in the compute dtype; else nothing of its own."""
+    if r.plan.lora_dropout > 0:
+        return round_block(tokens * width) + round_block(r.act_bytes * tokens * width)
+    if r.adapter_dtype != r.compute_dtype:
+        return round_block(r.act_bytes * tokens * width)
+    return 0
+
+
+def cross_attention_backward_bytes(r: ResolvedPlan) -> int:
+    """Mllama: a cross-attention layer's attention backward in flight (memory.layer_backward_transient_bytes' attention
+    figure with its keys and values over the S vision states): dq (a·T·H), dk and dv expanded to every head
+    (2·a·S·H) before repeat_kv's backward sums them, the fp32 dq accumulator (4·T·H) and two gradients of the block
+    input (2·e·T·H); 0 for other families."""
+    if r.images is None or r.spec.vision is None or not r.spec.vision.cross_attention_layers:
+        return 0
+    from .memory import residual_bytes
+
+    spec, a, t = r.spec, r.act_bytes, r.tokens
+    states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+    return (round_block(a * t * spec.q_dim) + 2 * round_block(a * states * spec.q_dim) + round_block(4 * t * spec.q_dim)
+            + 2 * round_block(residual_bytes(r) * t * spec.hidden_size))
+
+
+def cross_attention_kept_bytes(r: ResolvedPlan) -> int:
+    """Mllama: what the language model's cross-attention keeps beside its layers: the vision states (which the
+    checkpointed layers' recomputation reads through backward) and the cross-attention bias; with checkpointing the
+    states require grad (the tower's patch-embedding hook, :func:`_mllama_tower_saved_bytes`) and their gradient, as
+    large, accumulates from the top cross-attention layer's backward until the projector's, after the language
+    model's embedding: counted through the step (in forward it is not there yet: a·S·H over)."""
+    states = cross_attention_states_bytes(r)
+    return states * (2 if r.plan.gradient_checkpointing else 1) + cross_attention_mask_bytes(r)
 
 
 TOWER_BACKWARD_NOTE = ("the vision tower's backward, after the whole language model's: one tower block recomputed "

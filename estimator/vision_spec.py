@@ -152,6 +152,7 @@ class VisionTowerSpec:
     global_layers: int = 0  # Mllama: gated global encoder layers after the local ones
     intermediate_layers: tuple[int, ...] = ()  # Mllama: local layers whose outputs join the final one
     deepstack_layers: tuple[int, ...] = ()  # Qwen3-VL: blocks whose outputs feed the deepstack mergers
+    max_num_tiles: int = 1  # Mllama: the tiles every image is padded to (vision_config.max_num_tiles)
     groups: tuple[ModuleGroup, ...] = ()
 
     @property
@@ -204,6 +205,10 @@ class VisionSpec:
     # model (model.language_model.layers.<i>), so a count of the language model includes them.
     cross_attention_layers: tuple[int, ...] = ()
     language_model_groups: tuple[ModuleGroup, ...] = ()
+    # Mllama: what the language model holds beyond a Llama of the same num_hidden_layers, which is how the estimate
+    # reads it (estimator/spec.py): each cross-attention layer's q_norm, k_norm and two tanh gates, and embed_tokens'
+    # extra rows (MllamaTextModel: vocab_size + 8, the <|image|> token among them)
+    language_model_extra_params: int = 0
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -222,6 +227,13 @@ class VisionSpec:
     @property
     def vision_params(self) -> int:
         return self.tower_params + self.projector_params + self.language_model_vision_params
+
+    @property
+    def params_beside_language_model(self) -> int:
+        """What a count of the language model read as its text family misses: the tower, the projector, and
+        Mllama's extras (:attr:`language_model_extra_params`; its cross-attention layers' linears and layer norms
+        are layers of that count)."""
+        return self.tower_params + self.projector_params + self.language_model_extra_params
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every parameter listed here, by its name in the ``<Family>Model``."""
@@ -685,6 +697,10 @@ def _idefics3(fields: _Fields) -> VisionSpec:
 # Mllama (Llama 3.2 Vision): tiled ViT with local and gated global layers, cross-attention into the language model
 
 
+# MllamaTextModel: nn.Embedding(config.vocab_size + 8, hidden_size), the image token (id vocab_size) among the 8
+MLLAMA_EXTRA_EMBEDDING_ROWS = 8
+
+
 def _mllama(fields: _Fields) -> VisionSpec:
     """MllamaForConditionalGeneration (models/mllama/modeling_mllama.py): MllamaVisionModel, the linear
     multi_modal_projector (vision_output_dim -> text width, with bias), and MllamaCrossAttentionDecoderLayer at each
@@ -702,8 +718,12 @@ def _mllama(fields: _Fields) -> VisionSpec:
              "only the image; transformers counts them in the language model",
              "the language model's embed_tokens has vocab_size + 8 rows (the image token among them); they are "
              "counted with the language model, not here")
+    # a cross-attention layer's linears and its two layer norms are a Llama decoder layer's; these are not
+    beyond_llama_layer = sum(norm.params for norm in cross.norms if norm.name.startswith("cross_attn.")) + sum(
+        tensor.params for tensor in cross.tensors)
+    extra = cross.count * beyond_llama_layer + MLLAMA_EXTRA_EMBEDDING_ROWS * text_width
     return VisionSpec(fields.model_type, tower, projector, cross_attention_layers=cross.indices or (),
-                      language_model_groups=(cross,), notes=notes)
+                      language_model_groups=(cross,), language_model_extra_params=extra, notes=notes)
 
 
 def _mllama_tower(vision: _Fields) -> VisionTowerSpec:
@@ -743,7 +763,7 @@ def _mllama_tower(vision: _Fields) -> VisionTowerSpec:
         **shape, mlp_kind="gelu_mlp", hidden_act=vision.word("hidden_act", "gelu"), norm_kind="layernorm",
         temporal_patch_size=1, in_channels=channels, num_position_embeddings=positions, has_cls_token=True,
         attention="full bidirectional attention within each tile (local layers), then across all tiles (gated "
-                  "global layers)", global_layers=global_layers, intermediate_layers=intermediate,
+                  "global layers)", global_layers=global_layers, intermediate_layers=intermediate, max_num_tiles=tiles,
         groups=(stem, *tile_groups, *blocks))
 
 

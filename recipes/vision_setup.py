@@ -14,7 +14,8 @@ import re
 from typing import Any
 
 # where each estimated family's vision tower sits in its <Family>Model (transformers 5.24)
-TOWER_PATHS = {"qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower", "gemma3": "vision_tower"}
+TOWER_PATHS = {"qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower", "gemma3": "vision_tower",
+               "mllama": "vision_model"}
 
 
 def lora_target_regex(plan, config: dict) -> str:
@@ -29,7 +30,8 @@ def lora_target_regex(plan, config: dict) -> str:
         names = spec.linear_names()
     else:
         names = plan.target_modules or PEFT_DEFAULT_TARGETS[spec.model_type]
-    language = rf"model\.language_model\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(map(re.escape, names))})"
+    # (Mllama's cross-attention layers name their attention cross_attn; PEFT's all-linear reaches their linears too)
+    language = rf"model\.language_model\.layers\.\d+\.(self_attn|cross_attn|mlp)\.({'|'.join(map(re.escape, names))})"
     if plan.vision_tower != "lora":
         return language
     assert spec.vision is not None

@@ -124,9 +124,6 @@ def _vlm_entries(estimated: bool) -> list[dict]:
 # else the wrapper with its text model: the refusal reads model_type and the encoder keys, not sizes)
 _NOT_YET_ESTIMATED = [
     *(e["config"] for e in _vlm_entries(estimated=False)),
-    {"model_type": "mllama", "architectures": ["MllamaForConditionalGeneration"],
-     "text_config": {**FAMILY_CONFIGS["llama"], "model_type": "mllama_text_model"},
-     "vision_config": {"model_type": "mllama_vision_model"}},
     {"model_type": "idefics3", "architectures": ["Idefics3ForConditionalGeneration"],
      "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "idefics3_vision"}},
     {**FAMILY_CONFIGS["qwen2"], "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
@@ -164,6 +161,15 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
                 spec.vocab_size) == (2560, 34, 8, 4, 256, 262208)
         assert (spec.sliding_window, spec.sliding_window_layers) == (1024, 29)
         assert spec.total_params == 4_300_079_472 and spec.vision.tower_params == 416_866_032
+    elif entry["config"]["model_type"] == "mllama":
+        # Llama 3.2 90B Vision: a Llama decoder of all 100 text layers (the 20 cross-attention layers have a Llama
+        # layer's linears), the vision_config's tower and projector, and the cross-attention layers' norms and gates
+        # and embed_tokens' 8 extra rows; transformers 5.24 builds exactly this many parameters from the config
+        assert spec.model_type == "llama" and not spec.attention_bias
+        assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.vocab_size) == (
+            8192, 100, 64, 8, 128256)
+        assert spec.vision.cross_attention_layers == tuple(range(3, 100, 5))
+        assert spec.total_params == 88_593_355_323
     elif entry["config"]["model_type"] == "llava":
         assert spec.model_type == "llama" and not spec.attention_bias
         assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)
@@ -177,7 +183,7 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
 
 
 @pytest.mark.parametrize("config", [
-    {"model_type": "mllama", "text_config": dict(FAMILY_CONFIGS["llama"])},  # the tower's config left default
+    {"model_type": "idefics3", "text_config": dict(FAMILY_CONFIGS["llama"])},  # the tower's config left default
     {**FAMILY_CONFIGS["llama"], "mm_vision_tower": "openai/clip-vit-large-patch14-336"},  # an original LLaVA repo
     {**FAMILY_CONFIGS["llama"], "model_type": "qwen2_audio_like", "audio_config": {"d_model": 1280}},
 ])
@@ -186,11 +192,12 @@ def test_any_encoder_beside_the_language_model_is_refused(config):
         ModelSpec.from_config(config)
 
 
-def test_an_estimated_wrapper_without_its_tower_config_names_the_key():
-    """Gemma 3 is estimated: a config.json without its vision_config is an error naming it, never a text-only
-    estimate."""
+@pytest.mark.parametrize("model_type, text", [("gemma3", "gemma3_text"), ("mllama", "llama")])
+def test_an_estimated_wrapper_without_its_tower_config_names_the_key(model_type, text):
+    """Gemma 3 and Llama 3.2 Vision are estimated: a config.json without its vision_config is an error naming it,
+    never a text-only estimate."""
     with pytest.raises(ModelConfigError, match="'vision_config' is missing"):
-        ModelSpec.from_config({"model_type": "gemma3", "text_config": dict(FAMILY_CONFIGS["gemma3_text"])})
+        ModelSpec.from_config({"model_type": model_type, "text_config": dict(FAMILY_CONFIGS[text])})
 
 
 @pytest.mark.parametrize("change, fragment", [

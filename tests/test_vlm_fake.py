@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
 from harness_modules import load_harness as _load
-from tiny_vlms import TINY_GEMMA3, TINY_LLAVA
+from tiny_vlms import TINY_GEMMA3, TINY_LLAVA, TINY_MLLAMA
 
 from canifinetune.estimator.plan import TrainingPlan
 
@@ -141,3 +141,17 @@ def test_the_gemma3_batch_holds_the_processors_image_tokens():
     <end_of_image> and two "\\n\\n" tokens; pixel values one 3 x 56 x 56 image per image."""
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_GEMMA3, {"size": [90, 60], "per_sample": 2}, fake=True)
     assert fake["sequence"] == {"tokens": 32 + 2 * (4 + 4), "image_tokens": 8, "pixel_rows": 2 * 2}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
+def test_mllama_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    """Llama 3.2 Vision: the tower runs every tile (padding tiles too) and the cross-attention layer reads the vision
+    states through its mask; the fake count equals the real one."""
+    _fake_equals_real(TINY_MLLAMA, {"size": [90, 60], "per_sample": 2}, method=method, gradient_checkpointing=ckpt)
+
+
+def test_the_mllama_batch_holds_the_processors_image_tokens():
+    """One <|image|> token per image and the bos token the processor writes after them; the pixel values hold one
+    row per sample (samples x images x 4 tiles x 3 x 56 x 56)."""
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_MLLAMA, {"size": [90, 60], "per_sample": 2}, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 + 1, "image_tokens": 2, "pixel_rows": 2}

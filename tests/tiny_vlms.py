@@ -34,3 +34,21 @@ TINY_GEMMA3 = {
                       "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
                       "vision_use_head": False},
 }
+
+# A Llama 3.2 Vision (Mllama) of the published layout at toy sizes: a 3-layer decoder whose layer 1 is a
+# cross-attention layer, a tower of 3 local and 1 gated global layers on 56 px tiles (4 x 4 patches of 14 px and the
+# CLS position, padded to 24), up to 4 tiles an image, layers 0 and 2 joining the final output (3 x 32 = 96 wide)
+TINY_MLLAMA = {
+    "model_type": "mllama",
+    "architectures": ["MllamaForConditionalGeneration"],
+    "image_token_index": 512,
+    "text_config": {"model_type": "mllama_text_model", "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 3, "cross_attention_layers": [1], "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096,
+                    "rope_theta": 500000.0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+    "vision_config": {"model_type": "mllama_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 3, "num_global_layers": 1, "attention_heads": 2, "image_size": 56,
+                      "patch_size": 14, "max_num_tiles": 4, "intermediate_layers_indices": [0, 2],
+                      "vision_output_dim": 96,
+                      "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]},
+}

@@ -8,6 +8,8 @@ report, less kernel-internal scratch (see docs/measuring.md).
 
 Usage (one case per process):
     python benchmarks/validation/fake_mode.py --plan plan.json --config config.json [--out result.json]
+several cases in one process, one after another (the imports paid once; compare.py ``compare_many``):
+    python benchmarks/validation/fake_mode.py --batch command_lines.json
 """
 
 from __future__ import annotations
@@ -156,6 +158,23 @@ def _make_counter_class():
 # what a GPU would run
 
 
+# preprocess_mask (aten/src/ATen/native/transformers/attention.cpp, torch 2.x): the memory-efficient kernel takes a
+# bias whose strides but the last are multiples of 8 elements; any other bias is padded in its last dimension (a copy)
+# and sliced back, and that copy is what the kernel saves for backward
+MEM_EFFICIENT_BIAS_ALIGNMENT = 8
+
+
+def aligned_bias(bias):
+    """The bias the memory-efficient kernel receives, as ``preprocess_mask`` makes it on CUDA."""
+    import torch.nn.functional as F
+
+    align = MEM_EFFICIENT_BIAS_ALIGNMENT
+    if all(stride % align == 0 for stride in bias.stride()[:-1]) and bias.stride()[-1] == 1:
+        return bias
+    last = bias.shape[-1]
+    return F.pad(bias, (0, align - last % align))[..., :last]
+
+
 def routed_sdpa(original):
     """F.scaled_dot_product_attention as an A100/H100 dispatches it: flash (bf16/fp16, no mask, head_dim <= 256
     and a multiple of 8; GQA handled natively), else memory-efficient (no GQA: k/v expanded), else math."""
@@ -190,7 +209,7 @@ def routed_sdpa(original):
             if bias is not None and bias.dtype == torch.bool:
                 bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
             if bias is not None:
-                bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+                bias = aligned_bias(bias).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 query, key, value, bias, need_grad, dropout_p, is_causal, scale=scale
@@ -516,10 +535,20 @@ def measure_fake(plan, config: dict, *, loss: str = "trl_fused", driver: str = "
     return result
 
 
+def forget_cached_constants() -> None:
+    """Drop what a measurement leaves cached in the libraries for the next one in the same process (--batch) to
+    reuse without allocating it: bitsandbytes' quantization maps (``functional.name2qmap``: the 1 KiB dynamic map of
+    nested 4-bit statistics, allocated under the first 4-bit plan's counter and never freed). Each plan of a batch
+    then allocates them as a plan measured in a fresh process does."""
+    bnb_functional = sys.modules.get("bitsandbytes.functional")
+    if bnb_functional is not None:
+        bnb_functional.name2qmap.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plan", required=True, help="TrainingPlan as JSON (file)")
-    parser.add_argument("--config", required=True, help="the model's config.json")
+    parser.add_argument("--plan", help="TrainingPlan as JSON (file); required unless --batch")
+    parser.add_argument("--config", help="the model's config.json; required unless --batch")
     parser.add_argument("--out", help="write the result JSON here (also printed)")
     parser.add_argument("--loss", choices=("trl_fused", "model"), default="trl_fused",
                         help="with --driver loop: trl_fused: TRL 1.16 SFTTrainer's chunked LM-head loss (default); "
@@ -527,7 +556,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver", choices=("trainer", "loop"), default="trainer",
                         help="trainer: the recipe's own trainer runs the step (its compute_loss and training_step: "
                              "its object lifetimes; the loss is the plan's); loop: the step written out here")
+    parser.add_argument("--batch", help="a JSON list of command lines of this script (each a list of its arguments), "
+                                        "each run by this function in turn in this process (forget_cached_constants "
+                                        "before each), so the libraries are imported once; exit status: the worst")
     args = parser.parse_args(argv)
+    if args.batch:
+        with open(args.batch) as f:
+            command_lines = json.load(f)
+        codes = []
+        for command_line in command_lines:
+            forget_cached_constants()
+            codes.append(main(command_line))
+        return max(codes, default=0)
+    if args.plan is None or args.config is None:
+        parser.error("--plan and --config are required (or --batch)")
     return run_and_report(lambda plan, config: measure_fake(plan, config, loss=args.loss, driver=args.driver),
                           args.plan, args.config, args.out)
 

@@ -69,6 +69,11 @@ GEMMA3_NEWLINES = ("\n\n", 7)
 GEMMA3_TEMPLATE = ("{% for message in messages %}{% for part in message['content'] %}"
                    "{% if part['type'] == 'image' %}<start_of_image>"
                    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}")
+# Llama 3.2 Vision (Mllama): the config's image_token_index and MllamaProcessor's tokens; the processor writes the
+# tokenizer's bos token after the leading image tokens of every sample (build_string_from_input)
+MLLAMA_MARKERS = {"image_token_index": ("<|image|>", 4)}
+MLLAMA_BOS = ("<|begin_of_text|>", 5)
+MLLAMA_TEMPLATE = LLAVA_TEMPLATE.replace("<image>", "<|image|>")
 # Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
 VISION_TOWER_MODES = ("frozen", "lora", "full")
 
@@ -89,7 +94,7 @@ def vlm_config(model_id: str) -> dict:
 
 
 def _stand_in_tokenizer(folder: Path, markers: dict[str, int], *, named: dict[str, str] | None = None,
-                        added: dict[str, int] | None = None):
+                        added: dict[str, int] | None = None, bos: str | None = None):
     """A tokenizer TRL and the processor can hold: pad/eos/unk, one word, and the family's marker tokens; ``named``
     sets attributes such as ``boi_token`` (Gemma3Processor reads them), ``added`` are plain tokens kept whole (Gemma's
     "\n\n")."""
@@ -102,6 +107,7 @@ def _stand_in_tokenizer(folder: Path, markers: dict[str, int], *, named: dict[st
     tok.add_tokens([AddedToken(text, normalized=False) for text in added or {}])
     # (an empty extra_special_tokens would drop the additional special tokens in transformers 5: passed only when set)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   **({"bos_token": bos} if bos else {}),
                                    **({"extra_special_tokens": named} if named else {}))
     fast.add_special_tokens({"additional_special_tokens": list(markers)})
     fast.save_pretrained(folder)
@@ -178,6 +184,25 @@ def gemma3_processor(config: dict, folder: Path, knobs: dict):
                            chat_template=GEMMA3_TEMPLATE)
 
 
+def mllama_processor(config: dict, folder: Path, knobs: dict):
+    """Llama 3.2 Vision's processor as meta-llama/Llama-3.2-*-Vision-Instruct's processor files set it up:
+    MllamaImageProcessor (560 px tiles, up to max_num_tiles of them, the canvas chosen by the image's aspect ratio,
+    always padded to max_num_tiles), one <|image|> token per image and the bos token after them; the stand-in
+    tokenizer."""
+    from transformers import MllamaProcessor
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    if knobs:
+        raise ValueError(f"Mllama's processor knobs are not measured here; got {sorted(knobs)}")
+    vision = config.get("vision_config") or {}
+    side = int(vision.get("image_size", 560))
+    markers = dict(MLLAMA_MARKERS.values())
+    tokenizer = _stand_in_tokenizer(folder, {**markers, MLLAMA_BOS[0]: MLLAMA_BOS[1]}, bos=MLLAMA_BOS[0])
+    image_processor = MllamaImageProcessorPil(size={"height": side, "width": side},
+                                              max_image_tiles=int(vision.get("max_num_tiles", 4)))
+    return MllamaProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=MLLAMA_TEMPLATE)
+
+
 @contextlib.contextmanager
 def llava_image_size_from_shape():
     """LlavaProcessor.replace_image_token reads each image's height and width through numpy, which a fake tensor
@@ -238,7 +263,9 @@ def _family(config: dict) -> Family:
         return Family(LLAVA_MARKERS, "image_token_index", llava_processor, llava_image_size_from_shape)
     if model_type == "gemma3":
         return Family(GEMMA3_MARKERS, "image_token_index", gemma3_processor, contextlib.nullcontext)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava and gemma3")
+    if model_type == "mllama":
+        return Family(MLLAMA_MARKERS, "image_token_index", mllama_processor, contextlib.nullcontext)
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava, gemma3 and mllama")
 
 
 def with_stand_in_markers(config: dict) -> dict:
