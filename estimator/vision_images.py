@@ -27,6 +27,10 @@ QWEN3_VL_MAX_PIXELS = 16777216
 QWEN_PIXEL_BOUNDS = {"qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
+# The families whose vision tower is estimated frozen only (check_images refuses vision_tower lora for them, saying why)
+TOWER_LORA_REFUSED = ("gemma3", "mllama")
+
+
 class ImageFacts(NamedTuple):
     """What the processor makes of a sample's images (estimator/vision_tokens.py mirrors it)."""
 
@@ -284,8 +288,11 @@ def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
             "image, 1,024 patches, where the frozen tower keeps nothing)" if not plan.gradient_checkpointing else
             "its adapters and their states, and its blocks' backward (measured on Qwen2.5-VL-3B with checkpointing: "
             "+0.15 GB for one 448x448 image)")
-    return (f"target_modules {named}: PEFT would also put adapters on the vision tower's {', '.join(reached)} (it "
-            "matches names in every sub-model); this estimate is for a frozen tower, adapters on the language model "
-            "only. Restrict your run's target_modules to it (e.g. "
-            "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)'), or set "
-            f"vision_tower lora to estimate the adapted tower (with gradient checkpointing): it needs more, {cost}")
+    restrict = (f"target_modules {named}: PEFT would also put adapters on the vision tower's {', '.join(reached)} (it "
+                "matches names in every sub-model); this estimate is for a frozen tower, adapters on the language "
+                "model only. Restrict your run's target_modules to it (e.g. "
+                "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)')")
+    if spec.vision.model_type in TOWER_LORA_REFUSED:  # no next step that the estimate then refuses
+        return restrict + f"; an adapted tower is not estimated for {spec.vision.model_type} yet"
+    return (restrict + ", or set vision_tower lora to estimate the adapted tower (with gradient checkpointing): it "
+            f"needs more, {cost}")

@@ -66,7 +66,8 @@ def sequence_words(est: Estimate) -> str:
     plan = est.plan
     if est.image_tokens_per_sample is None:
         return f"seq_len {plan.seq_len}"
-    return (f"seq_len {plan.seq_len} + {est.image_tokens_per_sample:,} image tokens "
+    tokens = est.image_tokens_per_sample
+    return (f"seq_len {plan.seq_len} + {tokens:,} image token{'s' if tokens != 1 else ''} "
             f"({plan.images_per_sample} x {plan.image_size}) = {plan.seq_len + est.image_tokens_per_sample:,}")
 
 

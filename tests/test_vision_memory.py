@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from canifinetune.estimator import vision_memory
+from canifinetune.estimator import vision_images, vision_memory
 from canifinetune.estimator.errors import PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.model_sources import resolve_model
@@ -433,3 +433,86 @@ def test_gemma3_refuses_what_was_not_measured_by_name(kw, field, words):
     with pytest.raises(PlanError, match=words) as info:
         estimate(_plan(model=GEMMA3, **kw))
     assert info.value.field == field
+
+
+# ---------------------------------------------------------------------------
+# Llama 3.2 Vision (Mllama): cross-attention layers read the tower's states; one <|image|> token an image
+
+MLLAMA = "meta-llama/Llama-3.2-90B-Vision-Instruct"
+MLLAMA_STATES, MLLAMA_POSITIONS, MLLAMA_HIDDEN = 4 * 1601, 4 * 1608, 8192
+
+
+@pytest.mark.parametrize("size", ["224x224", "1280x720", "560x1680", "4000x3000"])
+def test_mllama_images_are_one_text_token_and_four_tiles_whatever_their_size(size):
+    """MllamaImageProcessor pads every image to max_num_tiles tiles: one <|image|> token in the text, 4 x 1,608
+    tower positions and 4 x 1,601 states for the cross-attention layers, 4 tiles of fp32 pixels."""
+    r = _resolved(model=MLLAMA, image_size=size, images_per_sample=2)
+    assert r.images is not None
+    assert (r.images.lm_tokens_per_image, r.images.patches_per_image, r.images.cross_attention_tokens_per_image) == (
+        1, MLLAMA_POSITIONS, MLLAMA_STATES)
+    assert r.sequence_length == 512 + 2
+    assert vision_memory.pixel_values_bytes(r) == 2 * 4 * 3 * 560 * 560 * 4
+
+
+def test_mllama_frozen_tower_keeps_every_activation_only_with_checkpointing():
+    """With checkpointing the patch-embedding hook puts the frozen tower in the graph and its 40 layers are not
+    checkpointing layers: per layer 6 N x W tensors, the GELU's N x I input and the fp32 logsumexp; once, the N x N
+    aspect-ratio bias and the two outer LayerNorms' inputs. About 6.7 GB an image (measured alone: 6,737 MB)."""
+    n, w, i, heads = MLLAMA_POSITIONS, 1280, 5120, 16
+    expected = 40 * (6 * n * w * 2 + n * i * 2 + 4 * heads * n) + n * n * 2 + 2 * n * w * 2
+    with_ckpt = vision_memory._mllama_tower_saved_bytes(_resolved(model=MLLAMA))
+    assert with_ckpt == pytest.approx(expected, abs=200 * 512)
+    assert with_ckpt == pytest.approx(6_737e6, rel=0.005)
+    assert vision_memory._mllama_tower_saved_bytes(_resolved(model=MLLAMA, gradient_checkpointing=False)) == 0
+    two = vision_memory._mllama_tower_saved_bytes(_resolved(model=MLLAMA, images_per_sample=2))
+    assert two == pytest.approx(2 * with_ckpt, rel=1e-4)
+
+
+def test_mllama_cross_attention_layers_keep_keys_and_values_over_the_states():
+    """Each cross-attention layer keeps k and v expanded to all heads over the S states (2·a·S·H) where a Llama layer
+    keeps flash's 2·a·T·kv; the estimate adds that difference (and the norms, bias and adapter inputs) to each of
+    the 20 such layers without checkpointing, and grows with the images."""
+    one = _resolved(model=MLLAMA, gradient_checkpointing=False)
+    two = _resolved(model=MLLAMA, gradient_checkpointing=False, images_per_sample=2)
+    extra_one = vision_memory.cross_attention_layer_extra_bytes(one)
+    assert extra_one > 2 * 2 * MLLAMA_STATES * MLLAMA_HIDDEN - 2 * 2 * 514 * 1024
+    assert vision_memory.cross_attention_layer_extra_bytes(two) > 1.9 * extra_one
+    assert vision_memory.cross_attention_layer_extra_bytes(_resolved()) == 0  # Qwen2.5-VL: no such layers
+    text_only = estimate(_plan(model=MLLAMA, gradient_checkpointing=False))
+    assert text_only.peak_allocated_bytes > 20 * extra_one
+
+
+def test_mllama_states_gradient_and_bias_are_kept_and_the_tower_output_held_in_forward():
+    r = _resolved(model=MLLAMA)
+    states = MLLAMA_STATES * MLLAMA_HIDDEN * 2
+    bias = 513 * MLLAMA_STATES * 2
+    assert vision_memory.cross_attention_kept_bytes(r) == pytest.approx(2 * states + bias, abs=3 * 512)
+    no_ckpt = _resolved(model=MLLAMA, gradient_checkpointing=False)
+    assert vision_memory.cross_attention_kept_bytes(no_ckpt) == pytest.approx(states + bias, abs=3 * 512)
+    assert vision_memory.image_outputs_bytes(r) == pytest.approx(MLLAMA_STATES * 7680 * 2, abs=512)
+    assert vision_memory.image_outputs_bytes(_resolved(model=MLLAMA, method="full")) == 0  # the projector keeps it
+
+
+@pytest.mark.parametrize(("kw", "field", "words"), [
+    ({"vision_tower": "lora"}, "vision_tower", "not estimated for Llama 3.2 Vision"),
+    ({"vision_tower": "full"}, "vision_tower", "fully trained vision tower"),
+    ({"max_pixels": 1003520}, "max_pixels", "tiles every image"),
+])
+def test_mllama_refuses_what_was_not_measured_by_name(kw, field, words):
+    with pytest.raises(PlanError, match=words) as info:
+        estimate(_plan(model=MLLAMA, **kw))
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("model", [{"gemma3": GEMMA3, "mllama": MLLAMA}[family]
+                                   for family in vision_images.TOWER_LORA_REFUSED])
+def test_the_tower_warning_offers_no_refused_next_step(model):
+    """Where an adapted tower is refused, the warning about target names reaching the tower does not tell the user to
+    set vision_tower lora (a next step that would not run); it does where that is estimated."""
+    warnings = estimate(_plan(model=model, target_modules="all-linear")).warnings
+    tower = next(w for w in warnings if "PEFT would also put adapters" in w)
+    assert "set vision_tower lora" not in tower and "not estimated" in tower
+    with pytest.raises(PlanError):
+        estimate(_plan(model=model, vision_tower="lora"))
+    qwen = next(w for w in estimate(_plan(target_modules="all-linear")).warnings if "PEFT would also" in w)
+    assert "set vision_tower lora" in qwen

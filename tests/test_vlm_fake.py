@@ -155,3 +155,19 @@ def test_the_mllama_batch_holds_the_processors_image_tokens():
     row per sample (samples x images x 4 tiles x 3 x 56 x 56)."""
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_MLLAMA, {"size": [90, 60], "per_sample": 2}, fake=True)
     assert fake["sequence"] == {"tokens": 32 + 2 + 1, "image_tokens": 2, "pixel_rows": 2}
+
+
+def test_a_misaligned_sdpa_bias_is_copied_as_cuda_pads_it():
+    """torch's SDPA composite (attention.cpp preprocess_mask) hands the memory-efficient kernel a bias whose strides
+    but the last are multiples of 8 elements, padding any other in its last dimension (a copy the kernel then saves);
+    Mllama's 6,404 vision states are such a bias, an aligned one is passed through."""
+    import torch
+
+    fm = _load("fake_mode")
+    misaligned = torch.zeros(1, 1, 5, 6404, dtype=torch.bfloat16)
+    padded = fm.aligned_bias(misaligned)
+    assert padded.shape == misaligned.shape and padded.untyped_storage().nbytes() == 5 * 6408 * 2
+    assert padded.stride()[-2] % fm.MEM_EFFICIENT_BIAS_ALIGNMENT == 0
+    aligned = torch.zeros(1, 1, 5, 6432, dtype=torch.bfloat16)
+    assert fm.aligned_bias(aligned) is aligned
+    assert fm.aligned_bias(aligned.expand(2, 4, 5, 6432)).stride()[:2] == (0, 0)  # an expanded bias stays a view

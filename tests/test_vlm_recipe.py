@@ -18,6 +18,7 @@ pytest.importorskip("PIL")
 
 from tiny_vlms import TINY_GEMMA3 as HARNESS_TINY_GEMMA3
 from tiny_vlms import TINY_LLAVA as HARNESS_TINY_LLAVA
+from tiny_vlms import TINY_MLLAMA as HARNESS_TINY_MLLAMA
 
 from canifinetune.estimator.errors import DatasetError, SampleTooLongError
 from canifinetune.estimator.plan import TrainingPlan
@@ -104,6 +105,34 @@ def _make_tiny_gemma3(folder: Path) -> Path:
     processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
                                 tokenizer=tokenizer, image_seq_length=4, chat_template=GEMMA3_CHAT_TEMPLATE)
     return _save_tiny(folder, processor, Gemma3ForConditionalGeneration, TINY_GEMMA3)
+
+
+# test_vlm_fake's tiny Llama 3.2 Vision (3-layer decoder, layer 1 cross-attention; a 3 + 1-layer tower on 56 px
+# tiles, up to 4 an image) with the word-level tokenizer's ids
+TINY_MLLAMA = {**HARNESS_TINY_MLLAMA, "image_token_index": 4}
+TINY_MLLAMA["text_config"] = {**TINY_MLLAMA["text_config"], "vocab_size": 64, "max_position_embeddings": 512,
+                              "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 3}
+MLLAMA_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("<image>", "<|image|>")
+
+
+def _make_tiny_mllama(folder: Path) -> Path:
+    """A random tiny Llama 3.2 Vision and its processor (Mllama image processor with 56 px tiles, a word-level
+    tokenizer with <|image|> and the bos token the processor writes after the images, the chat template)."""
+    from transformers import MllamaForConditionalGeneration, MllamaProcessor
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    tokenizer = _word_tokenizer(["<|image|>", "<|user|>", "<|assistant|>"])
+    image_processor = MllamaImageProcessorPil(size={"height": 56, "width": 56}, max_image_tiles=4)
+    processor = MllamaProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                chat_template=MLLAMA_CHAT_TEMPLATE)
+    return _save_tiny(folder, processor, MllamaForConditionalGeneration, TINY_MLLAMA)
+
+
+@pytest.fixture(scope="module")
+def tiny_mllama(tmp_path_factory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _make_tiny_mllama(tmp_path_factory.mktemp("models") / "tiny-mllama")
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +229,48 @@ def test_a_row_longer_than_the_estimated_sequence_is_refused(tiny_llava, tmp_pat
         warnings.simplefilter("ignore")
         data = _rows(tmp_path / "rows.jsonl", [_row(["example:red circle"])])
         prepare(_plan(tiny_llava, seq_len=4, dataset=str(data)), output_dir=tmp_path / "o", device="cpu")
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_the_mllama_recipe_trains_two_steps_on_its_example_image_rows(tiny_mllama, tmp_path, method):
+    """Llama 3.2 Vision's processor returns the tiles' aspect-ratio ids and mask and the cross-attention mask, which
+    TRL's collator passes to the model: the recipe trains with them, LoRA on the language model's linears (the
+    cross-attention layer's too) or every language-model weight and the projector."""
+    from canifinetune.recipes.train import train
+
+    out = tmp_path / "recipe"
+    targets = ["--target-modules", "all-linear"] if method == "lora" else []
+    code = cli_main(["recipe", "--model", str(tiny_mllama), "--method", method, *targets, "--dtype", "fp32",
+                     "--seq-len", "24", "--batch-size", "2", "--max-steps", "2", "--learning-rate", "1e-3",
+                     "--image-size", "90x60", "--images-per-sample", "1", "--out", str(out), "--offline"])
+    assert code == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = train(out / "recipe.yaml", device="cpu")
+    assert result.steps == 2 and len(result.losses) == 2
+    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+
+
+def test_mllama_adapters_reach_the_cross_attention_layers_not_the_tower(tmp_path):
+    """PEFT's target regex for Llama 3.2 Vision (recipes/vision_setup.py, what the runtime and the harness build):
+    the cross-attention layers' linears are language-model linears and get adapters; the frozen tower's do not; the
+    trainable count is the estimate's."""
+    import re
+
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.recipes.vision_setup import build_vlm, lora_target_regex
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MLLAMA), encoding="utf-8")
+    plan = TrainingPlan(model=str(tmp_path), method="lora", seq_len=24, image_size="90x60",
+                        target_modules="all-linear", dtype="fp32")
+    regex = lora_target_regex(plan, TINY_MLLAMA)
+    assert re.fullmatch(regex, "model.language_model.layers.1.cross_attn.k_proj")
+    assert re.fullmatch(regex, "model.language_model.layers.0.self_attn.q_proj")
+    assert re.fullmatch(regex, "model.language_model.layers.2.mlp.down_proj")
+    assert not re.fullmatch(regex, "model.vision_model.transformer.layers.0.self_attn.q_proj")
+    assert not re.fullmatch(regex, "model.multi_modal_projector")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_vlm(plan, TINY_MLLAMA)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == estimate(plan).params_trainable

@@ -775,6 +775,15 @@ NOTES = {
         "offloading frees nothing (o03, o09, t03, t04). The chunked-loss LoRA/QLoRA cases carry the estimate's "
         "margin without offloading on those plans (+3% to +6% on the exploratory plans).",
     ],
+    "cohort-v28": [
+        "Cohort v28 (16 Llama 3.2 Vision plans on meta-llama/Llama-3.2-90B-Vision-Instruct with a frozen tower, issue "
+        "26) was frozen in commit bd1e32e with the estimator it checks, before any of its plans was measured, after 24 "
+        "exploratory plans (4 on the 90B config, 20 on it cut to 10 text layers: -0.14% to +3.73% at the end) and the "
+        "tower measured alone. It ran from a clean worktree of that commit; the package's estimator code was the "
+        "commit's but for an uncommitted change to vision_images.py's warning text and refusals for a LoRA tower, "
+        "which change no estimate of these plans (tests/data/estimate_snapshot.json records them). The harness pads a "
+        "misaligned SDPA bias as CUDA's preprocess_mask does (fake_mode.aligned_bias), new in that commit.",
+    ],
 }
 
 
