@@ -393,13 +393,20 @@ ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tow
 ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama", "gemma3": "gemma3_text",
                           # MllamaTextModel: Llama decoder layers, num_hidden_layers of them counting the
                           # cross-attention layers, which have the same linears (estimator/vision_memory.py)
-                          "mllama": "llama"}
+                          "mllama": "llama",
+                          # LlavaNextConfig's text_config is a LlamaConfig unless it names another model_type
+                          "llava_next": "llama"}
 # What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
 # models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
 # max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)
 TEXT_CONFIG_DEFAULTS = {"llava": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                                   "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 2048,
                                   "vocab_size": 32000, "tie_word_embeddings": False},
+                        # llava-hf/llava-v1.6-vicuna-7b-hf's text_config is as sparse as llava-1.5's
+                        "llava_next": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                                       "num_attention_heads": 32, "hidden_act": "silu",
+                                       "max_position_embeddings": 2048, "vocab_size": 32000,
+                                       "tie_word_embeddings": False},
                         # Gemma3TextConfig's defaults (models/gemma3/configuration_gemma3.py, 5.24): the text_config
                         # of google/gemma-3-4b-it names only its width, MLP, depth, rope scaling and window; the 8
                         # heads of 256, 4 k/v heads and the 262,208-token vocabulary come from here
@@ -434,7 +441,7 @@ def _vision_language_model(config: dict) -> tuple[dict, VisionSpec]:
 
     vision = vision_spec_from_config(config)
     assert vision is not None
-    if config["model_type"] == "llava":
+    if config["model_type"] in ("llava", "llava_next"):
         _only_measured_llava(config, vision)
     inner = config.get("text_config")
     text = {k: v for k, v in config.items() if k not in ENCODER_CONFIG_KEYS and k != "text_config"}

@@ -44,6 +44,9 @@ class ImageFacts(NamedTuple):
     processor: str  # what the processor did to the image, in words (its family and knobs)
     # Mllama: the vision states per image its cross-attention layers read (tiles x positions); 0 elsewhere
     cross_attention_tokens_per_image: int = 0
+    # LLaVA-NeXT: the rows its projector maps per image (every crop's features, before unpadding); 0 where that is
+    # image_tokens_per_image
+    projected_per_image: int = 0
 
     @property
     def lm_tokens_per_sample(self) -> int:
@@ -118,9 +121,10 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
             raise PlanError.about(field, words)
     if not has_pixel_bounds(spec):
         side = f"{spec.vision.tower.image_size}x{spec.vision.tower.image_size}"
-        does = (f"tiles every image into up to {spec.vision.tower.max_num_tiles} tiles of {side} and always runs "
-                f"{spec.vision.tower.max_num_tiles}" if spec.vision.model_type == "mllama" else
-                f"resizes every image to the tower's {side}")
+        does = {"mllama": f"tiles every image into up to {spec.vision.tower.max_num_tiles} tiles of {side} and always "
+                          f"runs {spec.vision.tower.max_num_tiles}",
+                "llava_next": f"tiles every image to the best of its image_grid_pinpoints in {side} crops, plus the "
+                              "whole image"}.get(spec.vision.model_type, f"resizes every image to the tower's {side}")
         for name in ("min_pixels", "max_pixels"):
             if getattr(plan, name) is not None:
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
@@ -144,6 +148,8 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
         return _gemma3_images(plan, spec, size)
     if spec.vision.model_type == "mllama":
         return _mllama_images(plan, spec, size)
+    if spec.vision.model_type == "llava_next":
+        return _llava_next_images(plan, spec, size)
     if not has_pixel_bounds(spec):
         return _llava_images(plan, spec, size)
     from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
@@ -182,6 +188,32 @@ def _llava_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) ->
     side = f"{tower.image_size}x{tower.image_size}"
     return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens, one.encoder_seq_len,
                       one.pixel_values_numel, f"LLaVA processor: resized and centre-cropped to {side}")
+
+
+def _llava_next_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:
+    """LLaVA-NeXT (anyres): the processor picks the best of the config's image_grid_pinpoints for the image, cuts it
+    into tiles of the tower's size and adds the whole image resized as a base crop; the CLIP tower runs every crop
+    (577 positions at 336 px), the projector maps each crop's 576 features, and the language model reads the base
+    features, the unpadded tile features and one image_newline a row (vision_tokens.llava_next_image_tokens)."""
+    from .vision_tokens import llava_next_image_tokens
+
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    assert tower.image_size is not None
+    try:
+        one = llava_next_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
+                                      image_grid_pinpoints=spec.vision.image_grid_pinpoints,
+                                      num_additional_image_tokens=1 if tower.has_cls_token else 0,
+                                      num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    rows, cols = one.grid
+    features = tower.patches_per_image
+    assert features is not None
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens,
+                      one.encoder_crops * one.encoder_positions_per_crop, one.pixel_values_numel,
+                      f"LLaVA-NeXT processor: a {rows}x{cols} grid of {tower.image_size} px tiles and the base image",
+                      projected_per_image=one.encoder_crops * features)
 
 
 def _gemma3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:

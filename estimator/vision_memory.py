@@ -126,7 +126,7 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
     images, vision = r.images, r.spec.vision
     if images is None or vision is None:
         return 0
-    if vision.model_type == "llava":
+    if vision.model_type in ("llava", "llava_next"):
         return _llava_tower_saved_bytes(r)
     if vision.model_type == "gemma3":
         return _gemma3_tower_saved_bytes(r)
@@ -204,7 +204,9 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     * without it, a frozen projector (LoRA) keeps nothing, a trained one (full fine-tuning) keeps its linear_1 input
       (a view of the feature layer's output, N x W), its GELU's input and output (2 x N' x H).
 
-    The feature layer's output is a checkpointed layer's input already: linear_1's saved view adds nothing then."""
+    The feature layer's output is a checkpointed layer's input already: linear_1's saved view adds nothing then.
+    LLaVA-NeXT runs every crop of an image through the tower (N = crops x 577) and the projector maps every crop's
+    features (N' = crops x 576, ImageFacts.projected_per_image) before they are unpadded into the image tokens."""
     assert r.images is not None and r.spec.vision is not None
     tower = r.spec.vision.tower
     images = r.images.images_per_sample * r.plan.batch_size
@@ -213,7 +215,8 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     # a 16-bit projector keeps its GELU's input and output; on a 4-bit base (QLoRA) its linears are bitsandbytes'
     # MatMul4Bit, which keeps only the packed weight: the GELU's input alone
     kept = 1 if r.quantization != "none" else 2
-    projector = kept * round_block(r.images.image_tokens_per_image * r.spec.hidden_size * element)
+    rows = r.images.projected_per_image or r.images.image_tokens_per_image
+    projector = kept * round_block(rows * r.spec.hidden_size * element)
     if r.plan.gradient_checkpointing:
         return images * ((tower.num_layers + 1) * positions + projector)
     if projector_trains(r):
@@ -285,15 +288,29 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
 
 
 def image_outputs_bytes(r: ResolvedPlan) -> int:
-    """Mllama: MllamaModel.forward returns the tower's output with the model's (``image_outputs``), and TRL 1.16's
-    compute_loss holds the model's output until the loss and its metrics are computed: a·S·vision_output_dim alive
-    through the forward, freed before backward. 0 where a trained projector keeps it anyway (it is then counted in
-    :func:`_mllama_tower_saved_bytes`) and for other families (not measured). Measured on the 90B config cut to 10
-    layers (exploratory, LoRA without checkpointing): the forward peak 96 MB above the estimate without it."""
-    if r.images is None or r.spec.vision is None or r.spec.vision.model_type != "mllama" or projector_trains(r):
+    """What the model's output holds of the images until TRL 1.16's compute_loss has the loss and its metrics: alive
+    through the forward, freed before backward.
+
+    * Mllama: MllamaModel.forward returns the tower's output (``image_outputs``), a·S·vision_output_dim; 0 where a
+      trained projector keeps it anyway (counted in :func:`_mllama_tower_saved_bytes`). Measured on the 90B config
+      cut to 10 layers (exploratory, LoRA without checkpointing): the forward peak 96 MB above the estimate without it.
+    * LLaVA-NeXT: LlavaNextModel.forward returns the tower's output (``image_outputs``): its last hidden state over
+      every crop, a·P·N·W, and as its pooler_output the packed image features (new tensors made by
+      pack_image_features), a·P·N'·H, for the P images' N positions and N' tokens each.
+    * Other families: 0 (not measured)."""
+    if r.images is None or r.spec.vision is None:
+        return 0
+    element = DTYPE_BYTES[r.weight_dtype]
+    if r.spec.vision.model_type == "llava_next":
+        # LlavaNextModel returns the tower's output (image_outputs): its last hidden state over every crop and, as its
+        # pooler_output, the packed image features (new tensors of the image tokens)
+        images = r.images.images_per_sample * r.plan.batch_size
+        tower = r.spec.vision.tower.hidden_size * r.images.patches_per_image
+        return round_block(element * images * (r.images.image_tokens_per_image * r.spec.hidden_size + tower))
+    if r.spec.vision.model_type != "mllama" or projector_trains(r):
         return 0
     states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
-    return round_block(DTYPE_BYTES[r.weight_dtype] * states * r.spec.vision.projector.in_features)
+    return round_block(element * states * r.spec.vision.projector.in_features)
 
 
 def tower_assumption(r: ResolvedPlan) -> str:

@@ -209,6 +209,8 @@ class VisionSpec:
     # reads it (estimator/spec.py): each cross-attention layer's q_norm, k_norm and two tanh gates, and embed_tokens'
     # extra rows (MllamaTextModel: vocab_size + 8, the <|image|> token among them)
     language_model_extra_params: int = 0
+    # LLaVA-NeXT: the config's image_grid_pinpoints ([height, width] pairs), the resolutions anyres tiles an image to
+    image_grid_pinpoints: tuple[tuple[int, int], ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -646,7 +648,15 @@ def _llava(fields: _Fields) -> VisionSpec:
     projector = ProjectorSpec("llava_mlp", module_class, paths, width, text_width, 1, groups)
     notes = (f"the projector reads vision_feature_layer {feature_layer!r}: later tower layers are built (and loaded) "
              "but do not feed it",)
-    return VisionSpec(fields.model_type, tower, projector, notes=notes)
+    pinpoints: tuple[tuple[int, int], ...] = ()
+    if fields.model_type == "llava_next":
+        from .vision_tokens import LLAVA_NEXT_GRID_PINPOINTS, _pinpoints
+
+        try:
+            pinpoints = _pinpoints(fields.values.get("image_grid_pinpoints", LLAVA_NEXT_GRID_PINPOINTS))
+        except ValueError as exc:
+            raise fields.error("image_grid_pinpoints", str(exc)) from None
+    return VisionSpec(fields.model_type, tower, projector, image_grid_pinpoints=pinpoints, notes=notes)
 
 
 def _feature_layers(fields: _Fields, value: object) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 # where each estimated family's vision tower sits in its <Family>Model (transformers 5.24)
 TOWER_PATHS = {"qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower", "gemma3": "vision_tower",
-               "mllama": "vision_model"}
+               "mllama": "vision_model", "llava_next": "vision_tower"}
 
 
 def lora_target_regex(plan, config: dict) -> str:

@@ -170,6 +170,12 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
             8192, 100, 64, 8, 128256)
         assert spec.vision.cross_attention_layers == tuple(range(3, 100, 5))
         assert spec.total_params == 88_593_355_323
+    elif entry["config"]["model_type"] == "llava_next":
+        # llava-v1.6-vicuna-7b: llava-1.5-7b's tower, projector and decoder (LlamaConfig's defaults) and image_newline
+        assert spec.model_type == "llama" and spec.vision.image_grid_pinpoints == (
+            (336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+        assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)
+        assert spec.total_params == 7_063_431_168
     elif entry["config"]["model_type"] == "llava":
         assert spec.model_type == "llama" and not spec.attention_bias
         assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)

@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
 from harness_modules import load_harness as _load
-from tiny_vlms import TINY_GEMMA3, TINY_LLAVA, TINY_MLLAMA
+from tiny_vlms import TINY_GEMMA3, TINY_LLAVA, TINY_LLAVA_NEXT, TINY_MLLAMA
 
 from canifinetune.estimator.plan import TrainingPlan
 
@@ -171,3 +171,23 @@ def test_a_misaligned_sdpa_bias_is_copied_as_cuda_pads_it():
     aligned = torch.zeros(1, 1, 5, 6432, dtype=torch.bfloat16)
     assert fm.aligned_bias(aligned) is aligned
     assert fm.aligned_bias(aligned.expand(2, 4, 5, 6432)).stride()[:2] == (0, 0)  # an expanded bias stays a view
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
+def test_llava_next_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    """LLaVA-NeXT: every crop through the tower and the projector, the tile features unpadded with image_newline
+    between rows; the fake count equals the real one."""
+    _fake_equals_real(TINY_LLAVA_NEXT, {"size": [90, 60], "per_sample": 2}, method=method,
+                      gradient_checkpointing=ckpt)
+
+
+def test_the_llava_next_batch_holds_the_processors_image_tokens():
+    """The processor's count (vision_tokens.llava_next_image_tokens) is what the batch holds; the pixel values hold
+    one row of crops (the base image and its tiles) per image."""
+    from canifinetune.estimator.vision_tokens import llava_next_image_tokens
+
+    one = llava_next_image_tokens(90, 60, image_size=56, patch_size=14, image_grid_pinpoints=[[56, 112], [112, 56],
+                                                                                             [112, 112]])
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_LLAVA_NEXT, {"size": [90, 60], "per_sample": 2}, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 * one.lm_tokens, "image_tokens": 2 * one.image_tokens,
+                                "pixel_rows": 2 * 2}  # one row of crops per image

@@ -18,6 +18,7 @@ pytest.importorskip("PIL")
 
 from tiny_vlms import TINY_GEMMA3 as HARNESS_TINY_GEMMA3
 from tiny_vlms import TINY_LLAVA as HARNESS_TINY_LLAVA
+from tiny_vlms import TINY_LLAVA_NEXT as HARNESS_TINY_LLAVA_NEXT
 from tiny_vlms import TINY_MLLAMA as HARNESS_TINY_MLLAMA
 
 from canifinetune.estimator.errors import DatasetError, SampleTooLongError
@@ -105,6 +106,32 @@ def _make_tiny_gemma3(folder: Path) -> Path:
     processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
                                 tokenizer=tokenizer, image_seq_length=4, chat_template=GEMMA3_CHAT_TEMPLATE)
     return _save_tiny(folder, processor, Gemma3ForConditionalGeneration, TINY_GEMMA3)
+
+
+# test_vlm_fake's tiny LLaVA-NeXT (TINY_LLAVA's model, anyres over 56 px crops) with the word-level tokenizer's ids
+TINY_LLAVA_NEXT = {**HARNESS_TINY_LLAVA_NEXT, "image_token_index": 4, "text_config": TINY_LLAVA["text_config"]}
+
+
+def _make_tiny_llava_next(folder: Path) -> Path:
+    """A random tiny LLaVA-NeXT and its processor (LLaVA-NeXT image processor on 56 px crops over the config's grid,
+    a word-level tokenizer, the chat template)."""
+    from transformers import LlavaNextForConditionalGeneration, LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56},
+                                                 image_grid_pinpoints=TINY_LLAVA_NEXT["image_grid_pinpoints"])
+    processor = LlavaNextProcessor(image_processor=image_processor,
+                                   tokenizer=_word_tokenizer(["<image>", "<|user|>", "<|assistant|>"]), patch_size=14,
+                                   vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                   chat_template=CHAT_TEMPLATE)
+    return _save_tiny(folder, processor, LlavaNextForConditionalGeneration, TINY_LLAVA_NEXT)
+
+
+@pytest.fixture(scope="module")
+def tiny_llava_next(tmp_path_factory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _make_tiny_llava_next(tmp_path_factory.mktemp("models") / "tiny-llava-next")
 
 
 # test_vlm_fake's tiny Llama 3.2 Vision (3-layer decoder, layer 1 cross-attention; a 3 + 1-layer tower on 56 px
@@ -274,3 +301,21 @@ def test_mllama_adapters_reach_the_cross_attention_layers_not_the_tower(tmp_path
         model = build_vlm(plan, TINY_MLLAMA)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trainable == estimate(plan).params_trainable
+
+
+def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_llava_next, tmp_path):
+    """LLaVA-NeXT's processor returns image_sizes with the crops' pixel values, which TRL's collator passes to the
+    model for unpadding: the recipe trains with them."""
+    from canifinetune.recipes.train import train
+
+    out = tmp_path / "recipe"
+    code = cli_main(["recipe", "--model", str(tiny_llava_next), "--method", "lora", "--target-modules", "all-linear",
+                     "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
+                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
+                     "--out", str(out), "--offline"])
+    assert code == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = train(out / "recipe.yaml", device="cpu")
+    assert result.steps == 2 and len(result.losses) == 2
+    assert all(math.isfinite(x) and x > 0 for x in result.losses)

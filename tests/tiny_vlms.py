@@ -52,3 +52,8 @@ TINY_MLLAMA = {
                       "vision_output_dim": 96,
                       "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]},
 }
+
+# A LLaVA-NeXT of the published layout at toy sizes: TINY_LLAVA's decoder, tower and projector, anyres on 56 px
+# crops over a grid of 56 x 112, 112 x 56 and 112 x 112 (the base image and up to 4 tiles an image), image_newline
+TINY_LLAVA_NEXT = {**TINY_LLAVA, "model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"],
+                   "image_grid_pinpoints": [[56, 112], [112, 56], [112, 112]], "use_image_newline_parameter": True}

@@ -184,6 +184,27 @@ def gemma3_processor(config: dict, folder: Path, knobs: dict):
                            chat_template=GEMMA3_TEMPLATE)
 
 
+def llava_next_processor(config: dict, folder: Path, knobs: dict):
+    """LLaVA-NeXT's processor as llava-hf's llava-v1.6 processor files set it up: LlavaNextImageProcessor (shortest
+    edge and crops at the tower's image size, the config's image_grid_pinpoints: the base image and a grid of tiles),
+    patch size 14, the "default" feature strategy and one additional (CLS) token; the stand-in tokenizer."""
+    from transformers import LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    if knobs:
+        raise ValueError(f"LLaVA-NeXT's processor knobs are not measured here; got {sorted(knobs)}")
+    vision = config.get("vision_config") or {}
+    side = int(vision.get("image_size", 336))
+    tokenizer = _stand_in_tokenizer(folder, dict(LLAVA_MARKERS.values()))
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": side},
+                                                 crop_size={"height": side, "width": side},
+                                                 image_grid_pinpoints=config.get("image_grid_pinpoints"))
+    return LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                              patch_size=int(vision.get("patch_size", 14)),
+                              vision_feature_select_strategy=config.get("vision_feature_select_strategy", "default"),
+                              num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE)
+
+
 def mllama_processor(config: dict, folder: Path, knobs: dict):
     """Llama 3.2 Vision's processor as meta-llama/Llama-3.2-*-Vision-Instruct's processor files set it up:
     MllamaImageProcessor (560 px tiles, up to max_num_tiles of them, the canvas chosen by the image's aspect ratio,
@@ -265,7 +286,10 @@ def _family(config: dict) -> Family:
         return Family(GEMMA3_MARKERS, "image_token_index", gemma3_processor, contextlib.nullcontext)
     if model_type == "mllama":
         return Family(MLLAMA_MARKERS, "image_token_index", mllama_processor, contextlib.nullcontext)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava, gemma3 and mllama")
+    if model_type == "llava_next":
+        return Family(LLAVA_MARKERS, "image_token_index", llava_next_processor, contextlib.nullcontext)
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava, llava_next, gemma3 and "
+                     "mllama")
 
 
 def with_stand_in_markers(config: dict) -> dict:
