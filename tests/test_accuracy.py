@@ -1,16 +1,17 @@
 """The estimate against a real training step (issue 2, item 6).
 
 Each case in accuracy_cases.json runs the real transformers (+ PEFT, + bitsandbytes) model through
-two training steps under PyTorch fake tensors, in its own process, with attention and dropout routed
+two training steps under PyTorch fake tensors, with attention and dropout routed
 as a GPU runs them and the plan's stack: TRL's chunked loss by default; for ``framework: transformers``
 transformers' loss over full logits and, on a 4-bit base, peft's prepare_model_for_kbit_training
 (benchmarks/validation/fake_mode.py, recipes/model_setup.py). The estimate's
 peak_allocated_bytes must never be below that measurement by more than 2% nor above it by more
-than 10%.
+than 10%. The cases are measured in two processes (the machine's two cores), each importing the libraries once
+and measuring its share one after another, each case in a fork of it (compare.py compare_many: a fresh process per
+case spent most of its time importing; the forks leave no cache of one case for the next).
 """
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 pytest.importorskip("trl")
 
-from benchmarks.validation.compare import compare
+from benchmarks.validation.compare import compare_many
 
 CASES = json.loads((Path(__file__).parent / "accuracy_cases.json").read_text(encoding="utf-8"))
 LOWER, UPPER = -2.0, 10.0
@@ -37,8 +38,7 @@ def _label(plan: dict) -> str:
 
 @pytest.fixture(scope="module")
 def results():
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        rows = list(pool.map(compare, CASES))
+    rows = compare_many(CASES, processes=2)
     return {_label(row["plan"]): row for row in rows}
 
 

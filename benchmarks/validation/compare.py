@@ -4,6 +4,8 @@
 
 CASES.json is a list of TrainingPlan dicts (models from the catalog or local folders). Each case runs
 ``fake_mode.py`` in a fresh Python process; a case that fails is reported with its error, never dropped.
+``compare_many`` (tests/test_accuracy.py) gives the same rows, fake_mode.py's plans measured in forks of a few
+processes that each import the libraries once.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -141,28 +144,50 @@ STACK_HARNESSES = {
 }
 
 
+def measured_by_fake_mode(validated) -> bool:
+    """An SFT plan on text, run by this interpreter's stack: fake_mode.py measures it, and can measure several such
+    plans in one process (:func:`compare_many`); trainer_fake.py, vlm_fake.py and the frameworks' harnesses measure
+    the others."""
+    return validated.framework not in STACK_HARNESSES and validated.image_size is None and validated.trainer == "sft"
+
+
+def write_inputs(validated, folder: Path) -> tuple[Path, Path, Path]:
+    """The plan and its model's config.json written into ``folder`` (plan.json, config.json), and out.json, where
+    the harness writes its result: the files a harness's command line names."""
+    from canifinetune.estimator.model_sources import resolve_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    plan_path, config_path, out_path = (folder / n for n in ("plan.json", "config.json", "out.json"))
+    plan_path.write_text(json.dumps(validated.model_dump(mode="json")), encoding="utf-8")
+    config_path.write_text(json.dumps(resolve_model(validated.model).config), encoding="utf-8")
+    return plan_path, config_path, out_path
+
+
+def fake_mode_arguments(validated, plan_path: Path, config_path: Path, out_path: Path) -> list[str]:
+    """fake_mode.py's arguments measuring one plan: a command line of its own, or one entry of its --batch."""
+    return ["--plan", str(plan_path), "--config", str(config_path), "--out", str(out_path),
+            "--loss", LOSS_MODE[validated.effective_loss_implementation]]
+
+
+def measured_result(out_path: Path, returncode: int, stderr: str) -> dict:
+    """The result a harness wrote to ``out_path``, else its process's exit status and the end of its stderr."""
+    if out_path.exists():
+        return json.loads(out_path.read_text(encoding="utf-8"))
+    return {"error": f"exit {returncode}: {stderr[-2000:]}"}
+
+
 def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
     """Measure one plan under fake tensors in a fresh interpreter."""
-    from canifinetune.estimator.model_sources import resolve_model
     from canifinetune.estimator.plan import TrainingPlan
 
     validated = TrainingPlan(**plan)
-    config = resolve_model(validated.model).config
     with tempfile.TemporaryDirectory() as tmp:
-        plan_path, config_path, out_path = (Path(tmp) / n for n in ("plan.json", "config.json", "out.json"))
-        plan_path.write_text(json.dumps(validated.model_dump(mode="json")), encoding="utf-8")
-        config_path.write_text(json.dumps(config), encoding="utf-8")
-        cmd = [sys.executable, str(FAKE_MODE), "--plan", str(plan_path), "--config", str(config_path),
-               "--out", str(out_path), "--loss", LOSS_MODE[validated.effective_loss_implementation]]
-        if validated.trainer != "sft":  # DPO/KTO/GRPO: their own training step (trainer_fake.py)
-            cmd = [sys.executable, str(TRAINER_FAKE), "--plan", str(plan_path), "--config", str(config_path),
-                   "--out", str(out_path)]
-        if validated.image_size is not None:  # a vision-language model on images (vlm_fake.py)
-            cmd = [sys.executable, str(VLM_FAKE), "--plan", str(plan_path), "--config", str(config_path),
-                   "--out", str(out_path)]
+        plan_path, config_path, out_path = write_inputs(validated, Path(tmp))
         env = None
         stack = STACK_HARNESSES.get(validated.framework)
-        if stack is not None:  # the framework's own step, in its own virtual environment
+        if measured_by_fake_mode(validated):
+            cmd = [sys.executable, str(FAKE_MODE), *fake_mode_arguments(validated, plan_path, config_path, out_path)]
+        elif stack is not None:  # the framework's own step, in its own virtual environment
             title, harness, python, case_of, stack_env = stack
             if not Path(python).exists():
                 return {"error": f"{title}'s virtual environment is missing ({python}); bash .ci/stack-venvs.sh "
@@ -170,21 +195,51 @@ def measure_in_subprocess(plan: dict, timeout: float = 900) -> dict:
             cmd = [python, str(harness), "--case", json.dumps(case_of(validated)), "--out", str(out_path)]
             env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
             env.update(stack_env)
+        elif validated.image_size is not None:  # a vision-language model on images (vlm_fake.py)
+            cmd = [sys.executable, str(VLM_FAKE), "--plan", str(plan_path), "--config", str(config_path),
+                   "--out", str(out_path)]
+        else:  # DPO/KTO/GRPO: their own training step (trainer_fake.py)
+            cmd = [sys.executable, str(TRAINER_FAKE), "--plan", str(plan_path), "--config", str(config_path),
+                   "--out", str(out_path)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout:.0f} s"}
-        if out_path.exists():
-            return json.loads(out_path.read_text(encoding="utf-8"))
-        return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+        return measured_result(out_path, proc.returncode, proc.stderr)
 
 
-def compare(plan: dict) -> dict:
+def measure_batch_in_subprocess(plans: list[dict], timeout_per_plan: float = 900) -> list[dict]:
+    """Measure plans that fake_mode.py measures (:func:`measured_by_fake_mode`) one after another, each in a fork of
+    one fresh interpreter (``fake_mode.py --batch``) and by the command line :func:`measure_in_subprocess` would run,
+    so each result is the same, while torch, transformers, PEFT, bitsandbytes and TRL are imported once, not once a
+    plan. On a timeout the whole process group goes (the batch and the fork measuring its current plan)."""
+    from canifinetune.estimator.plan import TrainingPlan
+
+    validated = [TrainingPlan(**plan) for plan in plans]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [write_inputs(v, Path(tmp) / str(i)) for i, v in enumerate(validated)]
+        command_lines = [fake_mode_arguments(v, *p) for v, p in zip(validated, paths, strict=True)]
+        batch_path = Path(tmp) / "command_lines.json"
+        batch_path.write_text(json.dumps(command_lines), encoding="utf-8")
+        timeout = timeout_per_plan * len(plans)
+        with subprocess.Popen([sys.executable, str(FAKE_MODE), "--batch", str(batch_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+            try:
+                _, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:  # the plans measured before it ran out keep their results
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                return [json.loads(out.read_text(encoding="utf-8")) if out.exists()
+                        else {"error": f"timed out after {timeout:.0f} s"} for _, _, out in paths]
+        return [measured_result(out_path, proc.returncode, stderr) for _, _, out_path in paths]
+
+
+def comparison_row(plan: dict, measured: dict) -> dict:
+    """One row of the comparison: the plan, its estimate, and the measurement (or its error)."""
     from canifinetune.estimator.estimate import estimate
     from canifinetune.estimator.plan import TrainingPlan
 
     est = estimate(TrainingPlan(**plan))
-    measured = measure_in_subprocess(plan)
     row = {"plan": plan, "estimate_bytes": est.peak_allocated_bytes, "estimate_phase": est.peak_phase,
            "estimate_phases": est.phases}
     if "error" in measured:
@@ -196,6 +251,37 @@ def compare(plan: dict) -> dict:
                error_pct=round(100 * (est.peak_allocated_bytes - peak) / peak, 2),
                wall_seconds=measured.get("wall_seconds"), attention_kernels=measured.get("attention_kernels"))
     return row
+
+
+def compare(plan: dict) -> dict:
+    return comparison_row(plan, measure_in_subprocess(plan))
+
+
+def compare_many(plans: list[dict], processes: int = 2) -> list[dict]:
+    """:func:`compare` of each plan, rows in the order given, ``processes`` measurements at a time. The plans
+    fake_mode.py measures are dealt round-robin into ``processes`` batches, one interpreter each
+    (:func:`measure_batch_in_subprocess`), as an interpreter spends seconds of CPU on its imports alone; every other
+    plan runs alone, as :func:`compare` runs it."""
+    from canifinetune.estimator.plan import TrainingPlan
+
+    by_fake_mode = [measured_by_fake_mode(TrainingPlan(**plan)) for plan in plans]
+    batched = [i for i, yes in enumerate(by_fake_mode) if yes]
+    batches = [batch for batch in (batched[k::processes] for k in range(processes)) if batch]
+    alone = [i for i, yes in enumerate(by_fake_mode) if not yes]
+    measured: dict[int, dict] = {}
+
+    def measure_batch(batch: list[int]) -> None:
+        measured.update(zip(batch, measure_batch_in_subprocess([plans[i] for i in batch]), strict=True))
+
+    def measure_alone(i: int) -> None:
+        measured[i] = measure_in_subprocess(plans[i])
+
+    with ThreadPoolExecutor(max_workers=processes) as pool:
+        futures = [pool.submit(measure_batch, batch) for batch in batches]
+        futures += [pool.submit(measure_alone, i) for i in alone]
+        for future in futures:
+            future.result()
+    return [comparison_row(plan, measured[i]) for i, plan in enumerate(plans)]
 
 
 def run_all(plans: list[dict], jobs: int = 2) -> list[dict]:

@@ -8,7 +8,8 @@ report, less kernel-internal scratch (see docs/measuring.md).
 
 Usage (one case per process):
     python benchmarks/validation/fake_mode.py --plan plan.json --config config.json [--out result.json]
-several cases in one process, one after another (the imports paid once; compare.py ``compare_many``):
+several cases one after another, each in a fork of one process that has imported the libraries once (compare.py
+``compare_many``):
     python benchmarks/validation/fake_mode.py --batch command_lines.json
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -535,14 +537,38 @@ def measure_fake(plan, config: dict, *, loss: str = "trl_fused", driver: str = "
     return result
 
 
-def forget_cached_constants() -> None:
-    """Drop what a measurement leaves cached in the libraries for the next one in the same process (--batch) to
-    reuse without allocating it: bitsandbytes' quantization maps (``functional.name2qmap``: the 1 KiB dynamic map of
-    nested 4-bit statistics, allocated under the first 4-bit plan's counter and never freed). Each plan of a batch
-    then allocates them as a plan measured in a fresh process does."""
-    bnb_functional = sys.modules.get("bitsandbytes.functional")
-    if bnb_functional is not None:
-        bnb_functional.name2qmap.clear()
+def import_before_counting() -> None:
+    """Import what a measurement (:func:`measure_fake`, sft_trainer_fake.run_trainer_sft_steps) imports before its
+    counter starts: the seconds of CPU a fresh process spends on torch, transformers, PEFT, TRL and datasets, which a
+    --batch pays once, before it forks. A fresh process has imported all of these before its counter starts (and
+    imports under it what a fork imports under it), so a forked measurement counts what a fresh one counts."""
+    from datasets import Dataset  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
+    from trl import SFTConfig  # noqa: F401
+
+    from canifinetune.estimator.plan import TrainingPlan  # noqa: F401
+    from canifinetune.recipes import model_setup, runtime  # noqa: F401
+
+    _beside("sft_trainer_fake")
+
+
+def in_forked_process(run, *args) -> int:
+    """``run(*args)`` in a fork of this process, returning its exit status (-N: killed by signal N). Whatever a
+    measurement leaves behind in the libraries (caches such as recipes/model_setup's seeded bitsandbytes dynamic map,
+    allocated under the first 4-bit plan's counter; patches; fake tensors) dies with its fork, so each measurement of
+    a --batch starts from this process's state as a fresh process starts from its imports."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = run(*args)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,17 +583,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="trainer: the recipe's own trainer runs the step (its compute_loss and training_step: "
                              "its object lifetimes; the loss is the plan's); loop: the step written out here")
     parser.add_argument("--batch", help="a JSON list of command lines of this script (each a list of its arguments), "
-                                        "each run by this function in turn in this process (forget_cached_constants "
-                                        "before each), so the libraries are imported once; exit status: the worst")
+                                        "each run by this function in turn, in a fork of this process once it has "
+                                        "imported the libraries; exit status: the first failure's")
     args = parser.parse_args(argv)
     if args.batch:
         with open(args.batch) as f:
             command_lines = json.load(f)
-        codes = []
-        for command_line in command_lines:
-            forget_cached_constants()
-            codes.append(main(command_line))
-        return max(codes, default=0)
+        import_before_counting()
+        codes = [in_forked_process(main, command_line) for command_line in command_lines]
+        return next((code for code in codes if code), 0)
     if args.plan is None or args.config is None:
         parser.error("--plan and --config are required (or --batch)")
     return run_and_report(lambda plan, config: measure_fake(plan, config, loss=args.loss, driver=args.driver),
