@@ -28,7 +28,7 @@ QWEN_PIXEL_BOUNDS = {"qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
 # The families whose vision tower is estimated frozen only (check_images refuses vision_tower lora for them, saying why)
-TOWER_LORA_REFUSED = ("gemma3", "mllama")
+TOWER_LORA_REFUSED = ("gemma3", "mllama", "llava_next")
 
 
 class ImageFacts(NamedTuple):
@@ -99,6 +99,9 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         (plan.vision_tower == "lora" and spec.vision.model_type == "mllama", "vision_tower",
          "'lora' is not estimated for Llama 3.2 Vision yet (an adapted tower of 40 layers that are not checkpointing "
          "layers, on 4 tiles of 1,608 positions an image, is not measured); frozen is"),
+        (plan.vision_tower == "lora" and spec.vision.model_type == "llava_next", "vision_tower",
+         "'lora' is not estimated for LLaVA-NeXT yet (an adapted CLIP tower was measured on LLaVA-1.5, one crop an "
+         "image; LLaVA-NeXT runs 3 to 5); frozen is"),
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),

@@ -439,6 +439,7 @@ def test_gemma3_refuses_what_was_not_measured_by_name(kw, field, words):
 # Llama 3.2 Vision (Mllama): cross-attention layers read the tower's states; one <|image|> token an image
 
 MLLAMA = "meta-llama/Llama-3.2-90B-Vision-Instruct"
+LLAVA_NEXT = "llava-hf/llava-v1.6-vicuna-7b-hf"
 MLLAMA_STATES, MLLAMA_POSITIONS, MLLAMA_HIDDEN = 4 * 1601, 4 * 1608, 8192
 
 
@@ -504,7 +505,7 @@ def test_mllama_refuses_what_was_not_measured_by_name(kw, field, words):
     assert info.value.field == field
 
 
-@pytest.mark.parametrize("model", [{"gemma3": GEMMA3, "mllama": MLLAMA}[family]
+@pytest.mark.parametrize("model", [{"gemma3": GEMMA3, "mllama": MLLAMA, "llava_next": LLAVA_NEXT}[family]
                                    for family in vision_images.TOWER_LORA_REFUSED])
 def test_the_tower_warning_offers_no_refused_next_step(model):
     """Where an adapted tower is refused, the warning about target names reaching the tower does not tell the user to
@@ -516,3 +517,32 @@ def test_the_tower_warning_offers_no_refused_next_step(model):
         estimate(_plan(model=model, vision_tower="lora"))
     qwen = next(w for w in estimate(_plan(target_modules="all-linear")).warnings if "PEFT would also" in w)
     assert "set vision_tower lora" in qwen
+
+
+# ---------------------------------------------------------------------------
+# LLaVA-NeXT: anyres crops through LLaVA-1.5's tower and projector
+
+
+@pytest.mark.parametrize(("size", "crops", "tokens"), [("1280x720", 5, 1948), ("336x1008", 4, 2376),
+                                                       ("336x336", 3, 1176)])
+def test_llava_next_images_run_every_crop_through_the_tower(size, crops, tokens):
+    """The base image and the grid's tiles all run the CLIP tower (577 positions each) and the projector (576 rows
+    each); the text gets the processor's count (vision_tokens.llava_next_image_tokens)."""
+    r = _resolved(model=LLAVA_NEXT, image_size=size)
+    assert r.images is not None
+    assert (r.images.patches_per_image, r.images.projected_per_image, r.images.image_tokens_per_image) == (
+        crops * 577, crops * 576, tokens)
+    assert vision_memory.pixel_values_bytes(r) == crops * 3 * 336 * 336 * 4
+    layers = 24  # the CLIP tower's, every one built and run (the projector reads layer -2)
+    kept = vision_memory.tower_saved_bytes(r)
+    assert kept == pytest.approx((layers + 1) * crops * 577 * 1024 * 2 + 2 * crops * 576 * 4096 * 2, abs=8 * 512)
+
+
+@pytest.mark.parametrize(("kw", "field", "words"), [
+    ({"vision_tower": "lora"}, "vision_tower", "not estimated for LLaVA-NeXT"),
+    ({"max_pixels": 1003520}, "max_pixels", "image_grid_pinpoints"),
+])
+def test_llava_next_refuses_what_was_not_measured_by_name(kw, field, words):
+    with pytest.raises(PlanError, match=words) as info:
+        estimate(_plan(model=LLAVA_NEXT, **kw))
+    assert info.value.field == field
