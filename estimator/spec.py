@@ -395,7 +395,9 @@ ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "
                           # cross-attention layers, which have the same linears (estimator/vision_memory.py)
                           "mllama": "llama",
                           # LlavaNextConfig's text_config is a LlamaConfig unless it names another model_type
-                          "llava_next": "llama"}
+                          "llava_next": "llama",
+                          # Idefics3Config's text_config is a LlamaConfig (SmolVLM's a small Llama)
+                          "idefics3": "llama"}
 # What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
 # models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
 # max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)

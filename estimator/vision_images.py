@@ -28,7 +28,7 @@ QWEN_PIXEL_BOUNDS = {"qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
 # The families whose vision tower is estimated frozen only (check_images refuses vision_tower lora for them, saying why)
-TOWER_LORA_REFUSED = ("gemma3", "mllama", "llava_next")
+TOWER_LORA_REFUSED = ("gemma3", "mllama", "llava_next", "idefics3")
 
 
 class ImageFacts(NamedTuple):
@@ -102,6 +102,9 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         (plan.vision_tower == "lora" and spec.vision.model_type == "llava_next", "vision_tower",
          "'lora' is not estimated for LLaVA-NeXT yet (an adapted CLIP tower was measured on LLaVA-1.5, one crop an "
          "image; LLaVA-NeXT runs 3 to 5); frozen is"),
+        (plan.vision_tower == "lora" and spec.vision.model_type == "idefics3", "vision_tower",
+         "'lora' is not estimated for Idefics3/SmolVLM yet (its tower runs up to 17 tiles an image; an adapted tower "
+         "is not measured); frozen is"),
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),
@@ -124,10 +127,14 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
             raise PlanError.about(field, words)
     if not has_pixel_bounds(spec):
         side = f"{spec.vision.tower.image_size}x{spec.vision.tower.image_size}"
-        does = {"mllama": f"tiles every image into up to {spec.vision.tower.max_num_tiles} tiles of {side} and always "
-                          f"runs {spec.vision.tower.max_num_tiles}",
-                "llava_next": f"tiles every image to the best of its image_grid_pinpoints in {side} crops, plus the "
-                              "whole image"}.get(spec.vision.model_type, f"resizes every image to the tower's {side}")
+        family_does = {
+            "mllama": f"tiles every image into up to {spec.vision.tower.max_num_tiles} tiles of {side} and always runs "
+                      f"{spec.vision.tower.max_num_tiles}",
+            "llava_next": f"tiles every image to the best of its image_grid_pinpoints in {side} crops, plus the whole "
+                          "image",
+            "idefics3": f"resizes every image's longest edge to {IDEFICS3_LONGEST_EDGE_TILES} tiles and splits it into "
+                        f"{side} tiles plus a global image"}
+        does = family_does.get(spec.vision.model_type, f"resizes every image to the tower's {side}")
         for name in ("min_pixels", "max_pixels"):
             if getattr(plan, name) is not None:
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
@@ -153,6 +160,8 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
         return _mllama_images(plan, spec, size)
     if spec.vision.model_type == "llava_next":
         return _llava_next_images(plan, spec, size)
+    if spec.vision.model_type == "idefics3":
+        return _idefics3_images(plan, spec, size)
     if not has_pixel_bounds(spec):
         return _llava_images(plan, spec, size)
     from .vision_tokens import qwen_vl_image_tokens  # a VLM's only: kept out of a text model's start
@@ -217,6 +226,35 @@ def _llava_next_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int
                       one.encoder_crops * one.encoder_positions_per_crop, one.pixel_values_numel,
                       f"LLaVA-NeXT processor: a {rows}x{cols} grid of {tower.image_size} px tiles and the base image",
                       projected_per_image=one.encoder_crops * features)
+
+
+# Idefics3 / SmolVLM checkpoints' preprocessor_config.json: the longest edge resized to 4 tiles of the tower's image
+# size (HuggingFaceTB/SmolVLM-256M-Instruct: 2048 = 4 x 512; Idefics3-8B: 1456 = 4 x 364, the class default), image
+# splitting on
+IDEFICS3_LONGEST_EDGE_TILES = 4
+
+
+def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:
+    """Idefics3 / SmolVLM: the processor resizes the image's longest edge to 4 tiles, rounds its sides up to whole
+    tiles of the tower's image size and splits it into those tiles plus a global image; each runs the SigLIP tower
+    ((image_size / patch)² positions) and the connector's pixel shuffle makes scale_factor² of them one token
+    (vision_tokens.idefics3_image_tokens: the tokens with their row/column markers and newlines)."""
+    from .vision_tokens import idefics3_image_tokens
+
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    assert tower.image_size is not None
+    scale = math.isqrt(spec.vision.projector.merge_factor)
+    try:
+        one = idefics3_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
+                                    scale_factor=scale, size=IDEFICS3_LONGEST_EDGE_TILES * tower.image_size,
+                                    max_image_size=tower.image_size, num_channels=tower.in_channels)
+    except ValueError as exc:
+        raise PlanError.about("image_size", str(exc)) from None
+    rows, cols = one.grid
+    return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens,
+                      one.encoder_crops * one.encoder_positions_per_crop, one.pixel_values_numel,
+                      f"Idefics3 processor: {rows}x{cols} tiles of {tower.image_size} px and the global image")
 
 
 def _gemma3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:

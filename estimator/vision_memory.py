@@ -132,6 +132,8 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
         return _gemma3_tower_saved_bytes(r)
     if vision.model_type == "mllama":
         return _mllama_tower_saved_bytes(r) + cross_attention_kept_bytes(r)
+    if vision.model_type == "idefics3":
+        return _idefics3_tower_saved_bytes(r)
     if vision.model_type == "qwen3_vl":
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
         # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
@@ -294,16 +296,18 @@ def image_outputs_bytes(r: ResolvedPlan) -> int:
     * Mllama: MllamaModel.forward returns the tower's output (``image_outputs``), a·S·vision_output_dim; 0 where a
       trained projector keeps it anyway (counted in :func:`_mllama_tower_saved_bytes`). Measured on the 90B config
       cut to 10 layers (exploratory, LoRA without checkpointing): the forward peak 96 MB above the estimate without it.
-    * LLaVA-NeXT: LlavaNextModel.forward returns the tower's output (``image_outputs``): its last hidden state over
-      every crop, a·P·N·W, and as its pooler_output the packed image features (new tensors made by
-      pack_image_features), a·P·N'·H, for the P images' N positions and N' tokens each.
+    * LLaVA-NeXT and Idefics3: LlavaNextModel.forward and Idefics3Model.forward return the tower's output
+      (``image_outputs``): its last hidden state over every crop or tile, a·P·N·W, and as its pooler_output the image
+      features (LLaVA-NeXT's packed by pack_image_features, Idefics3's the connector's output), a·P·N'·H, for the P
+      images' N positions and N' tokens each. Measured (exploratory, LoRA without checkpointing: LLaVA-NeXT
+      1280x720 -0.12% without it, SmolVLM-256M 1280x720 -0.60%).
     * Other families: 0 (not measured)."""
     if r.images is None or r.spec.vision is None:
         return 0
     element = DTYPE_BYTES[r.weight_dtype]
-    if r.spec.vision.model_type == "llava_next":
-        # LlavaNextModel returns the tower's output (image_outputs): its last hidden state over every crop and, as its
-        # pooler_output, the packed image features (new tensors of the image tokens)
+    if r.spec.vision.model_type in ("llava_next", "idefics3"):
+        # LlavaNextModel and Idefics3Model return the tower's output (image_outputs): its last hidden state over every
+        # crop or tile and, as its pooler_output, the image features (new tensors of the image tokens)
         images = r.images.images_per_sample * r.plan.batch_size
         tower = r.spec.vision.tower.hidden_size * r.images.patches_per_image
         return round_block(element * images * (r.images.image_tokens_per_image * r.spec.hidden_size + tower))
@@ -418,9 +422,42 @@ def cross_attention_kept_bytes(r: ResolvedPlan) -> int:
     return states * (2 if r.plan.gradient_checkpointing else 1) + cross_attention_mask_bytes(r)
 
 
+def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
+    """Idefics3 / SmolVLM (transformers 5.24 models/idefics3/modeling_idefics3.py), the micro-batch's tiles at once,
+    N positions of width W over P tiles ((512 / 16)² = 1,024 a tile on SmolVLM-256M):
+
+    * with checkpointing, ``enable_input_require_grads`` hooks Idefics3VisionTransformer's embeddings, so the tower's
+      output requires grad: each of its ``depth`` Idefics3EncoderLayers (checkpointing layers) keeps its input
+      (a·N·W), ``post_layernorm`` its own (a·N·W), and the bidirectional mask the tower builds from the tiles' patch
+      mask (P x 1 x n x n for n positions a tile, in the weight dtype; a non-square image's global tile is padded, so
+      a GPU builds it too) is kept by the checkpointed layers' recomputation;
+    * without it the frozen tower and its connector build no graph;
+    * a connector that trains (full fine-tuning) keeps its projection's input, the pixel-shuffled features (a·N·W)."""
+    assert r.images is not None and r.spec.vision is not None
+    tower = r.spec.vision.tower
+    width = _tower_tensor_bytes(r, tower.hidden_size)
+    kept = width if projector_trains(r) else 0
+    if not r.plan.gradient_checkpointing:
+        return kept
+    return kept + (tower.num_layers + 1) * width + _idefics3_tower_bias_bytes(r)
+
+
+def _idefics3_tower_bias_bytes(r: ResolvedPlan) -> int:
+    """The tower's bidirectional mask over the micro-batch's P tiles of n positions: P x n² in the weight dtype."""
+    assert r.images is not None and r.spec.vision is not None
+    per_tile = r.spec.vision.tower.patches_per_image or 0
+    tiles = r.images.patches_per_sample * r.plan.batch_size // max(per_tile, 1)
+    return round_block(DTYPE_BYTES[r.weight_dtype] * tiles * per_tile * per_tile)
+
+
 TOWER_BACKWARD_NOTE = ("the vision tower's backward, after the whole language model's: one tower block recomputed "
                        "(its norms' and attention's inputs and outputs, its MLP activation's input) and its MLP "
                        "backward's gradients")
+
+
+# The families whose checkpointed tower is in the graph and recomputes its blocks in its own backward, after the
+# language model's: Gemma 3's SigLIP and Idefics3's (measured on gemma-3-4b-it and SmolVLM-256M-Instruct)
+TOWERS_BACK_PROPAGATED = ("gemma3", "idefics3")
 
 
 def tower_block_backward_bytes(r: ResolvedPlan) -> int:
@@ -437,7 +474,8 @@ def tower_block_backward_bytes(r: ResolvedPlan) -> int:
     tower's backward, 2.1% above the language model's moments; with 2 or 3 images the language model's moments stay
     larger."""
     vision = r.spec.vision
-    if r.images is None or vision is None or vision.model_type != "gemma3" or not r.plan.gradient_checkpointing:
+    if (r.images is None or vision is None or vision.model_type not in TOWERS_BACK_PROPAGATED
+            or not r.plan.gradient_checkpointing):
         return 0
     width = _tower_tensor_bytes(r, vision.tower.hidden_size)
     mlp = _tower_tensor_bytes(r, vision.tower.intermediate_size)
@@ -457,7 +495,8 @@ def tower_backward_saved_bytes(r: ResolvedPlan) -> int:
     remain."""
     assert r.images is not None and r.spec.vision is not None
     checkpoint = _tower_tensor_bytes(r, r.spec.vision.tower.hidden_size)
-    return (r.spec.vision.tower.num_layers * checkpoint + pixel_values_bytes(r)
+    bias = _idefics3_tower_bias_bytes(r) if r.spec.vision.model_type == "idefics3" else 0
+    return (r.spec.vision.tower.num_layers * checkpoint + pixel_values_bytes(r) + bias
             + BATCH_INT64_ROWS * round_block(INT64_BYTES * r.tokens))
 
 
@@ -474,12 +513,16 @@ def freed_before_embedding_backward(r: ResolvedPlan) -> int:
 
 
 def pixel_values_bytes(r: ResolvedPlan) -> int:
-    """The collator's pixel values, alive through the step: patches x (channels x temporal patch x patch²) fp32."""
+    """The collator's pixel values, alive through the step: patches x (channels x temporal patch x patch²) fp32;
+    Idefics3's processor adds a bool pixel_attention_mask, one byte a pixel of every tile."""
     images = r.images
     if images is None:
         return 0
     per_sample = images.pixel_values_per_image * images.images_per_sample
-    return round_block(per_sample * r.plan.batch_size * DTYPE_BYTES[PIXEL_VALUES_DTYPE])
+    mask = 0
+    if r.spec.vision is not None and r.spec.vision.model_type == "idefics3":
+        mask = round_block(per_sample * r.plan.batch_size // r.spec.vision.tower.in_channels)
+    return round_block(per_sample * r.plan.batch_size * DTYPE_BYTES[PIXEL_VALUES_DTYPE]) + mask
 
 
 def scattered_embedding_bytes(r: ResolvedPlan) -> int:

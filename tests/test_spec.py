@@ -124,8 +124,8 @@ def _vlm_entries(estimated: bool) -> list[dict]:
 # else the wrapper with its text model: the refusal reads model_type and the encoder keys, not sizes)
 _NOT_YET_ESTIMATED = [
     *(e["config"] for e in _vlm_entries(estimated=False)),
-    {"model_type": "idefics3", "architectures": ["Idefics3ForConditionalGeneration"],
-     "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "idefics3_vision"}},
+    {"model_type": "smolvlm", "architectures": ["SmolVLMForConditionalGeneration"],
+     "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "smolvlm_vision"}},
     {**FAMILY_CONFIGS["qwen2"], "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
      "vision_config": {"depth": 32, "embed_dim": 1280}},
 ]
@@ -170,6 +170,13 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
             8192, 100, 64, 8, 128256)
         assert spec.vision.cross_attention_layers == tuple(range(3, 100, 5))
         assert spec.total_params == 88_593_355_323
+    elif entry["config"]["model_type"] == "idefics3":
+        # SmolVLM-256M-Instruct: a 30-layer, 576-wide Llama decoder (9 heads of 64, 3 k/v heads), a 12-layer SigLIP
+        # tower on 512 px tiles of 16 px patches and the pixel-shuffle connector (4 x 4 patches a token)
+        assert spec.model_type == "llama" and spec.vision.projector.merge_factor == 16
+        assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.vocab_size) == (
+            576, 30, 9, 3, 49280)
+        assert spec.total_params == 256_484_928
     elif entry["config"]["model_type"] == "llava_next":
         # llava-v1.6-vicuna-7b: llava-1.5-7b's tower, projector and decoder (LlamaConfig's defaults) and image_newline
         assert spec.model_type == "llama" and spec.vision.image_grid_pinpoints == (
@@ -189,7 +196,7 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
 
 
 @pytest.mark.parametrize("config", [
-    {"model_type": "idefics3", "text_config": dict(FAMILY_CONFIGS["llama"])},  # the tower's config left default
+    {"model_type": "smolvlm", "text_config": dict(FAMILY_CONFIGS["llama"])},  # the tower's config left default
     {**FAMILY_CONFIGS["llama"], "mm_vision_tower": "openai/clip-vit-large-patch14-336"},  # an original LLaVA repo
     {**FAMILY_CONFIGS["llama"], "model_type": "qwen2_audio_like", "audio_config": {"d_model": 1280}},
 ])

@@ -505,7 +505,8 @@ def test_mllama_refuses_what_was_not_measured_by_name(kw, field, words):
     assert info.value.field == field
 
 
-@pytest.mark.parametrize("model", [{"gemma3": GEMMA3, "mllama": MLLAMA, "llava_next": LLAVA_NEXT}[family]
+@pytest.mark.parametrize("model", [{"gemma3": GEMMA3, "mllama": MLLAMA, "llava_next": LLAVA_NEXT,
+                                    "idefics3": "HuggingFaceTB/SmolVLM-256M-Instruct"}[family]
                                    for family in vision_images.TOWER_LORA_REFUSED])
 def test_the_tower_warning_offers_no_refused_next_step(model):
     """Where an adapted tower is refused, the warning about target names reaching the tower does not tell the user to
@@ -545,4 +546,42 @@ def test_llava_next_images_run_every_crop_through_the_tower(size, crops, tokens)
 def test_llava_next_refuses_what_was_not_measured_by_name(kw, field, words):
     with pytest.raises(PlanError, match=words) as info:
         estimate(_plan(model=LLAVA_NEXT, **kw))
+    assert info.value.field == field
+
+
+# ---------------------------------------------------------------------------
+# Idefics3 / SmolVLM: tiles and a global image through a SigLIP tower, the pixel-shuffle connector
+
+SMOLVLM = "HuggingFaceTB/SmolVLM-256M-Instruct"
+
+
+@pytest.mark.parametrize(("size", "tiles"), [("1280x720", 13), ("512x512", 17), ("300x900", 9)])
+def test_smolvlm_images_are_tiles_and_a_global_image(size, tiles):
+    """The longest edge resized to 2,048 px, the sides rounded up to 512 px tiles, plus the global image: each tile
+    1,024 tower positions and 64 tokens (4 x 4 patches a token)."""
+    r = _resolved(model=SMOLVLM, image_size=size)
+    assert r.images is not None
+    assert (r.images.patches_per_image, r.images.image_tokens_per_image) == (tiles * 1024, tiles * 64)
+    # fp32 pixel values and the bool pixel_attention_mask of every tile
+    assert vision_memory.pixel_values_bytes(r) == pytest.approx(tiles * 512 * 512 * (3 * 4 + 1), abs=2 * 512)
+
+
+def test_smolvlm_tower_keeps_its_layer_inputs_and_mask_only_with_checkpointing():
+    """With checkpointing the hooked frozen tower's 12 checkpointing layers keep their inputs, post_layernorm its
+    own, and the tiles' bidirectional mask stays for the recomputation; without it nothing."""
+    r = _resolved(model=SMOLVLM, image_size="1280x720")
+    n, w = 13 * 1024, 768
+    assert vision_memory.tower_saved_bytes(r) == pytest.approx(13 * n * w * 2 + 13 * 1024 * 1024 * 2, abs=16 * 512)
+    assert vision_memory.tower_saved_bytes(_resolved(model=SMOLVLM, image_size="1280x720",
+                                                     gradient_checkpointing=False)) == 0
+    assert vision_memory.tower_block_backward_bytes(r) > 0  # its own backward moment, as Gemma 3's
+
+
+@pytest.mark.parametrize(("kw", "field", "words"), [
+    ({"vision_tower": "lora"}, "vision_tower", "not estimated for Idefics3"),
+    ({"max_pixels": 1003520}, "max_pixels", "splits it into"),
+])
+def test_smolvlm_refuses_what_was_not_measured_by_name(kw, field, words):
+    with pytest.raises(PlanError, match=words) as info:
+        estimate(_plan(model=SMOLVLM, **kw))
     assert info.value.field == field

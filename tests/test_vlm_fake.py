@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
 from harness_modules import load_harness as _load
-from tiny_vlms import TINY_GEMMA3, TINY_LLAVA, TINY_LLAVA_NEXT, TINY_MLLAMA
+from tiny_vlms import TINY_GEMMA3, TINY_IDEFICS3, TINY_LLAVA, TINY_LLAVA_NEXT, TINY_MLLAMA
 
 from canifinetune.estimator.plan import TrainingPlan
 
@@ -191,3 +191,22 @@ def test_the_llava_next_batch_holds_the_processors_image_tokens():
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_LLAVA_NEXT, {"size": [90, 60], "per_sample": 2}, fake=True)
     assert fake["sequence"] == {"tokens": 32 + 2 * one.lm_tokens, "image_tokens": 2 * one.image_tokens,
                                 "pixel_rows": 2 * 2}  # one row of crops per image
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
+def test_idefics3_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    """Idefics3 / SmolVLM: every tile and the global image through the tower, the pixel shuffle; the harness's
+    all-real-images mask (idefics3_every_image_real) stands in for the one transformers reads from pixel values, and
+    the fake count equals the real one (which runs transformers' own mask)."""
+    _fake_equals_real(TINY_IDEFICS3, {"size": [90, 60], "per_sample": 2}, method=method, gradient_checkpointing=ckpt)
+
+
+def test_the_idefics3_batch_holds_the_processors_image_tokens():
+    """The processor's count (vision_tokens.idefics3_image_tokens: tokens, row/column markers and newlines, each a
+    token of the stand-in tokenizer as of the checkpoints') is what the batch holds."""
+    from canifinetune.estimator.vision_tokens import idefics3_image_tokens
+
+    one = idefics3_image_tokens(90, 60, image_size=56, patch_size=14, scale_factor=2, size=4 * 56, max_image_size=56)
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_IDEFICS3, {"size": [90, 60], "per_sample": 2}, fake=True)
+    assert fake["sequence"]["tokens"] == 32 + 2 * one.lm_tokens
+    assert fake["sequence"]["image_tokens"] == 2 * one.image_tokens

@@ -17,6 +17,7 @@ pytest.importorskip("trl")
 pytest.importorskip("PIL")
 
 from tiny_vlms import TINY_GEMMA3 as HARNESS_TINY_GEMMA3
+from tiny_vlms import TINY_IDEFICS3 as HARNESS_TINY_IDEFICS3
 from tiny_vlms import TINY_LLAVA as HARNESS_TINY_LLAVA
 from tiny_vlms import TINY_LLAVA_NEXT as HARNESS_TINY_LLAVA_NEXT
 from tiny_vlms import TINY_MLLAMA as HARNESS_TINY_MLLAMA
@@ -132,6 +133,34 @@ def tiny_llava_next(tmp_path_factory) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _make_tiny_llava_next(tmp_path_factory.mktemp("models") / "tiny-llava-next")
+
+
+# test_vlm_fake's tiny Idefics3 (SmolVLM's layout on 56 px tiles) with the word-level tokenizer's ids
+TINY_IDEFICS3 = {**HARNESS_TINY_IDEFICS3, "image_token_id": 4}
+TINY_IDEFICS3["text_config"] = {**TINY_IDEFICS3["text_config"], "vocab_size": 128, "max_position_embeddings": 2048,
+                                "eos_token_id": 1, "bos_token_id": 3}
+IDEFICS3_MARKERS = ("<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
+                    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)))
+
+
+def _make_tiny_idefics3(folder: Path) -> Path:
+    """A random tiny Idefics3 and its processor (Idefics3 image processor splitting into 56 px tiles, a word-level
+    tokenizer with the processor's markers and newlines as tokens, the chat template)."""
+    from transformers import Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tokenizer = _word_tokenizer(["<image>", *IDEFICS3_MARKERS, "<|user|>", "<|assistant|>"], added=("\n", "\n\n"))
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 4 * 56}, max_image_size={"longest_edge": 56})
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
+                                  chat_template=CHAT_TEMPLATE)
+    return _save_tiny(folder, processor, Idefics3ForConditionalGeneration, TINY_IDEFICS3)
+
+
+@pytest.fixture(scope="module")
+def tiny_idefics3(tmp_path_factory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _make_tiny_idefics3(tmp_path_factory.mktemp("models") / "tiny-idefics3")
 
 
 # test_vlm_fake's tiny Llama 3.2 Vision (3-layer decoder, layer 1 cross-attention; a 3 + 1-layer tower on 56 px
@@ -310,6 +339,24 @@ def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_l
 
     out = tmp_path / "recipe"
     code = cli_main(["recipe", "--model", str(tiny_llava_next), "--method", "lora", "--target-modules", "all-linear",
+                     "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
+                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
+                     "--out", str(out), "--offline"])
+    assert code == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = train(out / "recipe.yaml", device="cpu")
+    assert result.steps == 2 and len(result.losses) == 2
+    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+
+
+def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path):
+    """Idefics3's processor splits each image into tiles and a global image and returns their pixel_attention_mask,
+    which TRL's collator passes to the model: the recipe trains with them."""
+    from canifinetune.recipes.train import train
+
+    out = tmp_path / "recipe"
+    code = cli_main(["recipe", "--model", str(tiny_idefics3), "--method", "lora", "--target-modules", "all-linear",
                      "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
                      "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
                      "--out", str(out), "--offline"])

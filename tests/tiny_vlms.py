@@ -57,3 +57,17 @@ TINY_MLLAMA = {
 # crops over a grid of 56 x 112, 112 x 56 and 112 x 112 (the base image and up to 4 tiles an image), image_newline
 TINY_LLAVA_NEXT = {**TINY_LLAVA, "model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"],
                    "image_grid_pinpoints": [[56, 112], [112, 56], [112, 112]], "use_image_newline_parameter": True}
+
+# An Idefics3 (SmolVLM's layout) at toy sizes: a 2-layer Llama decoder, a 2-layer SigLIP-like tower on 56 px tiles of
+# 14 px patches (16 positions a tile), the pixel-shuffle connector (2 x 2 patches a token: 4 tokens a tile)
+TINY_IDEFICS3 = {
+    "model_type": "idefics3",
+    "architectures": ["Idefics3ForConditionalGeneration"],
+    "image_token_id": 500,
+    "scale_factor": 2,
+    "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                    "max_position_embeddings": 4096, "pad_token_id": 0},
+    "vision_config": {"model_type": "idefics3_vision", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+}

@@ -789,8 +789,8 @@ NOTES = {
         "frozen in commit c8203d3 with the estimator it checks, before any of its plans was measured, after seven "
         "exploratory plans (-0.46% to +2.39%). It ran from a clean worktree of that commit; the package's estimator "
         "code was the commit's. Four cases are low by 0.23% to 0.52% (within the -2% bound), all LoRA with "
-        "checkpointing at 4,680 to 7,024 language-model tokens a micro-batch; the exploratory micro-batch-2 plan (6,704 "
-        "tokens, -0.46%) peaked early in backward with no gradient made yet. Not traced further this session.",
+        "checkpointing at 4,680 to 7,024 language-model tokens a micro-batch; the exploratory micro-batch-2 plan "
+        "(6,704 tokens, -0.46%) peaked early in backward with no gradient made yet. Not traced further this session.",
     ],
 }
 

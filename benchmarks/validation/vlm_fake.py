@@ -74,6 +74,16 @@ GEMMA3_TEMPLATE = ("{% for message in messages %}{% for part in message['content
 MLLAMA_MARKERS = {"image_token_index": ("<|image|>", 4)}
 MLLAMA_BOS = ("<|begin_of_text|>", 5)
 MLLAMA_TEMPLATE = LLAVA_TEMPLATE.replace("<image>", "<|image|>")
+# Idefics3 / SmolVLM: the config's image_token_id and Idefics3Processor's tokens: the tile and global markers it
+# writes around every image's <image> runs, and the newlines between rows and before the global image, which the
+# checkpoints' tokenizers keep as tokens of their own ("\n", "\n\n")
+IDEFICS3_MARKERS = {"image_token_id": ("<image>", 4)}
+IDEFICS3_SPECIALS = ("<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
+                     *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)))
+IDEFICS3_NEWLINES = ("\n", "\n\n")
+# the checkpoints' preprocessor_config.json resize the longest edge to 4 tiles (SmolVLM-256M: 2048 = 4 x 512;
+# Idefics3-8B: 1456 = 4 x 364, the class default)
+IDEFICS3_LONGEST_EDGE_TILES = 4
 # Vision tower training: frozen (the default of VLM recipes), LoRA on its linears too, or fully trained
 VISION_TOWER_MODES = ("frozen", "lora", "full")
 
@@ -205,6 +215,63 @@ def llava_next_processor(config: dict, folder: Path, knobs: dict):
                               num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE)
 
 
+def idefics3_processor(config: dict, folder: Path, knobs: dict):
+    """Idefics3's (and SmolVLM's) processor as HuggingFaceTB/SmolVLM-256M-Instruct's processor files set it up:
+    Idefics3ImageProcessor resizing the longest edge to 2048 px and splitting the image into tiles of the tower's
+    image_size plus a global image, image_seq_len (image_size / patch)² / scale_factor² <image> tokens a tile framed
+    by its markers; the stand-in tokenizer with the markers and newlines as tokens of their own."""
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    if knobs:
+        raise ValueError(f"Idefics3's processor knobs are not measured here; got {sorted(knobs)}")
+    vision = config.get("vision_config") or {}
+    side, patch = int(vision.get("image_size", 364)), int(vision.get("patch_size", 14))
+    scale = int(config.get("scale_factor", 2))
+    ids = {text: 5 + k for k, text in enumerate(IDEFICS3_SPECIALS)}
+    newlines = {text: 5 + len(ids) + k for k, text in enumerate(IDEFICS3_NEWLINES)}
+    tokenizer = _stand_in_tokenizer(folder, {**dict(IDEFICS3_MARKERS.values()), **ids}, added=newlines)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": IDEFICS3_LONGEST_EDGE_TILES * side},
+                                               max_image_size={"longest_edge": side}, do_image_splitting=True)
+    return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                             image_seq_len=(side // patch) ** 2 // scale**2, chat_template=LLAVA_TEMPLATE)
+
+
+@contextlib.contextmanager
+def idefics3_every_image_real():
+    """Idefics3Model.get_image_features drops padding images (all-zero pixel values) with a boolean mask made from
+    the pixel values, which a fake tensor has no values for. Every row here holds the same images, so the processor
+    pads none: the mask is all True, made from data (its values kept, DATA_CONSTANT_LIMIT) by comparing the pixel
+    values' image count with itself; everything else is transformers' own function."""
+    import torch
+    from transformers.models.idefics3 import modeling_idefics3 as idefics3
+
+    original = idefics3.Idefics3Model.get_image_features
+    real_sum = torch.Tensor.sum
+
+    def get_image_features(self, pixel_values, pixel_attention_mask=None, **kwargs):
+        images = pixel_values.shape[0] * pixel_values.shape[1]
+        values = pixel_values.shape[2:].numel()
+
+        def counted_zeros(tensor, *args, **kw):  # (pixel_values == 0.0).sum(dim=(-1, -2, -3)) of real images
+            if tensor.dtype == torch.bool and tensor.dim() == 4 and tensor.shape[0] == images and kw.get("dim") == (
+                    -1, -2, -3):
+                return torch.tensor([values - 1] * images)
+            return real_sum(tensor, *args, **kw)
+
+        torch.Tensor.sum = counted_zeros
+        try:
+            return original(self, pixel_values, pixel_attention_mask, **kwargs)
+        finally:
+            torch.Tensor.sum = real_sum
+
+    idefics3.Idefics3Model.get_image_features = get_image_features
+    try:
+        yield
+    finally:
+        idefics3.Idefics3Model.get_image_features = original
+
+
 def mllama_processor(config: dict, folder: Path, knobs: dict):
     """Llama 3.2 Vision's processor as meta-llama/Llama-3.2-*-Vision-Instruct's processor files set it up:
     MllamaImageProcessor (560 px tiles, up to max_num_tiles of them, the canvas chosen by the image's aspect ratio,
@@ -286,10 +353,12 @@ def _family(config: dict) -> Family:
         return Family(GEMMA3_MARKERS, "image_token_index", gemma3_processor, contextlib.nullcontext)
     if model_type == "mllama":
         return Family(MLLAMA_MARKERS, "image_token_index", mllama_processor, contextlib.nullcontext)
+    if model_type == "idefics3":
+        return Family(IDEFICS3_MARKERS, "image_token_id", idefics3_processor, idefics3_every_image_real)
     if model_type == "llava_next":
         return Family(LLAVA_MARKERS, "image_token_index", llava_next_processor, contextlib.nullcontext)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava, llava_next, gemma3 and "
-                     "mllama")
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava, llava_next, gemma3, "
+                     "mllama and idefics3")
 
 
 def with_stand_in_markers(config: dict) -> dict:
