@@ -33,7 +33,7 @@ KIND_WORDS = {
     "lower_precision": "lower precision (4-bit base or 8-bit optimizer states)",
     "fewer_trainable": "fewer trainable parameters",
     "shorter_context": "shorter context (or GRPO completions)",
-    "fewer_image_tokens": "fewer image tokens (a lower max_pixels, fewer images a sample)",
+    "fewer_image_tokens": "fewer image tokens (a lower max_pixels, no image splitting, fewer images a sample)",
     "fewer_generations": "fewer GRPO generations per prompt",
     "cpu_offload": "CPU offload",
     "more_gpus": "more GPUs",
@@ -481,20 +481,26 @@ def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
     """A VLM's images downscaled (a lower max_pixels: priced per halving of an image's tokens, as context is) or fewer
     of them a sample (priced higher per halving: a sample loses whole images, and a multi-image task changes)."""
     o, p, w = t.original, t.plan, QUALITY_WEIGHTS
-    if (o.max_pixels, o.images_per_sample) == (p.max_pixels, p.images_per_sample) or None in (o.image_size,
-                                                                                              p.image_size):
+    if _image_knobs(o) == _image_knobs(p) or None in (o.image_size, p.image_size):
         return
     before, after = _images(o, rm), _images(p, rm)
     if after.lm_tokens_per_image < before.lm_tokens_per_image:
+        how = (f"downscaled (max_pixels {p.max_pixels:,})" if p.max_pixels != o.max_pixels else
+               "not split into tiles (do_image_splitting off: the global image alone)")
         t.learning(w["image_tokens_per_halving"] * math.log2(before.lm_tokens_per_image / after.lm_tokens_per_image),
-                   f"images downscaled (max_pixels {p.max_pixels:,}): {before.lm_tokens_per_image:,} -> "
-                   f"{after.lm_tokens_per_image:,} tokens each, less visual detail to learn from")
+                   f"images {how}: {before.lm_tokens_per_image:,} -> {after.lm_tokens_per_image:,} tokens each, "
+                   "less visual detail to learn from")
     if p.images_per_sample < o.images_per_sample:
         t.learning(w["images_per_sample_per_halving"] * math.log2(o.images_per_sample / p.images_per_sample),
                    f"{p.images_per_sample} image{'s' if p.images_per_sample != 1 else ''} a sample instead of "
                    f"{o.images_per_sample}: {before.lm_tokens_per_sample:,} -> {after.lm_tokens_per_sample:,} image "
                    "tokens a sample; samples lose whole images")
-    t.handled.update(("max_pixels", "images_per_sample"))
+    t.handled.update(("max_pixels", "images_per_sample", "do_image_splitting"))
+
+
+def _image_knobs(plan: TrainingPlan) -> tuple:
+    """The plan's settings that decide its images' tokens, beside image_size."""
+    return plan.max_pixels, plan.images_per_sample, plan.do_image_splitting
 
 
 def _vision_tower_cost(t: _Tally) -> None:
@@ -533,7 +539,7 @@ def kind_of(original: TrainingPlan, plan: TrainingPlan, rm: ResolvedModel) -> st
     if plan.trainer == original.trainer == "grpo" and (
             trainer_setting(plan, "num_generations") < trainer_setting(original, "num_generations")):
         return "fewer_generations"
-    if (plan.max_pixels, plan.images_per_sample) != (original.max_pixels, original.images_per_sample) and (
+    if _image_knobs(plan) != _image_knobs(original) and (
             plan.image_size is not None and _image_tokens(plan, rm) < _image_tokens(original, rm)):
         return "fewer_image_tokens"
     if plan.seq_len < original.seq_len or (plan.trainer == original.trainer == "grpo" and (

@@ -111,7 +111,8 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     p = plan
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
                         _optim_knob(p), _activation_offload_knob(p), _offload_knob(p))  # tier 0
-    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _images_per_sample_knob(p),
+    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _image_splitting_knob(p, rm.spec),
+                        _images_per_sample_knob(p),
                         _vision_tower_knob(p), _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm),
                         _peft_extras_knob(p))  # tier 1
     knobs = [k for k in (*same_mathematics, *changes_learning) if k is not None]
@@ -242,6 +243,18 @@ def _image_pixels_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
     now, per_token = min(size[0] * size[1], ceiling), pixels_per_image_token(spec)
     values = [n * per_token for n in IMAGE_TOKEN_LEVELS if floor <= n * per_token < now]
     return Knob("max_pixels", 1, [{"max_pixels": v} for v in values], monotone=True) if values else None
+
+
+def _image_splitting_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
+    """An Idefics3/SmolVLM plan's images not split into tiles (do_image_splitting off): the global image alone, one
+    tile's tokens instead of up to 17."""
+    if p.image_size is None or spec.vision is None:
+        return None
+    from .vision_images import IMAGE_SPLITTING_TYPES, splitting
+
+    if spec.vision.model_type not in IMAGE_SPLITTING_TYPES or not splitting(p):
+        return None
+    return Knob("do_image_splitting", 1, [{"do_image_splitting": False}])
 
 
 def _vision_tower_knob(p: TrainingPlan) -> Knob | None:

@@ -300,6 +300,11 @@ class TrainingPlan(BaseModel):
         description="Qwen-VL image processor max_pixels: images with more pixels are scaled down (checkpoint default "
                     "12845056 = 3584x3584 on Qwen2.5-VL, 16777216 = 4096x4096 on Qwen3-VL); the knob that bounds a "
                     "large image's tokens.")
+    do_image_splitting: bool | None = Field(
+        None,
+        description="Idefics3/SmolVLM image processor do_image_splitting: each image split into tiles of the tower's "
+                    "size plus a global image (the checkpoints' default, on: up to 17 tiles of 64 tokens on "
+                    "SmolVLM), or, off, the global image alone (64 tokens).")
     gradient_checkpointing: bool = Field(
         True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on)."
     )
@@ -691,7 +696,8 @@ class TrainingPlan(BaseModel):
         """Image settings need images; the processor's bounds must be in order. Whether the model reads images at
         all is the model's to say (estimator/resolved.py)."""
         if self.image_size is None:
-            given = [name for name in ("min_pixels", "max_pixels") if getattr(self, name) is not None]
+            given = [name for name in ("min_pixels", "max_pixels", "do_image_splitting")
+                     if getattr(self, name) is not None]
             given += [name for name, default in (("images_per_sample", 1), ("vision_tower", "frozen"))
                       if getattr(self, name) != default]
             if given:

@@ -139,6 +139,9 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
             if getattr(plan, name) is not None:
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
                                             f"({spec.vision.model_type}) has none: it {does}; drop it")
+    if plan.do_image_splitting is not None and spec.vision.model_type not in IMAGE_SPLITTING_TYPES:
+        raise PlanError.about("do_image_splitting", f"is an Idefics3/SmolVLM processor setting; {plan.model}'s "
+                                                    f"processor ({spec.vision.model_type}) has none; drop it")
 
 
 def has_pixel_bounds(spec: ModelSpec) -> bool:
@@ -232,6 +235,8 @@ def _llava_next_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int
 # size (HuggingFaceTB/SmolVLM-256M-Instruct: 2048 = 4 x 512; Idefics3-8B: 1456 = 4 x 364, the class default), image
 # splitting on
 IDEFICS3_LONGEST_EDGE_TILES = 4
+# The families whose processor takes do_image_splitting (Idefics3ImageProcessor; checkpoints' default: on)
+IMAGE_SPLITTING_TYPES = ("idefics3",)
 
 
 def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:
@@ -248,13 +253,23 @@ def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int])
     try:
         one = idefics3_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
                                     scale_factor=scale, size=IDEFICS3_LONGEST_EDGE_TILES * tower.image_size,
-                                    max_image_size=tower.image_size, num_channels=tower.in_channels)
+                                    max_image_size=tower.image_size, num_channels=tower.in_channels,
+                                    do_image_splitting=splitting(plan))
     except ValueError as exc:
         raise PlanError.about("image_size", str(exc)) from None
     rows, cols = one.grid
+    words = (f"{rows}x{cols} tiles of {tower.image_size} px and the global image" if rows else
+             f"the global image alone (do_image_splitting {'off' if not splitting(plan) else 'on: one tile'})")
     return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens,
                       one.encoder_crops * one.encoder_positions_per_crop, one.pixel_values_numel,
-                      f"Idefics3 processor: {rows}x{cols} tiles of {tower.image_size} px and the global image")
+                      f"Idefics3 processor: {words}")
+
+
+def splitting(plan: TrainingPlan) -> bool:
+    """An Idefics3 plan's do_image_splitting: the plan's, else the checkpoints' (on)."""
+    from .vision_tokens import IDEFICS3_DO_IMAGE_SPLITTING
+
+    return IDEFICS3_DO_IMAGE_SPLITTING if plan.do_image_splitting is None else plan.do_image_splitting
 
 
 def _gemma3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:

@@ -514,14 +514,15 @@ def freed_before_embedding_backward(r: ResolvedPlan) -> int:
 
 def pixel_values_bytes(r: ResolvedPlan) -> int:
     """The collator's pixel values, alive through the step: patches x (channels x temporal patch x patch²) fp32;
-    Idefics3's processor adds a bool pixel_attention_mask, one byte a pixel of every tile."""
+    Idefics3's processor adds a pixel_attention_mask of every tile's pixels in int64 (Idefics3ImageProcessor makes it
+    with torch.zeros(..., dtype=torch.int64), its PIL twin with np.int64)."""
     images = r.images
     if images is None:
         return 0
     per_sample = images.pixel_values_per_image * images.images_per_sample
     mask = 0
     if r.spec.vision is not None and r.spec.vision.model_type == "idefics3":
-        mask = round_block(per_sample * r.plan.batch_size // r.spec.vision.tower.in_channels)
+        mask = round_block(INT64_BYTES * per_sample * r.plan.batch_size // r.spec.vision.tower.in_channels)
     return round_block(per_sample * r.plan.batch_size * DTYPE_BYTES[PIXEL_VALUES_DTYPE]) + mask
 
 

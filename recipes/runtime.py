@@ -516,6 +516,8 @@ def _prepare_vlm(plan: TrainingPlan, machine: Machine, config: dict, source: str
 
     spec = ModelSpec.from_config(config)
     processor = AutoProcessor.from_pretrained(source)
+    if plan.do_image_splitting is not None:  # the Idefics3 image processor's tiling
+        processor.image_processor.do_image_splitting = plan.do_image_splitting
     if plan.min_pixels is not None or plan.max_pixels is not None:  # the Qwen image processor's bounds
         image_processor = processor.image_processor
         size = dict(getattr(image_processor, "size", None) or {})

@@ -562,8 +562,8 @@ def test_smolvlm_images_are_tiles_and_a_global_image(size, tiles):
     r = _resolved(model=SMOLVLM, image_size=size)
     assert r.images is not None
     assert (r.images.patches_per_image, r.images.image_tokens_per_image) == (tiles * 1024, tiles * 64)
-    # fp32 pixel values and the bool pixel_attention_mask of every tile
-    assert vision_memory.pixel_values_bytes(r) == pytest.approx(tiles * 512 * 512 * (3 * 4 + 1), abs=2 * 512)
+    # fp32 pixel values and the int64 pixel_attention_mask of every tile
+    assert vision_memory.pixel_values_bytes(r) == pytest.approx(tiles * 512 * 512 * (3 * 4 + 8), abs=2 * 512)
 
 
 def test_smolvlm_tower_keeps_its_layer_inputs_and_mask_only_with_checkpointing():
@@ -585,3 +585,41 @@ def test_smolvlm_refuses_what_was_not_measured_by_name(kw, field, words):
     with pytest.raises(PlanError, match=words) as info:
         estimate(_plan(model=SMOLVLM, **kw))
     assert info.value.field == field
+
+
+def test_smolvlm_image_splitting_off_is_the_global_image_alone():
+    """do_image_splitting off (Idefics3ImageProcessor's knob, a plan field): one 512 px tile of 64 tokens and its
+    three markers an image, 1,024 tower positions; the estimate falls with it."""
+    split = _resolved(model=SMOLVLM, image_size="1280x720")
+    whole = _resolved(model=SMOLVLM, image_size="1280x720", do_image_splitting=False)
+    assert whole.images is not None and split.images is not None
+    assert (whole.images.lm_tokens_per_image, whole.images.patches_per_image) == (67, 1024)
+    assert split.images.lm_tokens_per_image == 862
+    assert estimate(_plan(model=SMOLVLM, do_image_splitting=False)).peak_allocated_bytes < estimate(
+        _plan(model=SMOLVLM)).peak_allocated_bytes
+
+
+@pytest.mark.parametrize("model", [VL3B, GEMMA3, MLLAMA, LLAVA_NEXT])
+def test_image_splitting_is_refused_where_the_processor_has_no_such_knob(model):
+    with pytest.raises(PlanError, match="Idefics3/SmolVLM processor setting") as info:
+        estimate(_plan(model=model, do_image_splitting=False))
+    assert info.value.field == "do_image_splitting"
+
+
+def test_image_splitting_needs_images():
+    with pytest.raises(ValueError, match="do_image_splitting: describes the training images; give image_size too"):
+        TrainingPlan(model=SMOLVLM, do_image_splitting=False)
+
+
+def test_the_search_offers_to_stop_splitting_smolvlm_images():
+    """A SmolVLM plan that does not fit is offered do_image_splitting off as fewer image tokens, priced by the tokens
+    an image loses; a plan with splitting already off is not offered it."""
+    from canifinetune.estimator.search import suggest
+
+    plan = _plan(model=SMOLVLM, seq_len=1024, batch_size=4, images_per_sample=2, gpu_vram_gb=4)
+    result = suggest(plan)
+    off = next(s for s in result.suggestions if {c.field for c in s.changes} == {"do_image_splitting"})
+    assert off.cost.kind == "fewer_image_tokens" and "862 -> 67 tokens each" in off.cost.details[0]
+    assert off.estimate.verdict != "does_not_fit"
+    unsplit = suggest(plan.replace(do_image_splitting=False, seq_len=8192, batch_size=16))
+    assert not any("do_image_splitting" in {c.field for c in s.changes} for s in unsplit.suggestions)

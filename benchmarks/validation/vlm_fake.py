@@ -223,8 +223,9 @@ def idefics3_processor(config: dict, folder: Path, knobs: dict):
     from transformers import Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    if knobs:
-        raise ValueError(f"Idefics3's processor knobs are not measured here; got {sorted(knobs)}")
+    unknown = sorted(set(knobs) - {"do_image_splitting"})
+    if unknown:
+        raise ValueError(f"Idefics3's processor knobs measured here: do_image_splitting; got {unknown}")
     vision = config.get("vision_config") or {}
     side, patch = int(vision.get("image_size", 364)), int(vision.get("patch_size", 14))
     scale = int(config.get("scale_factor", 2))
@@ -232,7 +233,8 @@ def idefics3_processor(config: dict, folder: Path, knobs: dict):
     newlines = {text: 5 + len(ids) + k for k, text in enumerate(IDEFICS3_NEWLINES)}
     tokenizer = _stand_in_tokenizer(folder, {**dict(IDEFICS3_MARKERS.values()), **ids}, added=newlines)
     image_processor = Idefics3ImageProcessorPil(size={"longest_edge": IDEFICS3_LONGEST_EDGE_TILES * side},
-                                               max_image_size={"longest_edge": side}, do_image_splitting=True)
+                                               max_image_size={"longest_edge": side},
+                                               do_image_splitting=bool(knobs.get("do_image_splitting", True)))
     return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
                              image_seq_len=(side // patch) ** 2 // scale**2, chat_template=LLAVA_TEMPLATE)
 
@@ -556,6 +558,8 @@ def images_of_plan(plan, config: dict | None = None) -> dict:
     if model_type in vision_images.QWEN_PIXEL_BOUNDS:
         low, high = vision_images.QWEN_PIXEL_BOUNDS[model_type]
         knobs = {"min_pixels": plan.min_pixels or low, "max_pixels": plan.max_pixels or high}
+    if model_type in vision_images.IMAGE_SPLITTING_TYPES and plan.do_image_splitting is not None:
+        knobs = {"do_image_splitting": plan.do_image_splitting}
     return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
             "processor": knobs}
 
