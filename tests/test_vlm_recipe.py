@@ -350,17 +350,28 @@ def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_l
     assert all(math.isfinite(x) and x > 0 for x in result.losses)
 
 
-def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path):
-    """Idefics3's processor splits each image into tiles and a global image and returns their pixel_attention_mask,
-    which TRL's collator passes to the model: the recipe trains with them."""
+@pytest.mark.parametrize("splitting", [[], ["--no-do-image-splitting"]], ids=["tiles", "global-image-only"])
+def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path, splitting):
+    """Idefics3's processor splits each image into tiles and a global image (or, with do_image_splitting off, keeps
+    the global image alone) and returns their pixel_attention_mask, which TRL's collator passes to the model: the
+    recipe trains with them, its processor set as the plan says."""
     from canifinetune.recipes.train import train
 
     out = tmp_path / "recipe"
     code = cli_main(["recipe", "--model", str(tiny_idefics3), "--method", "lora", "--target-modules", "all-linear",
                      "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
-                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
+                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1", *splitting,
                      "--out", str(out), "--offline"])
     assert code == 0
+    if splitting:
+        from canifinetune.recipes.schema import load_recipe
+
+        recipe = load_recipe(out / "recipe.yaml")
+        assert recipe.plan.do_image_splitting is False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = prepare(recipe.plan, recipe_dir=out, device="cpu", output_dir=tmp_path / "o")
+        assert prepared.tokenizer.image_processor.do_image_splitting is False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = train(out / "recipe.yaml", device="cpu")

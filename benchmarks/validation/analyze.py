@@ -792,6 +792,23 @@ NOTES = {
         "checkpointing at 4,680 to 7,024 language-model tokens a micro-batch; the exploratory micro-batch-2 plan "
         "(6,704 tokens, -0.46%) peaked early in backward with no gradient made yet. Not traced further this session.",
     ],
+    "cohort-v30": [
+        "Cohort v30 (14 SmolVLM plans on HuggingFaceTB/SmolVLM-256M-Instruct, Idefics3's layout, with a frozen tower, "
+        "issue 26) was frozen in commit ad64400 with the estimator it checks, before any of its plans was measured, "
+        "after seven exploratory plans (+0.37% to +4.15%). At the run (results/fake-cohort-v30.jsonl, the estimates "
+        "recorded in it) it came out +0.20% to +4.12% with three cases low: s10 -0.98%, s04 -0.81%, s09 -0.65%. The "
+        "largest tensors at s04's peak showed the processor's pixel_attention_mask in int64 (Idefics3ImageProcessor "
+        "makes it so), which the estimate had counted at one byte a pixel; commit df4a1c4 counts it in int64, and the "
+        "figures below are today's estimator against the same measurements: +0.49% to +5.60%. No constant was "
+        "fitted; the change is the tensor's dtype, read from the processor's source. Cohort v31, frozen after it, "
+        "checks it prospectively.",
+    ],
+    "cohort-v31": [
+        "Cohort v31 (8 SmolVLM-256M plans for the do_image_splitting plan field, 5 with splitting off) was frozen in "
+        "commit df4a1c4, after cohort v30 ran and after the estimator counted Idefics3's pixel_attention_mask in "
+        "int64, before any of its plans was measured. Its small QLoRA plans carry the cuBLAS workspace (32 MiB) that "
+        "fake mode cannot see: t04's +8.70% is 0.38 GiB measured.",
+    ],
 }
 
 
