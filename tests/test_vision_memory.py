@@ -425,16 +425,6 @@ def test_gemma3_tied_embeddings_last_gradient_comes_after_the_towers_backward():
     assert vision_memory.freed_before_embedding_backward(_resolved(method="full")) == 0
 
 
-@pytest.mark.parametrize(("kw", "field", "words"), [
-    ({"vision_tower": "lora"}, "vision_tower", "not estimated for Gemma 3"),
-    ({"max_pixels": 1003520}, "max_pixels", "Qwen-VL processor setting"),
-])
-def test_gemma3_refuses_what_was_not_measured_by_name(kw, field, words):
-    with pytest.raises(PlanError, match=words) as info:
-        estimate(_plan(model=GEMMA3, **kw))
-    assert info.value.field == field
-
-
 # ---------------------------------------------------------------------------
 # Llama 3.2 Vision (Mllama): cross-attention layers read the tower's states; one <|image|> token an image
 
@@ -494,17 +484,6 @@ def test_mllama_states_gradient_and_bias_are_kept_and_the_tower_output_held_in_f
     assert vision_memory.image_outputs_bytes(_resolved(model=MLLAMA, method="full")) == 0  # the projector keeps it
 
 
-@pytest.mark.parametrize(("kw", "field", "words"), [
-    ({"vision_tower": "lora"}, "vision_tower", "not estimated for Llama 3.2 Vision"),
-    ({"vision_tower": "full"}, "vision_tower", "fully trained vision tower"),
-    ({"max_pixels": 1003520}, "max_pixels", "tiles every image"),
-])
-def test_mllama_refuses_what_was_not_measured_by_name(kw, field, words):
-    with pytest.raises(PlanError, match=words) as info:
-        estimate(_plan(model=MLLAMA, **kw))
-    assert info.value.field == field
-
-
 @pytest.mark.parametrize("model", [{"gemma3": GEMMA3, "mllama": MLLAMA, "llava_next": LLAVA_NEXT,
                                     "idefics3": "HuggingFaceTB/SmolVLM-256M-Instruct"}[family]
                                    for family in vision_images.TOWER_LORA_REFUSED])
@@ -539,16 +518,6 @@ def test_llava_next_images_run_every_crop_through_the_tower(size, crops, tokens)
     assert kept == pytest.approx((layers + 1) * crops * 577 * 1024 * 2 + 2 * crops * 576 * 4096 * 2, abs=8 * 512)
 
 
-@pytest.mark.parametrize(("kw", "field", "words"), [
-    ({"vision_tower": "lora"}, "vision_tower", "not estimated for LLaVA-NeXT"),
-    ({"max_pixels": 1003520}, "max_pixels", "image_grid_pinpoints"),
-])
-def test_llava_next_refuses_what_was_not_measured_by_name(kw, field, words):
-    with pytest.raises(PlanError, match=words) as info:
-        estimate(_plan(model=LLAVA_NEXT, **kw))
-    assert info.value.field == field
-
-
 # ---------------------------------------------------------------------------
 # Idefics3 / SmolVLM: tiles and a global image through a SigLIP tower, the pixel-shuffle connector
 
@@ -575,16 +544,6 @@ def test_smolvlm_tower_keeps_its_layer_inputs_and_mask_only_with_checkpointing()
     assert vision_memory.tower_saved_bytes(_resolved(model=SMOLVLM, image_size="1280x720",
                                                      gradient_checkpointing=False)) == 0
     assert vision_memory.tower_block_backward_bytes(r) > 0  # its own backward moment, as Gemma 3's
-
-
-@pytest.mark.parametrize(("kw", "field", "words"), [
-    ({"vision_tower": "lora"}, "vision_tower", "not estimated for Idefics3"),
-    ({"max_pixels": 1003520}, "max_pixels", "splits it into"),
-])
-def test_smolvlm_refuses_what_was_not_measured_by_name(kw, field, words):
-    with pytest.raises(PlanError, match=words) as info:
-        estimate(_plan(model=SMOLVLM, **kw))
-    assert info.value.field == field
 
 
 def test_smolvlm_image_splitting_off_is_the_global_image_alone():
@@ -623,3 +582,21 @@ def test_the_search_offers_to_stop_splitting_smolvlm_images():
     assert off.estimate.verdict != "does_not_fit"
     unsplit = suggest(plan.replace(do_image_splitting=False, seq_len=8192, batch_size=16))
     assert not any("do_image_splitting" in {c.field for c in s.changes} for s in unsplit.suggestions)
+
+
+@pytest.mark.parametrize(("model", "kw", "field", "words"), [
+    (GEMMA3, {"vision_tower": "lora"}, "vision_tower", "not estimated for Gemma 3"),
+    (GEMMA3, {"max_pixels": 1003520}, "max_pixels", "Qwen-VL processor setting"),
+    (MLLAMA, {"vision_tower": "lora"}, "vision_tower", "not estimated for Llama 3.2 Vision"),
+    (MLLAMA, {"vision_tower": "full"}, "vision_tower", "fully trained vision tower"),
+    (MLLAMA, {"max_pixels": 1003520}, "max_pixels", "tiles every image"),
+    (LLAVA_NEXT, {"vision_tower": "lora"}, "vision_tower", "not estimated for LLaVA-NeXT"),
+    (LLAVA_NEXT, {"max_pixels": 1003520}, "max_pixels", "image_grid_pinpoints"),
+    (SMOLVLM, {"vision_tower": "lora"}, "vision_tower", "not estimated for Idefics3"),
+    (SMOLVLM, {"max_pixels": 1003520}, "max_pixels", "splits it into"),
+])
+def test_each_family_refuses_what_was_not_measured_by_name(model, kw, field, words):
+    """What a family's processor does not have, or what was not measured on it, is an error naming the field."""
+    with pytest.raises(PlanError, match=words) as info:
+        estimate(_plan(model=model, **kw))
+    assert info.value.field == field

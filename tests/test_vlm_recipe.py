@@ -72,6 +72,13 @@ def _save_tiny(folder: Path, processor, model_class, config: dict) -> Path:
     return folder
 
 
+def _built(make, tmp_path_factory, name: str) -> Path:
+    """A tiny checkpoint folder made by ``make`` (a module fixture's), transformers' warnings about toy sizes muted."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make(tmp_path_factory.mktemp("models") / name)
+
+
 def _make_tiny_llava(folder: Path) -> Path:
     """A random tiny LLaVA and its processor (CLIP image processor, a word-level tokenizer, the chat template)."""
     from transformers import LlavaForConditionalGeneration, LlavaProcessor
@@ -130,9 +137,7 @@ def _make_tiny_llava_next(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_llava_next(tmp_path_factory) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _make_tiny_llava_next(tmp_path_factory.mktemp("models") / "tiny-llava-next")
+    return _built(_make_tiny_llava_next, tmp_path_factory, "tiny-llava-next")
 
 
 # test_vlm_fake's tiny Idefics3 (SmolVLM's layout on 56 px tiles) with the word-level tokenizer's ids
@@ -158,9 +163,7 @@ def _make_tiny_idefics3(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_idefics3(tmp_path_factory) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _make_tiny_idefics3(tmp_path_factory.mktemp("models") / "tiny-idefics3")
+    return _built(_make_tiny_idefics3, tmp_path_factory, "tiny-idefics3")
 
 
 # test_vlm_fake's tiny Llama 3.2 Vision (3-layer decoder, layer 1 cross-attention; a 3 + 1-layer tower on 56 px
@@ -186,23 +189,17 @@ def _make_tiny_mllama(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_mllama(tmp_path_factory) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _make_tiny_mllama(tmp_path_factory.mktemp("models") / "tiny-mllama")
+    return _built(_make_tiny_mllama, tmp_path_factory, "tiny-mllama")
 
 
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _make_tiny_gemma3(tmp_path_factory.mktemp("models") / "tiny-gemma3")
+    return _built(_make_tiny_gemma3, tmp_path_factory, "tiny-gemma3")
 
 
 @pytest.fixture(scope="module")
 def tiny_llava(tmp_path_factory) -> Path:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _make_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+    return _built(_make_tiny_llava, tmp_path_factory, "tiny-llava")
 
 
 def _plan(model: Path, **kw) -> TrainingPlan:
@@ -223,21 +220,31 @@ def _row(images: list[str], parts: int | None = None) -> dict:
         {"role": "assistant", "content": [{"type": "text", "text": "a red circle ."}]}]}
 
 
-def test_the_recipe_trains_two_steps_on_its_example_image_rows(tiny_llava, tmp_path):
+def _recipe(model: Path, out: Path, method: str = "lora", *flags: str) -> Path:
+    """``canifinetune recipe`` for a tiny VLM: two steps of micro-batch 2, 24 text tokens and one 90x60 image a row."""
+    targets = ["--target-modules", "all-linear"] if method != "full" else []
+    code = cli_main(["recipe", "--model", str(model), "--method", method, *targets, "--dtype", "fp32",
+                     "--seq-len", "24", "--batch-size", "2", "--max-steps", "2", "--learning-rate", "1e-3",
+                     "--image-size", "90x60", "--images-per-sample", "1", *flags, "--out", str(out), "--offline"])
+    assert code == 0
+    return out
+
+
+def _trains_two_steps(out: Path) -> None:
+    """The recipe at ``out`` trains its two steps on CPU, on the example rows it ships, with finite losses."""
     from canifinetune.recipes.train import train
 
-    out = tmp_path / "recipe"
-    code = cli_main(["recipe", "--model", str(tiny_llava), "--method", "lora", "--target-modules", "all-linear",
-                     "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
-                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
-                     "--out", str(out), "--offline"])
-    assert code == 0
-    assert (out / "example_data.jsonl").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = train(out / "recipe.yaml", device="cpu")
     assert result.steps == 2 and len(result.losses) == 2
     assert all(math.isfinite(x) and x > 0 for x in result.losses)
+
+
+def test_the_recipe_trains_two_steps_on_its_example_image_rows(tiny_llava, tmp_path):
+    out = _recipe(tiny_llava, tmp_path / "recipe")
+    assert (out / "example_data.jsonl").exists()
+    _trains_two_steps(out)
     assert (out / "outputs" / "adapter_model.safetensors").exists()
 
 
@@ -246,19 +253,7 @@ def test_the_gemma3_recipe_trains_two_steps_on_its_example_image_rows(tiny_gemma
     """Gemma 3's processor returns token_type_ids (the image blocks' bidirectional mask), which TRL's collator passes
     to the model: the recipe trains with them, LoRA on the language model or every language-model weight and the
     projector."""
-    from canifinetune.recipes.train import train
-
-    out = tmp_path / "recipe"
-    targets = ["--target-modules", "all-linear"] if method == "lora" else []
-    code = cli_main(["recipe", "--model", str(tiny_gemma3), "--method", method, *targets, "--dtype", "fp32",
-                     "--seq-len", "24", "--batch-size", "2", "--max-steps", "2", "--learning-rate", "1e-3",
-                     "--image-size", "90x60", "--images-per-sample", "1", "--out", str(out), "--offline"])
-    assert code == 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = train(out / "recipe.yaml", device="cpu")
-    assert result.steps == 2 and len(result.losses) == 2
-    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+    _trains_two_steps(_recipe(tiny_gemma3, tmp_path / "recipe", method))
 
 
 def test_image_rows_are_checked_against_the_plan_before_the_model_loads(tiny_llava, tmp_path):
@@ -292,19 +287,7 @@ def test_the_mllama_recipe_trains_two_steps_on_its_example_image_rows(tiny_mllam
     """Llama 3.2 Vision's processor returns the tiles' aspect-ratio ids and mask and the cross-attention mask, which
     TRL's collator passes to the model: the recipe trains with them, LoRA on the language model's linears (the
     cross-attention layer's too) or every language-model weight and the projector."""
-    from canifinetune.recipes.train import train
-
-    out = tmp_path / "recipe"
-    targets = ["--target-modules", "all-linear"] if method == "lora" else []
-    code = cli_main(["recipe", "--model", str(tiny_mllama), "--method", method, *targets, "--dtype", "fp32",
-                     "--seq-len", "24", "--batch-size", "2", "--max-steps", "2", "--learning-rate", "1e-3",
-                     "--image-size", "90x60", "--images-per-sample", "1", "--out", str(out), "--offline"])
-    assert code == 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = train(out / "recipe.yaml", device="cpu")
-    assert result.steps == 2 and len(result.losses) == 2
-    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+    _trains_two_steps(_recipe(tiny_mllama, tmp_path / "recipe", method))
 
 
 def test_mllama_adapters_reach_the_cross_attention_layers_not_the_tower(tmp_path):
@@ -335,19 +318,7 @@ def test_mllama_adapters_reach_the_cross_attention_layers_not_the_tower(tmp_path
 def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_llava_next, tmp_path):
     """LLaVA-NeXT's processor returns image_sizes with the crops' pixel values, which TRL's collator passes to the
     model for unpadding: the recipe trains with them."""
-    from canifinetune.recipes.train import train
-
-    out = tmp_path / "recipe"
-    code = cli_main(["recipe", "--model", str(tiny_llava_next), "--method", "lora", "--target-modules", "all-linear",
-                     "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
-                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1",
-                     "--out", str(out), "--offline"])
-    assert code == 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = train(out / "recipe.yaml", device="cpu")
-    assert result.steps == 2 and len(result.losses) == 2
-    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+    _trains_two_steps(_recipe(tiny_llava_next, tmp_path / "recipe"))
 
 
 @pytest.mark.parametrize("splitting", [[], ["--no-do-image-splitting"]], ids=["tiles", "global-image-only"])
@@ -355,14 +326,7 @@ def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_ide
     """Idefics3's processor splits each image into tiles and a global image (or, with do_image_splitting off, keeps
     the global image alone) and returns their pixel_attention_mask, which TRL's collator passes to the model: the
     recipe trains with them, its processor set as the plan says."""
-    from canifinetune.recipes.train import train
-
-    out = tmp_path / "recipe"
-    code = cli_main(["recipe", "--model", str(tiny_idefics3), "--method", "lora", "--target-modules", "all-linear",
-                     "--dtype", "fp32", "--seq-len", "24", "--batch-size", "2", "--max-steps", "2",
-                     "--learning-rate", "1e-3", "--image-size", "90x60", "--images-per-sample", "1", *splitting,
-                     "--out", str(out), "--offline"])
-    assert code == 0
+    out = _recipe(tiny_idefics3, tmp_path / "recipe", "lora", *splitting)
     if splitting:
         from canifinetune.recipes.schema import load_recipe
 
@@ -372,8 +336,4 @@ def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_ide
             warnings.simplefilter("ignore")
             prepared = prepare(recipe.plan, recipe_dir=out, device="cpu", output_dir=tmp_path / "o")
         assert prepared.tokenizer.image_processor.do_image_splitting is False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = train(out / "recipe.yaml", device="cpu")
-    assert result.steps == 2 and len(result.losses) == 2
-    assert all(math.isfinite(x) and x > 0 for x in result.losses)
+    _trains_two_steps(out)
