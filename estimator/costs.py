@@ -491,10 +491,13 @@ def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
                    f"images {how}: {before.lm_tokens_per_image:,} -> {after.lm_tokens_per_image:,} tokens each, "
                    "less visual detail to learn from")
     if p.images_per_sample < o.images_per_sample:
+        # Mllama's images reach the text as one token each: what shrinks is the states its cross-attention reads
+        what = (f"{before.cross_attention_tokens_per_sample:,} -> {after.cross_attention_tokens_per_sample:,} vision "
+                "states a sample for the cross-attention layers" if before.cross_attention_tokens_per_image else
+                f"{before.lm_tokens_per_sample:,} -> {after.lm_tokens_per_sample:,} image tokens a sample")
         t.learning(w["images_per_sample_per_halving"] * math.log2(o.images_per_sample / p.images_per_sample),
                    f"{p.images_per_sample} image{'s' if p.images_per_sample != 1 else ''} a sample instead of "
-                   f"{o.images_per_sample}: {before.lm_tokens_per_sample:,} -> {after.lm_tokens_per_sample:,} image "
-                   "tokens a sample; samples lose whole images")
+                   f"{o.images_per_sample}: {what}; samples lose whole images")
     t.handled.update(("max_pixels", "images_per_sample", "do_image_splitting"))
 
 

@@ -600,3 +600,13 @@ def test_each_family_refuses_what_was_not_measured_by_name(model, kw, field, wor
     with pytest.raises(PlanError, match=words) as info:
         estimate(_plan(model=model, **kw))
     assert info.value.field == field
+
+
+def test_fewer_mllama_images_are_priced_by_the_vision_states_they_drop():
+    """Llama 3.2 Vision's images are one text token each; fewer of them a sample is worded by the vision states the
+    cross-attention layers no longer read, not by '2 -> 1 image tokens'."""
+    from canifinetune.estimator.search import suggest
+
+    result = suggest(_plan(model=MLLAMA, method="qlora", seq_len=2048, images_per_sample=2, gpu_vram_gb=80))
+    fewer = next(s for s in result.suggestions if {c.field for c in s.changes} == {"images_per_sample"})
+    assert "12,808 -> 6,404 vision states a sample" in fewer.cost.details[0]
