@@ -386,11 +386,12 @@ FAMILY_TRAITS: dict[str, FamilyTraits] = {
 ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower", "img_processor", "audio_config")
 
 
-# The vision-language families the estimate reads (estimator/vision_memory.py, measured by cohorts v21 and v22) and
-# the text family of each one's language model (transformers 5.24: Qwen2_5_VLTextModel's layers are Qwen2's, q/k/v
-# with bias; Qwen3VLTextModel's are Qwen3's, q/k norms per head; LlavaConfig's text_config is a LlamaConfig unless it
-# names another model_type)
-ESTIMATED_VISION_TYPES = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama", "gemma3": "gemma3_text",
+# The vision-language families the estimate reads (estimator/vision_memory.py, measured by cohorts v21 to v32) and
+# the text family of each one's language model (transformers 5.24: Qwen2VLTextModel's and Qwen2_5_VLTextModel's layers
+# are Qwen2's, q/k/v with bias; Qwen3VLTextModel's are Qwen3's, q/k norms per head; LlavaConfig's text_config is a
+# LlamaConfig unless it names another model_type)
+ESTIMATED_VISION_TYPES = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama",
+                          "gemma3": "gemma3_text",
                           # MllamaTextModel: Llama decoder layers, num_hidden_layers of them counting the
                           # cross-attention layers, which have the same linears (estimator/vision_memory.py)
                           "mllama": "llama",

@@ -23,8 +23,10 @@ QWEN25_VL_MAX_PIXELS = 12845056
 # to 4096 x 4096 pixels) with patch_size 16, merge_size 2 (processor_class Qwen3VLProcessor, Qwen2VLImageProcessorFast)
 QWEN3_VL_MIN_PIXELS = 65536
 QWEN3_VL_MAX_PIXELS = 16777216
-# (min_pixels, max_pixels) a checkpoint's processor loads with, by family
-QWEN_PIXEL_BOUNDS = {"qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
+# (min_pixels, max_pixels) a checkpoint's processor loads with, by family; Qwen/Qwen2-VL-2B's preprocessor_config.json
+# (347 bytes, the Hub page for commit 258ddfb) has Qwen2.5-VL's bounds, and so do the 2B- and 7B-Instruct copies
+QWEN_PIXEL_BOUNDS = {"qwen2_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
+                     "qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
 # The families whose vision tower is estimated frozen only (check_images refuses vision_tower lora for them, saying why)

@@ -154,16 +154,18 @@ def _tower_tensor_bytes(r: ResolvedPlan, width: int) -> int:
 
 
 def _qwen_tower_saved_bytes(r: ResolvedPlan) -> int:
-    """Qwen2.5-VL with checkpointing (measured on Qwen2.5-VL-3B at 1280x720, 4,784 patches): each of its ``depth``
-    blocks keeps its input, N x W in the weight dtype; the merger keeps its norm's fp32 input (N x W x 4,
-    Qwen2_5_VLRMSNorm upcasts), its GELU's input (N/4 x 4W) and one more N x W tensor; the blocks' rotary cos and sin
-    are kept in fp32 (N x head_dim each). N = patches of the micro-batch, W = the tower's width."""
+    """Qwen2.5-VL and Qwen2-VL with checkpointing (measured on Qwen2.5-VL-3B at 1280x720, 4,784 patches, and on
+    Qwen2-VL-2B): each of its ``depth`` blocks keeps its input, N x W in the weight dtype; the merger keeps its norm's
+    input (Qwen2.5-VL's Qwen2_5_VLRMSNorm upcasts it to fp32, N x W x 4; Qwen2-VL's LayerNorm keeps it in the weight
+    dtype), its GELU's input (N/4 x 4W) and one more N x W tensor; the blocks' rotary cos and sin are kept in fp32
+    (N x head_dim each). N = patches of the micro-batch, W = the tower's width."""
     assert r.images is not None and r.spec.vision is not None
     tower = r.spec.vision.tower
     patches = _micro_batch_positions(r)
     width_bytes = _tower_tensor_bytes(r, tower.hidden_size)
     blocks = tower.num_layers * width_bytes
-    merger = round_block(patches * tower.hidden_size * DTYPE_BYTES["fp32"]) + 2 * width_bytes
+    norm = DTYPE_BYTES["fp32"] if r.spec.vision.model_type == "qwen2_5_vl" else DTYPE_BYTES[r.weight_dtype]
+    merger = round_block(patches * tower.hidden_size * norm) + 2 * width_bytes
     rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
     return blocks + merger + rotary + _merger_lora_inputs(r, patches, tower.hidden_size)
 
@@ -296,16 +298,16 @@ def image_outputs_bytes(r: ResolvedPlan) -> int:
     * Mllama: MllamaModel.forward returns the tower's output (``image_outputs``), a·S·vision_output_dim; 0 where a
       trained projector keeps it anyway (counted in :func:`_mllama_tower_saved_bytes`). Measured on the 90B config
       cut to 10 layers (exploratory, LoRA without checkpointing): the forward peak 96 MB above the estimate without it.
-    * LLaVA-NeXT and Idefics3: LlavaNextModel.forward and Idefics3Model.forward return the tower's output
-      (``image_outputs``): its last hidden state over every crop or tile, a·P·N·W, and as its pooler_output the image
-      features (LLaVA-NeXT's packed by pack_image_features, Idefics3's the connector's output), a·P·N'·H, for the P
-      images' N positions and N' tokens each. Measured (exploratory, LoRA without checkpointing: LLaVA-NeXT
-      1280x720 -0.12% without it, SmolVLM-256M 1280x720 -0.60%).
-    * Other families: 0 (not measured)."""
+    * LLaVA-NeXT, Idefics3 and Qwen2-VL: their models' forward return the tower's output (``image_outputs``): its
+      last hidden state over every crop, tile or patch, a·P·N·W, and as its pooler_output the image features
+      (LLaVA-NeXT's packed by pack_image_features, Idefics3's the connector's output, Qwen2-VL's the merger's),
+      a·P·N'·H, for the P images' N positions and N' tokens each. Measured (exploratory, LoRA without
+      checkpointing, 1280x720, without it: LLaVA-NeXT -0.12%, SmolVLM-256M -0.60%, Qwen2-VL-2B -0.09%).
+    * Other families (Qwen2.5-VL, Qwen3-VL, LLaVA-1.5, Gemma 3: their cohorts ran without it): 0."""
     if r.images is None or r.spec.vision is None:
         return 0
     element = DTYPE_BYTES[r.weight_dtype]
-    if r.spec.vision.model_type in ("llava_next", "idefics3"):
+    if r.spec.vision.model_type in ("llava_next", "idefics3", "qwen2_vl"):
         # LlavaNextModel and Idefics3Model return the tower's output (image_outputs): its last hidden state over every
         # crop or tile and, as its pooler_output, the image features (new tensors of the image tokens)
         images = r.images.images_per_sample * r.plan.batch_size

@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 # where each estimated family's vision tower sits in its <Family>Model (transformers 5.24)
-TOWER_PATHS = {"qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower", "gemma3": "vision_tower",
-               "mllama": "vision_model", "llava_next": "vision_tower", "idefics3": "vision_model"}
+TOWER_PATHS = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower",
+               "gemma3": "vision_tower", "mllama": "vision_model", "llava_next": "vision_tower",
+               "idefics3": "vision_model"}
 # where the language model sits in a <Family>Model when it is not ``language_model``
 LANGUAGE_MODEL_PATHS = {"idefics3": "text_model"}
 

@@ -126,8 +126,8 @@ _NOT_YET_ESTIMATED = [
     *(e["config"] for e in _vlm_entries(estimated=False)),
     {"model_type": "smolvlm", "architectures": ["SmolVLMForConditionalGeneration"],
      "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "smolvlm_vision"}},
-    {**FAMILY_CONFIGS["qwen2"], "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
-     "vision_config": {"depth": 32, "embed_dim": 1280}},
+    {**FAMILY_CONFIGS["qwen2"], "model_type": "qwen3_vl_moe", "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+     "vision_config": {"depth": 27, "hidden_size": 1152}},
 ]
 
 

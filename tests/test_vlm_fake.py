@@ -210,3 +210,18 @@ def test_the_idefics3_batch_holds_the_processors_image_tokens():
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_IDEFICS3, {"size": [90, 60], "per_sample": 2}, fake=True)
     assert fake["sequence"]["tokens"] == 32 + 2 * one.lm_tokens
     assert fake["sequence"]["image_tokens"] == 2 * one.image_tokens
+
+
+# A Qwen2-VL of the published layout at toy sizes: TINY_QWEN_VL's decoder, a 4-block tower of full attention
+# (LayerNorm, a QuickGELU MLP of mlp_ratio x width) merged 2 x 2 into the text width
+TINY_QWEN2_VL = {**{k: v for k, v in TINY_QWEN_VL.items() if k != "vision_config"}, "model_type": "qwen2_vl",
+                 "vision_config": {"depth": 4, "embed_dim": 32, "mlp_ratio": 2, "num_heads": 2, "in_chans": 3,
+                                   "hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
+                                   "temporal_patch_size": 2}}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
+def test_qwen2_vl_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    """Qwen2-VL: the harness computes its language model's M-RoPE positions from the data's values; the fake count
+    equals the real one."""
+    _fake_equals_real(TINY_QWEN2_VL, {"size": [112, 84], "per_sample": 2}, method=method, gradient_checkpointing=ckpt)

@@ -127,7 +127,7 @@ def _stand_in_tokenizer(folder: Path, markers: dict[str, int], *, named: dict[st
 def qwen_processor(config: dict, folder: Path, knobs: dict):
     """Qwen2.5-VL's or Qwen3-VL's processor: the Qwen2-VL image processor with the tower's patch and merge sizes and
     ``knobs`` (min_pixels, max_pixels), the stand-in tokenizer."""
-    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _stand_in_tokenizer(folder, dict(QWEN_MARKERS.values()))
@@ -140,7 +140,8 @@ def qwen_processor(config: dict, folder: Path, knobs: dict):
     image_processor = Qwen2VLImageProcessorPil(patch_size=int(vision.get("patch_size", 14)),
                                                merge_size=int(vision.get("spatial_merge_size", 2)),
                                                **({"size": size} if size else {}))
-    base = Qwen3VLProcessor if config.get("model_type") == "qwen3_vl" else Qwen2_5_VLProcessor
+    base = {"qwen3_vl": Qwen3VLProcessor, "qwen2_vl": Qwen2VLProcessor}.get(config.get("model_type"),
+                                                                           Qwen2_5_VLProcessor)
 
     class ImagesOnlyProcessor(base):  # type: ignore[valid-type,misc]
         """Without a video processor (transformers' needs torchvision, absent from this environment; the rows have no
@@ -349,6 +350,8 @@ def _family(config: dict) -> Family:
         return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen_vision_metadata_from_values)
     if model_type == "qwen3_vl":
         return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen3_metadata_from_values)
+    if model_type == "qwen2_vl":
+        return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen2_vl_metadata_from_values)
     if model_type == "llava":
         return Family(LLAVA_MARKERS, "image_token_index", llava_processor, llava_image_size_from_shape)
     if model_type == "gemma3":
@@ -359,8 +362,8 @@ def _family(config: dict) -> Family:
         return Family(IDEFICS3_MARKERS, "image_token_id", idefics3_processor, idefics3_every_image_real)
     if model_type == "llava_next":
         return Family(LLAVA_MARKERS, "image_token_index", llava_next_processor, contextlib.nullcontext)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_5_vl, qwen3_vl, llava, llava_next, gemma3, "
-                     "mllama and idefics3")
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_vl, qwen2_5_vl, qwen3_vl, llava, llava_next, "
+                     "gemma3, mllama and idefics3")
 
 
 def with_stand_in_markers(config: dict) -> dict:
@@ -429,6 +432,21 @@ def qwen_vision_metadata_from_values():
         yield
     finally:
         qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index = window_index, rope_index
+
+
+@contextlib.contextmanager
+def qwen2_vl_metadata_from_values():
+    """Qwen2-VL's language-model M-RoPE positions computed from the data's values (:func:`_from_values`); its tower
+    attends over whole images (no windows), whose lengths transformers' vision_utils reads from the image grid, which
+    keeps its values."""
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2
+
+    rope_index = qwen2.Qwen2VLModel.get_rope_index
+    qwen2.Qwen2VLModel.get_rope_index = _from_values(rope_index)
+    try:
+        yield
+    finally:
+        qwen2.Qwen2VLModel.get_rope_index = rope_index
 
 
 @contextlib.contextmanager
