@@ -403,15 +403,13 @@ def cross_attention_backward_bytes(r: ResolvedPlan) -> int:
     """Mllama: a cross-attention layer's attention backward in flight (memory.layer_backward_transient_bytes' attention
     figure with its keys and values over the S vision states): dq (a·T·H), dk and dv expanded to every head
     (2·a·S·H) before repeat_kv's backward sums them, the fp32 dq accumulator (4·T·H) and two gradients of the block
-    input (2·e·T·H); 0 for other families."""
+    input (2·e·T·H, e the residual stream's bytes); 0 for other families."""
     if r.images is None or r.spec.vision is None or not r.spec.vision.cross_attention_layers:
         return 0
-    from .memory import residual_bytes
-
     spec, a, t = r.spec, r.act_bytes, r.tokens
     states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
     return (round_block(a * t * spec.q_dim) + 2 * round_block(a * states * spec.q_dim) + round_block(4 * t * spec.q_dim)
-            + 2 * round_block(residual_bytes(r) * t * spec.hidden_size))
+            + 2 * round_block(DTYPE_BYTES[r.residual_dtype] * t * spec.hidden_size))
 
 
 def cross_attention_kept_bytes(r: ResolvedPlan) -> int:

@@ -809,6 +809,12 @@ NOTES = {
         "int64, before any of its plans was measured. Its small QLoRA plans carry the cuBLAS workspace (32 MiB) that "
         "fake mode cannot see: t04's +8.70% is 0.38 GiB measured.",
     ],
+    "cohort-v32": [
+        "Cohort v32 (12 Qwen2-VL plans on Qwen/Qwen2-VL-2B-Instruct, issue 26) was frozen in commit eb1aa64 with the "
+        "estimator it checks, before any of its plans was measured, after four exploratory plans (+0.05% to +3.15%). "
+        "It ran from a clean worktree of that commit while a CI run shared the machine (wall times of 37 to 152 s a "
+        "case). w11, the one plan with LoRA on the tower too (Qwen2.5-VL's path, cohort v25), is 0.68% low.",
+    ],
 }
 
 
