@@ -610,3 +610,16 @@ def test_fewer_mllama_images_are_priced_by_the_vision_states_they_drop():
     result = suggest(_plan(model=MLLAMA, method="qlora", seq_len=2048, images_per_sample=2, gpu_vram_gb=80))
     fewer = next(s for s in result.suggestions if {c.field for c in s.changes} == {"images_per_sample"})
     assert "12,808 -> 6,404 vision states a sample" in fewer.cost.details[0]
+
+
+def test_qwen2_vl_merger_keeps_its_layernorm_input_in_bf16():
+    """Qwen2-VL (Qwen2.5-VL's processor and terms): 1280x720 is the same 4,784 patches and 1,198 tokens; its merger's
+    LayerNorm keeps a bf16 input where Qwen2.5-VL's RMSNorm keeps an fp32 copy; the tower's output and the merger's
+    are held with the model's output through the forward."""
+    r = _resolved(model="Qwen/Qwen2-VL-2B-Instruct")
+    assert r.images is not None and (r.images.patches_per_image, r.images.lm_tokens_per_image) == (4784, 1198)
+    patches, width, head_dim = 4784, 1280, 80
+    expected = (32 + 2) * patches * width * 2 + patches * width * 2 + 2 * patches * head_dim * 4
+    assert vision_memory.tower_saved_bytes(r) == pytest.approx(expected, abs=64 * 512)
+    assert vision_memory.image_outputs_bytes(r) == pytest.approx((patches * width + 1196 * 1536) * 2, abs=2 * 512)
+    assert vision_memory.image_outputs_bytes(_resolved()) == 0  # Qwen2.5-VL: its cohorts ran without it
