@@ -155,9 +155,10 @@ def _activations(r: ResolvedPlan) -> _Activations:
     # checkpointing, and the one recomputed (the largest block) with it
     cross = vision_memory.cross_attention_layer_extra_bytes(r)
     if cross:
+        assert spec.vision is not None
         layer_full = {i: full + cross for i, full in layer_full.items()}
         if not ckpt:
-            saved_layers += cross * len(r.spec.vision.cross_attention_layers) if r.spec.vision else 0
+            saved_layers += cross * len(spec.vision.cross_attention_layers)
     # autocast caches its casts of weights that require grad until the forward returns (torch autocast's
     # cached_cast, cleared when accelerate's autocast context exits): with checkpointing, every block's casts are alive
     # at the end of forward, though none is saved for backward (memory.weight_cast_bytes)
@@ -307,12 +308,13 @@ def _backward_blocks(r: ResolvedPlan, st: _Static, acts: _Activations, head_grad
     spec = r.spec
     layer_grad = _layer_grad_bytes(r, st.grad_factor)
     accumulated = _accumulated_grads(r, st)
+    cross_attention = vision_memory.cross_attention_backward_bytes(r)  # Mllama's cross-attention layers; else 0
     for index, _ in spec.layer_groups:
         # with checkpointing the block is first recomputed, so its adapters' and quantized linears' forward
         # temporaries recur
         recompute = acts.adapter_tmp + acts.dequant if r.plan.gradient_checkpointing else 0
         transient = max(m.layer_backward_transient_bytes(r, index) + acts.dequant_backward, recompute,
-                        vision_memory.cross_attention_backward_bytes(r) + acts.dequant_backward)
+                        cross_attention + acts.dequant_backward)
         for below in (spec.num_layers - 1, 0):
             saved_below = _saved_below(r, below, acts.saved_per_layer)
             current = acts.layer_full[index] + acts.brought_back

@@ -29,8 +29,18 @@ QWEN_PIXEL_BOUNDS = {"qwen2_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
-# The families whose vision tower is estimated frozen only (check_images refuses vision_tower lora for them, saying why)
-TOWER_LORA_REFUSED = ("gemma3", "mllama", "llava_next", "idefics3")
+# The families whose vision tower is estimated frozen only: check_images refuses vision_tower lora for them with
+# these words (their name, why an adapted tower is not estimated)
+TOWER_LORA_REFUSED = {
+    "gemma3": ("Gemma 3", "its SigLIP tower runs 4,096 positions per image, and the backward of an adapted tower "
+                          "block then outgrows the language model's: measured 3.7% above the estimate on gemma-3-4b-it "
+                          "with 3 images"),
+    "mllama": ("Llama 3.2 Vision", "an adapted tower of 40 layers that are not checkpointing layers, on 4 tiles of "
+                                   "1,608 positions an image, is not measured"),
+    "llava_next": ("LLaVA-NeXT", "an adapted CLIP tower was measured on LLaVA-1.5, one crop an image; LLaVA-NeXT runs "
+                                 "3 to 5"),
+    "idefics3": ("Idefics3/SmolVLM", "its tower runs up to 17 tiles an image; an adapted tower is not measured"),
+}
 
 
 class ImageFacts(NamedTuple):
@@ -94,19 +104,9 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
          "'full': a fully trained vision tower is not estimated yet (frozen is, and lora with checkpointing)"),
         (plan.vision_tower == "lora" and not plan.uses_adapters, "vision_tower",
          f"'lora' puts adapters on the tower of a LoRA or QLoRA plan; method is {plan.method!r}"),
-        (plan.vision_tower == "lora" and spec.vision.model_type == "gemma3", "vision_tower",
-         "'lora' is not estimated for Gemma 3 yet: its SigLIP tower runs 4,096 positions per image, and the backward "
-         "of an adapted tower block then outgrows the language model's (measured 3.7% above the estimate on "
-         "gemma-3-4b-it with 3 images); frozen is estimated"),
-        (plan.vision_tower == "lora" and spec.vision.model_type == "mllama", "vision_tower",
-         "'lora' is not estimated for Llama 3.2 Vision yet (an adapted tower of 40 layers that are not checkpointing "
-         "layers, on 4 tiles of 1,608 positions an image, is not measured); frozen is"),
-        (plan.vision_tower == "lora" and spec.vision.model_type == "llava_next", "vision_tower",
-         "'lora' is not estimated for LLaVA-NeXT yet (an adapted CLIP tower was measured on LLaVA-1.5, one crop an "
-         "image; LLaVA-NeXT runs 3 to 5); frozen is"),
-        (plan.vision_tower == "lora" and spec.vision.model_type == "idefics3", "vision_tower",
-         "'lora' is not estimated for Idefics3/SmolVLM yet (its tower runs up to 17 tiles an image; an adapted tower "
-         "is not measured); frozen is"),
+        (plan.vision_tower == "lora" and spec.vision.model_type in TOWER_LORA_REFUSED, "vision_tower",
+         "'lora' is not estimated for {} yet ({}); frozen is".format(
+             *TOWER_LORA_REFUSED.get(spec.vision.model_type, ("", "")))),
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),
@@ -128,22 +128,30 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         if refused:
             raise PlanError.about(field, words)
     if not has_pixel_bounds(spec):
-        side = f"{spec.vision.tower.image_size}x{spec.vision.tower.image_size}"
-        family_does = {
-            "mllama": f"tiles every image into up to {spec.vision.tower.max_num_tiles} tiles of {side} and always runs "
-                      f"{spec.vision.tower.max_num_tiles}",
-            "llava_next": f"tiles every image to the best of its image_grid_pinpoints in {side} crops, plus the whole "
-                          "image",
-            "idefics3": f"resizes every image's longest edge to {IDEFICS3_LONGEST_EDGE_TILES} tiles and splits it into "
-                        f"{side} tiles plus a global image"}
-        does = family_does.get(spec.vision.model_type, f"resizes every image to the tower's {side}")
         for name in ("min_pixels", "max_pixels"):
             if getattr(plan, name) is not None:
+                does = _what_the_processor_does(spec)
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
                                             f"({spec.vision.model_type}) has none: it {does}; drop it")
     if plan.do_image_splitting is not None and spec.vision.model_type not in IMAGE_SPLITTING_TYPES:
         raise PlanError.about("do_image_splitting", f"is an Idefics3/SmolVLM processor setting; {plan.model}'s "
                                                     f"processor ({spec.vision.model_type}) has none; drop it")
+
+
+def _what_the_processor_does(spec: ModelSpec) -> str:
+    """A fixed-size processor's handling of an image, in words (for refusing Qwen's pixel knobs)."""
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    side = f"{tower.image_size}x{tower.image_size}"
+    if spec.vision.model_type == "mllama":
+        tiles = tower.max_num_tiles
+        return f"tiles every image into up to {tiles} tiles of {side} and always runs {tiles}"
+    if spec.vision.model_type == "llava_next":
+        return f"tiles every image to the best of its image_grid_pinpoints in {side} crops, plus the whole image"
+    if spec.vision.model_type == "idefics3":
+        return (f"resizes every image's longest edge to {IDEFICS3_LONGEST_EDGE_TILES} tiles and splits it into {side} "
+                "tiles plus a global image")
+    return f"resizes every image to the tower's {side}"
 
 
 def has_pixel_bounds(spec: ModelSpec) -> bool:
@@ -383,6 +391,7 @@ def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
                 "model only. Restrict your run's target_modules to it (e.g. "
                 "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)')")
     if spec.vision.model_type in TOWER_LORA_REFUSED:  # no next step that the estimate then refuses
-        return restrict + f"; an adapted tower is not estimated for {spec.vision.model_type} yet"
+        family = TOWER_LORA_REFUSED[spec.vision.model_type][0]
+        return restrict + f"; an adapted tower is not estimated for {family} yet"
     return (restrict + ", or set vision_tower lora to estimate the adapted tower (with gradient checkpointing): it "
             f"needs more, {cost}")

@@ -420,46 +420,40 @@ def _from_values(fn):
 
 
 @contextlib.contextmanager
+def _computed_from_values(*functions: tuple[Any, str]):
+    """Each (owner, name) function run on the data's values (:func:`_from_values`) while the context lasts."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name in functions]
+    for owner, name, function in originals:
+        setattr(owner, name, _from_values(function))
+    try:
+        yield
+    finally:
+        for owner, name, function in originals:
+            setattr(owner, name, function)
+
+
 def qwen_vision_metadata_from_values():
     """Qwen2.5-VL's vision-tower window indices and its language model's M-RoPE positions computed from the data's
     values (:func:`_from_values`)."""
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
-    window_index, rope_index = qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index
-    qwen.get_vision_window_index = _from_values(window_index)
-    qwen.Qwen2_5_VLModel.get_rope_index = _from_values(rope_index)
-    try:
-        yield
-    finally:
-        qwen.get_vision_window_index, qwen.Qwen2_5_VLModel.get_rope_index = window_index, rope_index
+    return _computed_from_values((qwen, "get_vision_window_index"), (qwen.Qwen2_5_VLModel, "get_rope_index"))
 
 
-@contextlib.contextmanager
 def qwen2_vl_metadata_from_values():
     """Qwen2-VL's language-model M-RoPE positions computed from the data's values (:func:`_from_values`); its tower
     attends over whole images (no windows), whose lengths transformers' vision_utils reads from the image grid, which
     keeps its values."""
     from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2
 
-    rope_index = qwen2.Qwen2VLModel.get_rope_index
-    qwen2.Qwen2VLModel.get_rope_index = _from_values(rope_index)
-    try:
-        yield
-    finally:
-        qwen2.Qwen2VLModel.get_rope_index = rope_index
+    return _computed_from_values((qwen2.Qwen2VLModel, "get_rope_index"))
 
 
-@contextlib.contextmanager
 def qwen3_metadata_from_values():
     """Qwen3-VL's language-model M-RoPE positions computed from the data's values (:func:`_from_values`)."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl as qwen3
 
-    rope_index = qwen3.Qwen3VLModel.get_rope_index
-    qwen3.Qwen3VLModel.get_rope_index = _from_values(rope_index)
-    try:
-        yield
-    finally:
-        qwen3.Qwen3VLModel.get_rope_index = rope_index
+    return _computed_from_values((qwen3.Qwen3VLModel, "get_rope_index"))
 
 
 def lora_targets(vision_tower: str, plan, config: dict) -> Any:
