@@ -111,7 +111,7 @@ def build_knobs(plan: TrainingPlan, rm: ResolvedModel, keep: set[str]) -> list[K
     p = plan
     same_mathematics = (_checkpointing_knob(p), _loss_knob(p), _kbit_knob(p), _attention_knob(p), _batch_knob(p),
                         _optim_knob(p), _activation_offload_knob(p), _offload_knob(p))  # tier 0
-    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _image_splitting_knob(p, rm.spec),
+    changes_learning = (_seq_len_knob(p), _image_pixels_knob(p, rm.spec), _image_tiles_knob(p, rm.spec),
                         _images_per_sample_knob(p),
                         _vision_tower_knob(p), _lora_r_knob(p), _targets_knob(p, rm), _method_knob(p, rm),
                         _peft_extras_knob(p))  # tier 1
@@ -245,16 +245,23 @@ def _image_pixels_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
     return Knob("max_pixels", 1, [{"max_pixels": v} for v in values], monotone=True) if values else None
 
 
-def _image_splitting_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
-    """An Idefics3/SmolVLM plan's images not split into tiles (do_image_splitting off): the global image alone, one
-    tile's tokens instead of up to 17."""
+def _image_tiles_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
+    """An Idefics3/SmolVLM plan's images cut into fewer tiles: the processor's longest edge lowered a tile at a time
+    (size={"longest_edge": k x the tower's image size}, from one tile under the plan's down to two tiles), then
+    do_image_splitting off (the global image alone: one tile's tokens instead of up to 17). Memory falls along the
+    levels: a shorter longest edge never rounds up to more tiles."""
     if p.image_size is None or spec.vision is None:
         return None
-    from .vision_images import IMAGE_SPLITTING_TYPES, splitting
+    from .vision_images import IMAGE_SPLITTING_TYPES, longest_edge, splitting
 
     if spec.vision.model_type not in IMAGE_SPLITTING_TYPES or not splitting(p):
         return None
-    return Knob("do_image_splitting", 1, [{"do_image_splitting": False}])
+    tile = spec.vision.tower.image_size
+    assert tile is not None
+    now = longest_edge(p, spec)
+    edges = [k * tile for k in range((now - 1) // tile, 1, -1)]
+    return Knob("image_tiles", 1, [*({"longest_edge": e} for e in edges), {"do_image_splitting": False}],
+                monotone=True)
 
 
 def _vision_tower_knob(p: TrainingPlan) -> Knob | None:

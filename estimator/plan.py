@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .errors import PlanError
 from .stacks import STACKS, Stack
 from .trainer_fields import TRAINER_FIELDS, TRAINERS, refused_fields
+from .vision_tokens import IDEFICS3_MAX_IMAGE_SIDE  # the processor caps a longer longest_edge to it
 
 Method = Literal["full", "lora", "qlora"]
 DType = Literal["bf16", "fp16", "fp32"]
@@ -305,6 +306,12 @@ class TrainingPlan(BaseModel):
         description="Idefics3/SmolVLM image processor do_image_splitting: each image split into tiles of the tower's "
                     "size plus a global image (the checkpoints' default, on: up to 17 tiles of 64 tokens on "
                     "SmolVLM), or, off, the global image alone (64 tokens).")
+    longest_edge: int | None = Field(
+        None, ge=1, le=IDEFICS3_MAX_IMAGE_SIDE,
+        description="Idefics3/SmolVLM image processor size={'longest_edge': N}: each image resized so its longest "
+                    "side is N px before it is split into tiles of the tower's size (checkpoint default: 4 tiles, "
+                    "2048 on SmolVLM-256M); 1024 makes a 1280x720 image 4 tiles and the global image instead of 12 "
+                    "and the global image.")
     gradient_checkpointing: bool = Field(
         True, description="Recompute each layer in backward instead of keeping its activations (TRL default: on)."
     )
@@ -696,7 +703,7 @@ class TrainingPlan(BaseModel):
         """Image settings need images; the processor's bounds must be in order. Whether the model reads images at
         all is the model's to say (estimator/resolved.py)."""
         if self.image_size is None:
-            given = [name for name in ("min_pixels", "max_pixels", "do_image_splitting")
+            given = [name for name in ("min_pixels", "max_pixels", "do_image_splitting", "longest_edge")
                      if getattr(self, name) is not None]
             given += [name for name, default in (("images_per_sample", 1), ("vision_tower", "frozen"))
                       if getattr(self, name) != default]

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from .errors import PlanError
 from .plan import TrainingPlan
 from .spec import ModelSpec
+from .vision_spec import language_model_path
 
 # Qwen/Qwen2.5-VL-3B-Instruct's and -7B-Instruct's preprocessor_config.json (what AutoProcessor.from_pretrained loads):
 # min_pixels 3136 (56 x 56), max_pixels 12845056 (28 x 28 x 16384). The processor class's own default max_pixels is
@@ -133,9 +134,10 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
                 does = _what_the_processor_does(spec)
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
                                             f"({spec.vision.model_type}) has none: it {does}; drop it")
-    if plan.do_image_splitting is not None and spec.vision.model_type not in IMAGE_SPLITTING_TYPES:
-        raise PlanError.about("do_image_splitting", f"is an Idefics3/SmolVLM processor setting; {plan.model}'s "
-                                                    f"processor ({spec.vision.model_type}) has none; drop it")
+    for name in ("do_image_splitting", "longest_edge"):
+        if getattr(plan, name) is not None and spec.vision.model_type not in IMAGE_SPLITTING_TYPES:
+            raise PlanError.about(name, f"is an Idefics3/SmolVLM processor setting; {plan.model}'s processor "
+                                        f"({spec.vision.model_type}) has none; drop it")
 
 
 def _what_the_processor_does(spec: ModelSpec) -> str:
@@ -262,17 +264,27 @@ def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int])
     scale = math.isqrt(spec.vision.projector.merge_factor)
     try:
         one = idefics3_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
-                                    scale_factor=scale, size=IDEFICS3_LONGEST_EDGE_TILES * tower.image_size,
+                                    scale_factor=scale, size=longest_edge(plan, spec),
                                     max_image_size=tower.image_size, num_channels=tower.in_channels,
                                     do_image_splitting=splitting(plan))
     except ValueError as exc:
         raise PlanError.about("image_size", str(exc)) from None
     rows, cols = one.grid
-    words = (f"{rows}x{cols} tiles of {tower.image_size} px and the global image" if rows else
-             f"the global image alone (do_image_splitting {'off' if not splitting(plan) else 'on: one tile'})")
+    resized = f"longest edge {longest_edge(plan, spec):,} px, " if splitting(plan) else ""
+    alone = f"on: {resized}one tile" if splitting(plan) else "off"
+    words = (f"{resized}{rows}x{cols} tiles of {tower.image_size} px and the global image" if rows else
+             f"the global image alone (do_image_splitting {alone})")
     return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens,
                       one.encoder_crops * one.encoder_positions_per_crop, one.pixel_values_numel,
                       f"Idefics3 processor: {words}")
+
+
+def longest_edge(plan: TrainingPlan, spec: ModelSpec) -> int:
+    """An Idefics3 plan's size["longest_edge"]: the plan's, else the checkpoints' (4 tiles of the tower's size)."""
+    assert spec.vision is not None and spec.vision.tower.image_size is not None
+    if plan.longest_edge is not None:
+        return plan.longest_edge
+    return IDEFICS3_LONGEST_EDGE_TILES * spec.vision.tower.image_size
 
 
 def splitting(plan: TrainingPlan) -> bool:
@@ -386,10 +398,11 @@ def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
             "image, 1,024 patches, where the frozen tower keeps nothing)" if not plan.gradient_checkpointing else
             "its adapters and their states, and its blocks' backward (measured on Qwen2.5-VL-3B with checkpointing: "
             "+0.15 GB for one 448x448 image)")
+    language = language_model_path(spec.vision.model_type)
     restrict = (f"target_modules {named}: PEFT would also put adapters on the vision tower's {', '.join(reached)} (it "
                 "matches names in every sub-model); this estimate is for a frozen tower, adapters on the language "
-                "model only. Restrict your run's target_modules to it (e.g. "
-                "r'model\\.language_model\\..*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)')")
+                f"model only. Restrict your run's target_modules to it (e.g. r'model\\.{language}\\..*\\."
+                "(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)')")
     if spec.vision.model_type in TOWER_LORA_REFUSED:  # no next step that the estimate then refuses
         family = TOWER_LORA_REFUSED[spec.vision.model_type][0]
         return restrict + f"; an adapted tower is not estimated for {family} yet"

@@ -193,6 +193,15 @@ class ProjectorSpec:
         return tuple(lin for group in self.groups for lin in group.linears)
 
 
+# Where the language model sits in a <Family>Model (transformers 5.24) when it is not ``language_model``: Idefics3Model
+# names it text_model. The recipe's LoRA regex and the estimate's warnings both read it.
+LANGUAGE_MODEL_PATHS = {"idefics3": "text_model"}
+
+
+def language_model_path(model_type: str) -> str:
+    """The language model's attribute in the family's <Family>Model (``model.<path>.layers`` in the full name)."""
+    return LANGUAGE_MODEL_PATHS.get(model_type, "language_model")
+
 @dataclass(frozen=True)
 class VisionSpec:
     """A vision-language model's vision side: tower, projector, and vision-only layers inside the language model."""

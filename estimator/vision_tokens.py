@@ -486,7 +486,8 @@ def llava_next_image_tokens(
 # {"longest_edge": 512} instead.
 IDEFICS3_SIZE_LONGEST_EDGE = 4 * 364
 IDEFICS3_DO_IMAGE_SPLITTING = True
-# MAX_IMAGE_SIZE in image_processing_idefics3.py: "4k resolution as absolute maximum".
+# MAX_IMAGE_SIZE in image_processing_idefics3.py: "4k resolution as absolute maximum" (a longer size["longest_edge"]
+# is capped to it, so a plan's longest_edge stops there).
 IDEFICS3_MAX_IMAGE_SIDE = 4096
 # Idefics3Processor.replace_image_token / smolvlm's get_image_prompt_string: each tile is
 # <fake_token_around_image><row_i_col_j> + image_seq_len <image>; the global image is

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from canifinetune.estimator.vision_spec import language_model_path
+
 # where each estimated family's vision tower sits in its <Family>Model (transformers 5.24)
 TOWER_PATHS = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower",
                "gemma3": "vision_tower", "mllama": "vision_model", "llava_next": "vision_tower",
                "idefics3": "vision_model"}
-# where the language model sits in a <Family>Model when it is not ``language_model``
-LANGUAGE_MODEL_PATHS = {"idefics3": "text_model"}
 
 
 def lora_target_regex(plan, config: dict) -> str:
@@ -34,7 +34,7 @@ def lora_target_regex(plan, config: dict) -> str:
     else:
         names = plan.target_modules or PEFT_DEFAULT_TARGETS[spec.model_type]
     # (Mllama's cross-attention layers name their attention cross_attn; PEFT's all-linear reaches their linears too)
-    text = LANGUAGE_MODEL_PATHS.get(config["model_type"], "language_model")
+    text = language_model_path(config["model_type"])
     language = rf"model\.{text}\.layers\.\d+\.(self_attn|cross_attn|mlp)\.({'|'.join(map(re.escape, names))})"
     if plan.vision_tower != "lora":
         return language

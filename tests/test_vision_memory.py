@@ -558,6 +558,42 @@ def test_smolvlm_image_splitting_off_is_the_global_image_alone():
         _plan(model=SMOLVLM)).peak_allocated_bytes
 
 
+@pytest.mark.parametrize(("longest_edge", "tokens", "positions"), [
+    (None, 862, 13 * 1024), (2048, 862, 13 * 1024), (1536, 465, 7 * 1024), (1024, 333, 5 * 1024),
+    (700, 333, 5 * 1024), (512, 67, 1024), (100, 67, 1024), (4096, 2712, 41 * 1024)])
+def test_smolvlm_longest_edge_resizes_before_tiling(longest_edge, tokens, positions):
+    """longest_edge (Idefics3ImageProcessor's size={"longest_edge": N}, a plan field) resizes a 1280x720 image before
+    it is cut into 512 px tiles: 2048 (the checkpoint's) 3x4 tiles, 1536 2x3, 1024 and 700 2x2, 512 or less the
+    global image alone, 4096 5x8; each tile 64 tokens and 1,024 tower positions (tests/test_vision_tokens.py checks the
+    counts against the processor). The estimate falls with the tiles."""
+    r = _resolved(model=SMOLVLM, image_size="1280x720", longest_edge=longest_edge)
+    assert r.images is not None
+    assert (r.images.lm_tokens_per_image, r.images.patches_per_image) == (tokens, positions)
+
+
+def test_a_lower_longest_edge_lowers_the_smolvlm_estimate():
+    peaks = [estimate(_plan(model=SMOLVLM, longest_edge=edge)).peak_allocated_bytes for edge in (2048, 1536, 1024)]
+    assert peaks[0] > peaks[1] > peaks[2]
+    assert estimate(_plan(model=SMOLVLM)).peak_allocated_bytes == peaks[0]  # the checkpoint's 4 tiles
+
+
+@pytest.mark.parametrize("model", [VL3B, GEMMA3, MLLAMA, LLAVA_NEXT])
+def test_longest_edge_is_refused_where_the_processor_has_no_such_knob(model):
+    with pytest.raises(PlanError, match="Idefics3/SmolVLM processor setting") as info:
+        estimate(_plan(model=model, longest_edge=1024))
+    assert info.value.field == "longest_edge"
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"longest_edge": 1024}, "longest_edge: describes the training images; give image_size too"),
+    ({"longest_edge": 0, "image_size": "640x480"}, "greater than or equal to 1"),
+    ({"longest_edge": 4097, "image_size": "640x480"}, "less than or equal to 4096"),
+])
+def test_longest_edge_is_checked(kw, words):
+    with pytest.raises(ValueError, match=words):
+        TrainingPlan(model=SMOLVLM, **kw)
+
+
 @pytest.mark.parametrize("model", [VL3B, GEMMA3, MLLAMA, LLAVA_NEXT])
 def test_image_splitting_is_refused_where_the_processor_has_no_such_knob(model):
     with pytest.raises(PlanError, match="Idefics3/SmolVLM processor setting") as info:
@@ -582,6 +618,24 @@ def test_the_search_offers_to_stop_splitting_smolvlm_images():
     assert off.estimate.verdict != "does_not_fit"
     unsplit = suggest(plan.replace(do_image_splitting=False, seq_len=8192, batch_size=16))
     assert not any("do_image_splitting" in {c.field for c in s.changes} for s in unsplit.suggestions)
+
+
+def test_the_search_offers_fewer_tiles_before_the_global_image_alone():
+    """The search's image-tile knob lowers longest_edge a tile at a time (1536, 1024) before turning splitting off:
+    on a GPU where 1024 px fits, that is what it offers, priced by the tokens an image loses; a plan that pins
+    longest_edge is offered splitting off only."""
+    from canifinetune.estimator.search import suggest
+
+    plan = _plan(model=SMOLVLM, seq_len=1024, batch_size=4, images_per_sample=2, gpu_vram_gb=5)
+    result = suggest(plan)
+    fewer = next(s for s in result.suggestions if {c.field for c in s.changes} == {"longest_edge"})
+    assert [c.new for c in fewer.changes] == [1024]
+    assert fewer.cost.kind == "fewer_image_tokens" and "862 -> 333 tokens each" in fewer.cost.details[0]
+    assert "longest edge resized to 1,024 px" in fewer.cost.details[0]
+    assert fewer.estimate.verdict == "fits"
+    pinned = suggest(plan.replace(gpu_vram_gb=4), keep=["longest_edge"])
+    fields = [{c.field for c in s.changes} for s in pinned.suggestions]
+    assert {"do_image_splitting"} in fields and not any("longest_edge" in f for f in fields)
 
 
 @pytest.mark.parametrize(("model", "kw", "field", "words"), [

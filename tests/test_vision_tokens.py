@@ -441,8 +441,10 @@ def test_idefics3_matches_processor(hf, knobs, width, height):
     assert got.encoder_crops == got.encoder_sequences == out["pixel_values"].shape[1]
 
 
-@pytest.mark.parametrize("knobs", [{}, SMOLVLM_CHECKPOINT, {**SMOLVLM_CHECKPOINT, "do_image_splitting": False}],
-                         ids=["class-defaults", "checkpoint", "no-splitting"])
+@pytest.mark.parametrize("knobs", [{}, SMOLVLM_CHECKPOINT, {**SMOLVLM_CHECKPOINT, "do_image_splitting": False},
+                                   {**SMOLVLM_CHECKPOINT, "size": {"longest_edge": 1024}},
+                                   {**SMOLVLM_CHECKPOINT, "size": {"longest_edge": 700}}],
+                         ids=["class-defaults", "checkpoint", "no-splitting", "longest-edge-1024", "longest-edge-700"])
 @pytest.mark.parametrize(("width", "height"), SIZES)
 def test_smolvlm_matches_processor(hf, knobs, width, height):
     """SmolVLMProcessor needs num2words and a video processor (torchvision): its image prompt comes from the

@@ -212,6 +212,26 @@ def test_the_idefics3_batch_holds_the_processors_image_tokens():
     assert fake["sequence"]["image_tokens"] == 2 * one.image_tokens
 
 
+@pytest.mark.parametrize(("knobs", "tiles"), [({"longest_edge": 112}, (2, 2)), ({"do_image_splitting": False}, (0, 0)),
+                                              ({"longest_edge": 112, "do_image_splitting": True}, (2, 2))])
+def test_the_idefics3_processor_takes_the_plans_knobs(knobs, tiles):
+    """A plan's longest_edge and do_image_splitting reach the harness's processor (images_of_plan, then
+    idefics3_processor): a 90x60 image at longest edge 112 is 2x2 tiles of 56 px and the global image, as the
+    estimate counts it, and the batch holds those tokens."""
+    from canifinetune.estimator.vision_tokens import idefics3_image_tokens
+
+    plan = _plan(model="HuggingFaceTB/SmolVLM-256M-Instruct", image_size="90x60", images_per_sample=2, **knobs)
+    images = vlm_fake.images_of_plan(plan, TINY_IDEFICS3)
+    assert images["processor"] == knobs
+    one = idefics3_image_tokens(90, 60, image_size=56, patch_size=14, scale_factor=2,
+                                size=knobs.get("longest_edge", 4 * 56), max_image_size=56,
+                                do_image_splitting=knobs.get("do_image_splitting", True))
+    assert one.grid == tiles
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_IDEFICS3, images, fake=True)
+    assert fake["sequence"]["tokens"] == 32 + 2 * one.lm_tokens
+    assert fake["sequence"]["image_tokens"] == 2 * one.image_tokens
+
+
 # A Qwen2-VL of the published layout at toy sizes: TINY_QWEN_VL's decoder, a 4-block tower of full attention
 # (LayerNorm, a QuickGELU MLP of mlp_ratio x width) merged 2 x 2 into the text width
 TINY_QWEN2_VL = {**{k: v for k, v in TINY_QWEN_VL.items() if k != "vision_config"}, "model_type": "qwen2_vl",

@@ -321,19 +321,25 @@ def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_l
     _trains_two_steps(_recipe(tiny_llava_next, tmp_path / "recipe"))
 
 
-@pytest.mark.parametrize("splitting", [[], ["--no-do-image-splitting"]], ids=["tiles", "global-image-only"])
-def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path, splitting):
+@pytest.mark.parametrize(("flags", "processor_set"), [
+    ([], {}),
+    (["--no-do-image-splitting"], {"do_image_splitting": False}),
+    (["--longest-edge", "112"], {"size": {"longest_edge": 112}}),
+], ids=["tiles", "global-image-only", "longest-edge-2-tiles"])
+def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path, flags,
+                                                                        processor_set):
     """Idefics3's processor splits each image into tiles and a global image (or, with do_image_splitting off, keeps
-    the global image alone) and returns their pixel_attention_mask, which TRL's collator passes to the model: the
-    recipe trains with them, its processor set as the plan says."""
-    out = _recipe(tiny_idefics3, tmp_path / "recipe", "lora", *splitting)
-    if splitting:
+    the global image alone; with longest_edge, resizes it to fewer tiles first) and returns their
+    pixel_attention_mask, which TRL's collator passes to the model: the recipe trains with them, its processor set as
+    the plan says (the rows' lengths are checked against the plan's before the model loads)."""
+    out = _recipe(tiny_idefics3, tmp_path / "recipe", "lora", *flags)
+    if processor_set:
         from canifinetune.recipes.schema import load_recipe
 
         recipe = load_recipe(out / "recipe.yaml")
-        assert recipe.plan.do_image_splitting is False
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepared = prepare(recipe.plan, recipe_dir=out, device="cpu", output_dir=tmp_path / "o")
-        assert prepared.tokenizer.image_processor.do_image_splitting is False
+        for name, value in processor_set.items():
+            assert getattr(prepared.tokenizer.image_processor, name) == value
     _trains_two_steps(out)

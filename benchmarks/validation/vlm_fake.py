@@ -218,22 +218,24 @@ def llava_next_processor(config: dict, folder: Path, knobs: dict):
 
 def idefics3_processor(config: dict, folder: Path, knobs: dict):
     """Idefics3's (and SmolVLM's) processor as HuggingFaceTB/SmolVLM-256M-Instruct's processor files set it up:
-    Idefics3ImageProcessor resizing the longest edge to 2048 px and splitting the image into tiles of the tower's
-    image_size plus a global image, image_seq_len (image_size / patch)² / scale_factor² <image> tokens a tile framed
-    by its markers; the stand-in tokenizer with the markers and newlines as tokens of their own."""
+    Idefics3ImageProcessor resizing the longest edge to 2048 px (the plan's longest_edge where it sets one) and
+    splitting the image into tiles of the tower's image_size plus a global image, image_seq_len (image_size /
+    patch)² / scale_factor² <image> tokens a tile framed by its markers; the stand-in tokenizer with the markers
+    and newlines as tokens of their own."""
     from transformers import Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    unknown = sorted(set(knobs) - {"do_image_splitting"})
+    unknown = sorted(set(knobs) - {"do_image_splitting", "longest_edge"})
     if unknown:
-        raise ValueError(f"Idefics3's processor knobs measured here: do_image_splitting; got {unknown}")
+        raise ValueError(f"Idefics3's processor knobs measured here: do_image_splitting, longest_edge; got {unknown}")
     vision = config.get("vision_config") or {}
     side, patch = int(vision.get("image_size", 364)), int(vision.get("patch_size", 14))
     scale = int(config.get("scale_factor", 2))
     ids = {text: 5 + k for k, text in enumerate(IDEFICS3_SPECIALS)}
     newlines = {text: 5 + len(ids) + k for k, text in enumerate(IDEFICS3_NEWLINES)}
     tokenizer = _stand_in_tokenizer(folder, {**dict(IDEFICS3_MARKERS.values()), **ids}, added=newlines)
-    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": IDEFICS3_LONGEST_EDGE_TILES * side},
+    longest = int(knobs.get("longest_edge", IDEFICS3_LONGEST_EDGE_TILES * side))
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": longest},
                                                max_image_size={"longest_edge": side},
                                                do_image_splitting=bool(knobs.get("do_image_splitting", True)))
     return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
@@ -570,8 +572,9 @@ def images_of_plan(plan, config: dict | None = None) -> dict:
     if model_type in vision_images.QWEN_PIXEL_BOUNDS:
         low, high = vision_images.QWEN_PIXEL_BOUNDS[model_type]
         knobs = {"min_pixels": plan.min_pixels or low, "max_pixels": plan.max_pixels or high}
-    if model_type in vision_images.IMAGE_SPLITTING_TYPES and plan.do_image_splitting is not None:
-        knobs = {"do_image_splitting": plan.do_image_splitting}
+    if model_type in vision_images.IMAGE_SPLITTING_TYPES:
+        knobs = {name: getattr(plan, name) for name in ("do_image_splitting", "longest_edge")
+                 if getattr(plan, name) is not None}
     return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
             "processor": knobs}
 
