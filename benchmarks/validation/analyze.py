@@ -815,6 +815,13 @@ NOTES = {
         "It ran from a clean worktree of that commit while a CI run shared the machine (wall times of 37 to 152 s a "
         "case). w11, the one plan with LoRA on the tower too (Qwen2.5-VL's path, cohort v25), is 0.68% low.",
     ],
+    "cohort-v33": [
+        "Cohort v33 (8 SmolVLM-256M plans for the longest_edge plan field, Idefics3ImageProcessor's "
+        "size={'longest_edge': N}: 700 to 1536 below the checkpoint's 2048 and 3072 and 4096 above it) was frozen in "
+        "commit 225a343 with the estimator it checks, before any of its plans was measured, and ran from a clean "
+        "worktree of that commit with nothing else on the machine (15 to 28 s a case). No exploratory plan preceded "
+        "it: the field changes only the tile count, whose terms cohorts v30 and v31 measured.",
+    ],
 }
 
 
