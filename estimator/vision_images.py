@@ -33,14 +33,8 @@ QWEN_PIXEL_BOUNDS = {"qwen2_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
 # The families whose vision tower is estimated frozen only: check_images refuses vision_tower lora for them with
 # these words (their name, why an adapted tower is not estimated)
 TOWER_LORA_REFUSED = {
-    "gemma3": ("Gemma 3", "its SigLIP tower runs 4,096 positions per image, and the backward of an adapted tower "
-                          "block then outgrows the language model's: measured 3.7% above the estimate on gemma-3-4b-it "
-                          "with 3 images"),
     "mllama": ("Llama 3.2 Vision", "an adapted tower of 40 layers that are not checkpointing layers, on 4 tiles of "
                                    "1,608 positions an image, is not measured"),
-    "llava_next": ("LLaVA-NeXT", "an adapted CLIP tower was measured on LLaVA-1.5, one crop an image; LLaVA-NeXT runs "
-                                 "3 to 5"),
-    "idefics3": ("Idefics3/SmolVLM", "its tower runs up to 17 tiles an image; an adapted tower is not measured"),
 }
 
 

@@ -206,7 +206,10 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
       own (N x W); the projector, whose input now requires grad, keeps its GELU's input and output (2 x N' x H; on a
       4-bit base its GELU's input only, N' x H);
     * without it, a frozen projector (LoRA) keeps nothing, a trained one (full fine-tuning) keeps its linear_1 input
-      (a view of the feature layer's output, N x W), its GELU's input and output (2 x N' x H).
+      (a view of the feature layer's output, N x W), its GELU's input and output (2 x N' x H);
+    * with ``vision_tower: lora``, the projector's adapters also keep what their lora_A reads (:func:`_lora_input_bytes`
+      over N' rows of W for linear_1 and of H for linear_2) and lora_A's output (measured on llava-v1.6-vicuna-7b,
+      exploratory: the dropped-out copies and masks live through the step).
 
     The feature layer's output is a checkpointed layer's input already: linear_1's saved view adds nothing then.
     LLaVA-NeXT runs every crop of an image through the tower (N = crops x 577) and the projector maps every crop's
@@ -221,6 +224,9 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     kept = 1 if r.quantization != "none" else 2
     rows = r.images.projected_per_image or r.images.image_tokens_per_image
     projector = kept * round_block(rows * r.spec.hidden_size * element)
+    if r.plan.vision_tower == "lora":  # what linear_1's and linear_2's lora_A keep of their inputs, and their output
+        projector += sum(_lora_input_bytes(r, rows, lin.in_features) + round_block(r.act_bytes * rows * r.plan.lora_r)
+                         for group in r.spec.vision.projector.groups for lin in group.linears)
     if r.plan.gradient_checkpointing:
         return images * ((tower.num_layers + 1) * positions + projector)
     if projector_trains(r):
@@ -432,11 +438,19 @@ def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
       mask (P x 1 x n x n for n positions a tile, in the weight dtype; a non-square image's global tile is padded, so
       a GPU builds it too) is kept by the checkpointed layers' recomputation;
     * without it the frozen tower and its connector build no graph;
-    * a connector that trains (full fine-tuning) keeps its projection's input, the pixel-shuffled features (a·N·W)."""
+    * a connector that trains (full fine-tuning) keeps its projection's input, the pixel-shuffled features (a·N·W);
+      an adapted one (``vision_tower: lora``) what its lora_A keeps of them (:func:`_lora_input_bytes`, N x W in all
+      over the N / scale_factor² shuffled rows) and lora_A's output."""
     assert r.images is not None and r.spec.vision is not None
     tower = r.spec.vision.tower
     width = _tower_tensor_bytes(r, tower.hidden_size)
     kept = width if projector_trains(r) else 0
+    if r.plan.vision_tower == "lora":
+        positions = _micro_batch_positions(r)
+        for group in r.spec.vision.projector.groups:
+            for lin in group.linears:
+                rows = positions * tower.hidden_size // lin.in_features
+                kept += _lora_input_bytes(r, rows, lin.in_features) + round_block(r.act_bytes * rows * r.plan.lora_r)
     if not r.plan.gradient_checkpointing:
         return kept
     return kept + (tower.num_layers + 1) * width + _idefics3_tower_bias_bytes(r)
@@ -458,28 +472,68 @@ TOWER_BACKWARD_NOTE = ("the vision tower's backward, after the whole language mo
 # The families whose checkpointed tower is in the graph and recomputes its blocks in its own backward, after the
 # language model's: Gemma 3's SigLIP and Idefics3's (measured on gemma-3-4b-it and SmolVLM-256M-Instruct)
 TOWERS_BACK_PROPAGATED = ("gemma3", "idefics3")
+# ... and those whose tower's own backward moment is counted once LoRA adapts it (LLaVA-NeXT's CLIP tower: its
+# frozen blocks' backward never outgrew the language model's, measured by cohort v29; its adapted ones may)
+ADAPTED_TOWERS_BACK_PROPAGATED = (*TOWERS_BACK_PROPAGATED, "llava_next")
 
 
 def tower_block_backward_bytes(r: ResolvedPlan) -> int:
-    """One vision-tower block at its backward, for a tower in the graph that recomputes its blocks (Gemma 3 with
-    checkpointing: the patch-embedding hook puts the frozen tower in the graph, :func:`_gemma3_tower_saved_bytes`);
-    0 otherwise. N positions of width W, MLP width I, a bytes an element, for the micro-batch's images:
+    """One vision-tower block at its backward, for a tower in the graph that recomputes its blocks (Gemma 3 and
+    Idefics3 with checkpointing: the patch-embedding hook puts the frozen tower in the graph,
+    :func:`_gemma3_tower_saved_bytes`); 0 otherwise. N positions of width W, MLP width I, a bytes an element, for the
+    micro-batch's images:
 
     * the recomputed block's saved tensors: the two LayerNorms' inputs, flash attention's q, k, v and output
       (6·a·N·W), and the GELU's input (a·N·I); the frozen linears keep no input;
     * its MLP backward's temporaries: the gradients of the GELU's output and input (2·a·N·I) beside the incoming and
       residual gradients (2·a·N·W).
 
-    Measured on gemma-3-4b-it (exploratory, LoRA, frozen tower): 8 images of 640x480 at 128 text tokens peak in the
-    tower's backward, 2.1% above the language model's moments; with 2 or 3 images the language model's moments stay
-    larger."""
+    With ``vision_tower: lora`` the block's adapters add :func:`_tower_block_adapter_bytes`, and the larger of the
+    two moments counts. Measured on gemma-3-4b-it (exploratory, LoRA, frozen tower): 8 images of 640x480 at 128 text
+    tokens peak in the tower's backward, 2.1% above the language model's moments; with 2 or 3 images the language
+    model's moments stay larger."""
     vision = r.spec.vision
-    if (r.images is None or vision is None or vision.model_type not in TOWERS_BACK_PROPAGATED
-            or not r.plan.gradient_checkpointing):
+    if r.images is None or vision is None or not r.plan.gradient_checkpointing:
+        return 0
+    adapted = r.plan.vision_tower == "lora" and vision.model_type in ADAPTED_TOWERS_BACK_PROPAGATED
+    if vision.model_type not in TOWERS_BACK_PROPAGATED and not adapted:
         return 0
     width = _tower_tensor_bytes(r, vision.tower.hidden_size)
     mlp = _tower_tensor_bytes(r, vision.tower.intermediate_size)
-    return 8 * width + 3 * mlp
+    frozen = 8 * width + 3 * mlp
+    if r.plan.vision_tower != "lora":
+        return frozen
+    saved, recompute = _tower_block_adapter_bytes(r)
+    return max(frozen + saved, 7 * width + 2 * mlp + saved + recompute)
+
+
+def _tower_block_adapter_bytes(r: ResolvedPlan) -> tuple[int, int]:
+    """What a tower block's LoRA adapters add when the block is recomputed for its backward (PEFT 0.21
+    ``lora.Linear.forward``; the same terms as the language model's, memory._consumer_parts and
+    memory.adapter_forward_transient_bytes), over the micro-batch's N positions:
+
+    * saved, for every adapted linear of the block (in features k): the dropped-out input in the compute dtype and
+      its bool mask (a·N·k + N·k) with lora_dropout, else the input cast for fp32 adapters (a·N·k), and lora_A's
+      output (a·N·r);
+    * the recomputation's moment at the widest adapted linear (fc2, k = I): the block tensor feeding it (a·N·I, the
+      GELU's output), its fp32 copy for fp32 adapters and that copy's fp32 dropout (4·N·I each).
+
+    The moment in recomputation then holds the block's saved tensors but the MLP's gradients not yet: 7·a·N·W
+    (the six of the frozen block and the incoming gradient) and the GELU's input (a·N·I), beside these.
+    Measured on SmolVLM-256M-Instruct (exploratory, LoRA on both towers, 5 tiles of 1,024 positions): the step's peak
+    is there, fc2's fp32 copy and dropout (4·N·I each) the largest tensors of the moment."""
+    assert r.images is not None and r.spec.vision is not None
+    tower = r.spec.vision.tower
+    positions = _micro_batch_positions(r)
+    block = max(tower.groups, key=lambda group: group.count)
+    saved = sum(_lora_input_bytes(r, positions, lin.in_features) + round_block(r.act_bytes * positions * r.plan.lora_r)
+                for lin in block.linears)
+    widest = max((lin.in_features for lin in block.linears), default=0)
+    recompute = round_block(r.act_bytes * positions * widest)
+    if r.adapter_dtype is not None and r.adapter_dtype != r.compute_dtype:
+        per = DTYPE_BYTES[r.adapter_dtype]
+        recompute += round_block(per * positions * widest) * (2 if r.plan.lora_dropout > 0 else 1)
+    return saved, recompute
 
 
 # The batch's int64 rows alive through the step: input ids, labels, the attention mask and Gemma 3's token_type_ids,

@@ -343,3 +343,28 @@ def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_ide
         for name, value in processor_set.items():
             assert getattr(prepared.tokenizer.image_processor, name) == value
     _trains_two_steps(out)
+
+
+@pytest.mark.parametrize("family", ["tiny_gemma3", "tiny_llava_next", "tiny_idefics3"])
+def test_an_adapted_tower_recipe_trains_what_was_estimated(family, tmp_path, request):
+    """vision_tower lora on the families that estimate it since cohort v34: the recipe's PEFT regex reaches every
+    linear of the tower and its projector (recipes/vision_setup.py), the trainable count is the estimate's, and the
+    recipe trains two CPU steps with checkpointing on."""
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.recipes.schema import load_recipe
+    from canifinetune.recipes.vision_setup import build_vlm
+
+    folder = request.getfixturevalue(family)
+    out = _recipe(folder, tmp_path / "recipe", "lora", "--vision-tower", "lora")
+    plan = load_recipe(out / "recipe.yaml").plan
+    assert plan.vision_tower == "lora" and plan.gradient_checkpointing
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_vlm(plan, config)
+    adapted = {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+    tower = {name for name in adapted if ".vision_" in name or "connector" in name or "multi_modal_projector" in name}
+    assert tower, "no adapter reached the tower or its projector"
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == estimate(plan).params_trainable
+    _trains_two_steps(out)
