@@ -822,6 +822,17 @@ NOTES = {
         "worktree of that commit with nothing else on the machine (15 to 28 s a case). No exploratory plan preceded "
         "it: the field changes only the tile count, whose terms cohorts v30 and v31 measured.",
     ],
+    "cohort-v34": [
+        "Cohort v34 (14 plans with LoRA on the vision tower and projector: 6 SmolVLM-256M, 4 gemma-3-4b-it, 4 "
+        "llava-v1.6-vicuna-7b, issue 26) was frozen in commit 9a480c6 with the estimator it checks, before any of its "
+        "plans was measured, and ran from a clean worktree of that commit (31 to 57 s a case, two at a time). Its "
+        "selection text says 18 exploratory plans preceded it; they were 22 runs of 15 distinct plans (6 SmolVLM, 5 "
+        "Gemma 3, 4 LLaVA-NeXT), none of them in the cohort: without the adapted tower block's recomputation terms "
+        "SmolVLM came out -37.5% to -15.3% and Gemma 3 -5.96% with 3 images; with them the cohort's plans are "
+        "prospective. The largest errors are SmolVLM's small QLoRA plans (a02: +7.43% of 0.76 GiB, which carries "
+        "the 32 MiB cuBLAS workspace fake mode cannot see); the lowest, a14 (-0.61%), is LLaVA-NeXT at 2 x 4,290 "
+        "tokens, where cohort v29's frozen-tower LoRA cases at long sequences also ran 0.2% to 0.5% low.",
+    ],
 }
 
 
