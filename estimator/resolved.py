@@ -129,9 +129,11 @@ def _resolve_targets(
 ) -> tuple[tuple[str, ...], tuple[str, ...], ExpertLoRA | None]:
     names = spec.linear_names()
     warnings: list[str] = []
-    # PEFT 0.21 maps all-linear and the v4 expert names onto the fused expert weights (estimator/moe_adapters.py)
+    # PEFT 0.21 maps all-linear and the v4 expert names onto the fused expert weights (estimator/moe_adapters.py),
+    # keyed by the model's own config.model_type: a VLM wrapper's (qwen3_vl_moe: no mapping, no expert adapters)
+    peft_model_type = spec.vision.model_type if spec.vision is not None else spec.model_type
     experts, expert_names, _ = resolve_expert_targets(
-        spec.model_type, spec.moe is not None, plan.target_modules, plan.lora_r, plan.lora_dropout, plan.use_dora
+        peft_model_type, spec.moe is not None, plan.target_modules, plan.lora_r, plan.lora_dropout, plan.use_dora
     )
     if plan.target_modules is None:
         default = PEFT_DEFAULT_TARGETS.get(spec.model_type)

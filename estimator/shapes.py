@@ -11,8 +11,8 @@ MAX_LAYERS = 4096
 
 # Vision-language wrappers (transformers 5.24 model types; estimator/vision_spec.py reads their towers): a language
 # model under text_config (or beside it, in older Qwen-VL checkpoints) and a vision tower.
-VISION_LANGUAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "mllama", "llava", "llava_next",
-                               "idefics3", "smolvlm")
+VISION_LANGUAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "mllama", "llava",
+                               "llava_next", "idefics3", "smolvlm")
 
 
 @dataclass(frozen=True)

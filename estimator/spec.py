@@ -391,6 +391,10 @@ ENCODER_CONFIG_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tow
 # are Qwen2's, q/k/v with bias; Qwen3VLTextModel's are Qwen3's, q/k norms per head; LlavaConfig's text_config is a
 # LlamaConfig unless it names another model_type)
 ESTIMATED_VISION_TYPES = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "llava": "llama",
+                          # Qwen3VLMoeTextModel's decoder layers are Qwen3-MoE's (fused experts gate_up_proj (E, 2I,
+                          # H) and down_proj (E, H, I), a top-k router, q/k norms), with Qwen3-VL's M-RoPE and
+                          # deepstack; its tower is Qwen3-VL's
+                          "qwen3_vl_moe": "qwen3_moe",
                           "gemma3": "gemma3_text",
                           # MllamaTextModel: Llama decoder layers, num_hidden_layers of them counting the
                           # cross-attention layers, which have the same linears (estimator/vision_memory.py)
@@ -457,6 +461,11 @@ def _vision_language_model(config: dict) -> tuple[dict, VisionSpec]:
         text = {**defaults, **{k: v for k, v in text.items() if k in ("torch_dtype", "dtype")}}
     if isinstance(inner, dict):
         text.update(inner)
+    if "tie_word_embeddings" in config:
+        # the wrapper's own value decides: transformers 5.24 ties lm_head to the embeddings by the top-level
+        # config's tie_word_embeddings (PreTrainedModel.get_expanded_tied_weights_keys reads self.config), which
+        # Qwen3VLMoeConfig's default text_config contradicts (True inside, False outside: the model is untied)
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
     text["model_type"] = ESTIMATED_VISION_TYPES[config["model_type"]]
     return text, vision
 

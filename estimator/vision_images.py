@@ -28,7 +28,8 @@ QWEN3_VL_MAX_PIXELS = 16777216
 # (347 bytes, the Hub page for commit 258ddfb) has Qwen2.5-VL's bounds, and so do the 2B- and 7B-Instruct copies
 QWEN_PIXEL_BOUNDS = {"qwen2_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen2_5_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
-                     "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
+                     "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS),
+                     "qwen3_vl_moe": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
 # The families whose vision tower is estimated frozen only: check_images refuses vision_tower lora for them with
 # these words (their name, why an adapted tower is not estimated)

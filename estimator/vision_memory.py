@@ -134,7 +134,7 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
         return _mllama_tower_saved_bytes(r) + cross_attention_kept_bytes(r)
     if vision.model_type == "idefics3":
         return _idefics3_tower_saved_bytes(r)
-    if vision.model_type == "qwen3_vl":
+    if vision.model_type in ("qwen3_vl", "qwen3_vl_moe"):
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
         # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
         # with checkpointing too (measured: exploratory plans and cohort v23); its own adapters put it in the graph

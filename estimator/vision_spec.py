@@ -812,6 +812,7 @@ _READERS = {
     "qwen2_vl": _qwen2_vl,
     "qwen2_5_vl": _qwen2_5_vl,
     "qwen3_vl": _qwen3_vl,
+    "qwen3_vl_moe": _qwen3_vl,  # Qwen3VLMoeVisionModel is Qwen3VLVisionModel (modular_qwen3_vl_moe.py)
     "gemma3": _gemma3,
     "mllama": _mllama,
     "llava": _llava,

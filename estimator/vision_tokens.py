@@ -605,6 +605,7 @@ FAMILY_KNOBS: dict[str, tuple[str, ...]] = {
     "qwen2_vl": _QWEN_KNOBS,
     "qwen2_5_vl": _QWEN_KNOBS,
     "qwen3_vl": _QWEN_KNOBS,
+    "qwen3_vl_moe": _QWEN_KNOBS,
     "gemma3": ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
                "pan_and_scan_min_ratio_to_activate"),
     "mllama": ("max_image_tiles",),
@@ -621,6 +622,7 @@ _VISION_DEFAULTS: dict[str, dict[str, int]] = {
     "qwen2_vl": {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
     "qwen2_5_vl": {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
     "qwen3_vl": {"patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "qwen3_vl_moe": {"patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
     "gemma3": {"image_size": 224, "patch_size": 16},
     "mllama": {"image_size": 448, "patch_size": 14, "max_num_tiles": 4},
     "llava": {"image_size": 336, "patch_size": 14},
@@ -681,6 +683,7 @@ def _family_kwargs(family: str, config: Mapping[str, Any]) -> dict[str, Any]:
 
 _FAMILY_FUNCTIONS: dict[str, Callable[..., ImageTokens]] = {
     "qwen2_vl": qwen_vl_image_tokens, "qwen2_5_vl": qwen_vl_image_tokens, "qwen3_vl": qwen_vl_image_tokens,
+    "qwen3_vl_moe": qwen_vl_image_tokens,
     "gemma3": gemma3_image_tokens, "mllama": mllama_image_tokens, "llava": llava_image_tokens,
     "llava_next": llava_next_image_tokens, "idefics3": idefics3_image_tokens, "smolvlm": idefics3_image_tokens,
 }

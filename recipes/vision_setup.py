@@ -16,7 +16,8 @@ from typing import Any
 from canifinetune.estimator.vision_spec import language_model_path
 
 # where each estimated family's vision tower sits in its <Family>Model (transformers 5.24)
-TOWER_PATHS = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "llava": "vision_tower",
+TOWER_PATHS = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "qwen3_vl_moe": "visual",
+               "llava": "vision_tower",
                "gemma3": "vision_tower", "mllama": "vision_model", "llava_next": "vision_tower",
                "idefics3": "vision_model"}
 
@@ -29,10 +30,14 @@ def lora_target_regex(plan, config: dict) -> str:
     from canifinetune.estimator.spec import PEFT_DEFAULT_TARGETS, ModelSpec
 
     spec = ModelSpec.from_config(config)
+    names: tuple[str, ...] | list[str] | None
     if plan.target_modules == "all-linear":
         names = spec.linear_names()
     else:
-        names = plan.target_modules or PEFT_DEFAULT_TARGETS[spec.model_type]
+        names = plan.target_modules or PEFT_DEFAULT_TARGETS.get(spec.model_type)
+    if not names:  # the estimate refuses such a plan first (estimator/resolved.py); say so here too
+        raise ValueError(f"target_modules: PEFT has no default target modules for a {spec.model_type} language "
+                         "model; name them (e.g. 'all-linear' or ['q_proj', 'v_proj'])")
     # (Mllama's cross-attention layers name their attention cross_attn; PEFT's all-linear reaches their linears too)
     text = language_model_path(config["model_type"])
     language = rf"model\.{text}\.layers\.\d+\.(self_attn|cross_attn|mlp)\.({'|'.join(map(re.escape, names))})"

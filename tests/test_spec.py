@@ -126,8 +126,6 @@ _NOT_YET_ESTIMATED = [
     *(e["config"] for e in _vlm_entries(estimated=False)),
     {"model_type": "smolvlm", "architectures": ["SmolVLMForConditionalGeneration"],
      "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "smolvlm_vision"}},
-    {**FAMILY_CONFIGS["qwen2"], "model_type": "qwen3_vl_moe", "architectures": ["Qwen3VLMoeForConditionalGeneration"],
-     "vision_config": {"depth": 27, "hidden_size": 1152}},
 ]
 
 
@@ -183,6 +181,13 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
             (336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
         assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)
         assert spec.total_params == 7_063_431_168
+    elif entry["config"]["model_type"] == "qwen3_vl_moe":
+        # Qwen3-VL-30B-A3B: a Qwen3-MoE decoder (48 layers of 128 experts, top 8, experts 768 wide; q/k norms) and
+        # Qwen3-VL's tower; the checkpoint's safetensors hold exactly this many parameters (checked below)
+        assert spec.model_type == "qwen3_moe" and spec.qk_norm == "head" and spec.moe is not None
+        assert (spec.moe.num_experts, spec.moe.top_k, spec.moe.expert_intermediate) == (128, 8, 768)
+        assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads) == (2048, 48, 32, 4)
+        assert spec.total_params == 31_070_754_032 and spec.vision.vision_params == 538_631_408
     elif entry["config"]["model_type"] == "llava":
         assert spec.model_type == "llama" and not spec.attention_bias
         assert (spec.hidden_size, spec.num_layers, spec.intermediate_size, spec.vocab_size) == (4096, 32, 11008, 32064)

@@ -15,6 +15,7 @@ import canifinetune.estimator as estimator_package
 from canifinetune.estimator.errors import ModelConfigError
 from canifinetune.estimator.spec import (
     ENCODER_CONFIG_KEYS,
+    ESTIMATED_VISION_TYPES,
     TEXT_CONFIG_DEFAULTS,
     VISION_LANGUAGE_MODEL_TYPES,
     ModelSpec,
@@ -46,6 +47,12 @@ SMALL_CONFIGS = {
         fullatt_block_indexes=[1, 3], window_size=112)),
     "qwen3_vl": dict(model_type="qwen3_vl", text_config=dict(
         QWEN_TEXT, head_dim=128, rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20]}),
+        vision_config=dict(depth=3, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=256,
+                           patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0, 2])),
+    "qwen3_vl_moe": dict(model_type="qwen3_vl_moe", text_config=dict(
+        QWEN_TEXT, model_type="qwen3_vl_moe_text", head_dim=128, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[],
+        rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20]}),
         vision_config=dict(depth=3, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=256,
                            patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0, 2])),
     "gemma3": dict(model_type="gemma3", mm_tokens_per_image=4, text_config=dict(
@@ -187,6 +194,10 @@ def test_language_model_part_matches_the_text_spec(case, built):
     text = {k: v for k, v in text.items() if k not in ENCODER_CONFIG_KEYS}
     if text.get("model_type") in VISION_LANGUAGE_MODEL_TYPES:
         text["model_type"] = f"{text['model_type']}_text"
+    if ESTIMATED_VISION_TYPES.get(_config(case)["model_type"]) == "qwen3_moe":
+        text["model_type"] = "qwen3_moe"  # an MoE read as a dense Llama-like model would be far off, not 0.5%
+    if "tie_word_embeddings" in _config(case):  # the wrapper's value ties the head (estimator/spec.py)
+        text["tie_word_embeddings"] = _config(case)["tie_word_embeddings"]
     # what transformers' text config class fills in where the published text_config is silent (gemma-3-4b-it's heads)
     text = {**TEXT_CONFIG_DEFAULTS.get(_config(case).get("model_type"), {}), **text}
     expected = ModelSpec.from_config(text).total_params

@@ -131,6 +131,26 @@ def test_the_qwen3_vl_batch_holds_the_processors_image_tokens():
     assert fake["sequence"] == {"tokens": 32 + 2 * (12 + 2), "image_tokens": 24, "pixel_rows": 2 * 2 * 48}
 
 
+# Qwen3-VL-MoE at toy sizes: TINY_QWEN3_VL's tower and a 2-layer Qwen3-MoE decoder of 4 experts, 2 a token
+TINY_QWEN3_VL_MOE = {**TINY_QWEN3_VL, "model_type": "qwen3_vl_moe",
+                     "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+                     "text_config": {**TINY_QWEN3_VL["text_config"], "model_type": "qwen3_vl_moe_text",
+                                     "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                     "decoder_sparse_step": 1, "mlp_only_layers": []},
+                     "vision_config": {**TINY_QWEN3_VL["vision_config"], "model_type": "qwen3_vl_moe"}}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True)])
+def test_qwen3_vl_moe_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    """Qwen3-VL-MoE: the experts run transformers' grouped-mm path (fake_mode.gpu_routing's meta patch for fp32)
+    and the M-RoPE positions come from the data's values (vlm_fake.qwen3_moe_metadata_from_values)."""
+    images = {"size": [128, 96], "per_sample": 2, "processor": TINY_QWEN3_PIXELS}
+    targets = {"target_modules": "all-linear"} if method != "full" else {}  # PEFT has no qwen3_moe default
+    _fake_equals_real(TINY_QWEN3_VL_MOE, images, method=method, gradient_checkpointing=ckpt, **targets)
+    fake = vlm_fake.run_vlm_steps(_plan(target_modules="all-linear"), TINY_QWEN3_VL_MOE, images, fake=True)
+    assert fake["sequence"] == {"tokens": 32 + 2 * (12 + 2), "image_tokens": 24, "pixel_rows": 2 * 2 * 48}
+
+
 @pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
 def test_gemma3_fake_tensors_count_what_real_tensors_hold(method, ckpt):
     _fake_equals_real(TINY_GEMMA3, {"size": [90, 60], "per_sample": 2}, method=method, gradient_checkpointing=ckpt)
@@ -245,3 +265,23 @@ def test_qwen2_vl_fake_tensors_count_what_real_tensors_hold(method, ckpt):
     """Qwen2-VL: the harness computes its language model's M-RoPE positions from the data's values; the fake count
     equals the real one."""
     _fake_equals_real(TINY_QWEN2_VL, {"size": [112, 84], "per_sample": 2}, method=method, gradient_checkpointing=ckpt)
+
+
+@pytest.mark.parametrize(("targets", "tower"), [("all-linear", "frozen"), (["q_proj", "v_proj"], "frozen"),
+                                                ("all-linear", "lora")])
+def test_qwen3_vl_moe_adapters_are_the_estimates(tmp_path, targets, tower):
+    """PEFT 0.21 converts no expert target for qwen3_vl_moe (the wrapper's model_type is not in transformers'
+    conversion mapping, which its _convert_peft_config_moe reads), so all-linear adapts the attention projections
+    and, with vision_tower lora, the tower's linears: the model the recipe builds trains exactly the estimate's
+    parameters, and no expert or router weight."""
+    import json
+
+    from canifinetune.estimator.estimate import estimate
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3_VL_MOE), encoding="utf-8")
+    plan = TrainingPlan(model=str(tmp_path), method="lora", seq_len=32, image_size="128x96", target_modules=targets,
+                        vision_tower=tower, dtype="fp32")
+    model = vlm_fake.build_vlm(plan, TINY_QWEN3_VL_MOE, tower)
+    trainable = {name: p.numel() for name, p in model.named_parameters() if p.requires_grad}
+    assert not any(".experts." in name or ".mlp.gate." in name for name in trainable)
+    assert sum(trainable.values()) == estimate(plan).params_trainable

@@ -140,8 +140,8 @@ def qwen_processor(config: dict, folder: Path, knobs: dict):
     image_processor = Qwen2VLImageProcessorPil(patch_size=int(vision.get("patch_size", 14)),
                                                merge_size=int(vision.get("spatial_merge_size", 2)),
                                                **({"size": size} if size else {}))
-    base = {"qwen3_vl": Qwen3VLProcessor, "qwen2_vl": Qwen2VLProcessor}.get(config.get("model_type"),
-                                                                           Qwen2_5_VLProcessor)
+    base = {"qwen3_vl": Qwen3VLProcessor, "qwen3_vl_moe": Qwen3VLProcessor,
+            "qwen2_vl": Qwen2VLProcessor}.get(config.get("model_type"), Qwen2_5_VLProcessor)
 
     class ImagesOnlyProcessor(base):  # type: ignore[valid-type,misc]
         """Without a video processor (transformers' needs torchvision, absent from this environment; the rows have no
@@ -352,6 +352,8 @@ def _family(config: dict) -> Family:
         return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen_vision_metadata_from_values)
     if model_type == "qwen3_vl":
         return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen3_metadata_from_values)
+    if model_type == "qwen3_vl_moe":
+        return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen3_moe_metadata_from_values)
     if model_type == "qwen2_vl":
         return Family(QWEN_MARKERS, "image_token_id", qwen_processor, qwen2_vl_metadata_from_values)
     if model_type == "llava":
@@ -364,8 +366,8 @@ def _family(config: dict) -> Family:
         return Family(IDEFICS3_MARKERS, "image_token_id", idefics3_processor, idefics3_every_image_real)
     if model_type == "llava_next":
         return Family(LLAVA_MARKERS, "image_token_index", llava_next_processor, contextlib.nullcontext)
-    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_vl, qwen2_5_vl, qwen3_vl, llava, llava_next, "
-                     "gemma3, mllama and idefics3")
+    raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, "
+                     "llava, llava_next, gemma3, mllama and idefics3")
 
 
 def with_stand_in_markers(config: dict) -> dict:
@@ -456,6 +458,13 @@ def qwen3_metadata_from_values():
     from transformers.models.qwen3_vl import modeling_qwen3_vl as qwen3
 
     return _computed_from_values((qwen3.Qwen3VLModel, "get_rope_index"))
+
+
+def qwen3_moe_metadata_from_values():
+    """Qwen3-VL-MoE's M-RoPE positions computed from the data's values, as Qwen3-VL's (its own Qwen3VLMoeModel)."""
+    from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as qwen3_moe
+
+    return _computed_from_values((qwen3_moe.Qwen3VLMoeModel, "get_rope_index"))
 
 
 def lora_targets(vision_tower: str, plan, config: dict) -> Any:
