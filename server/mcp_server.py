@@ -77,8 +77,8 @@ fits, make_recipe. Every argument has a default; fields not listed as arguments 
 what make_recipe writes): when the user trains with a script or tool of their own, ask which and set
 framework; the same plan can need twice the memory under another stack. For preference or RL training set trainer
 (dpo, orpo, kto, reward, grpo) and ask for its fields (reference model, GRPO's num_generations,
-max_completion_length, use_vllm/vllm_mode): they go in the plan object. A vision-language model
-(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Gemma 3, Llama 3.2 Vision, SmolVLM) needs its images: ask the user their
+max_completion_length, use_vllm/vllm_mode): they go in the plan object. A vision-language model (Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL and -MoE, LLaVA, Gemma 3, Llama 3.2 Vision, SmolVLM) needs its images: ask the user their
 training images' size and how many per sample, and pass image_size ('1280x720'), images_per_sample and any Qwen
 processor max_pixels/min_pixels (SmolVLM: longest_edge, do_image_splitting) in the plan object (seq_len stays the
 text tokens; the image tokens are added). Say the machine:

@@ -833,6 +833,13 @@ NOTES = {
         "the 32 MiB cuBLAS workspace fake mode cannot see); the lowest, a14 (-0.61%), is LLaVA-NeXT at 2 x 4,290 "
         "tokens, where cohort v29's frozen-tower LoRA cases at long sequences also ran 0.2% to 0.5% low.",
     ],
+    "cohort-v35": [
+        "Cohort v35 (10 plans on Qwen/Qwen3-VL-30B-A3B-Thinking, Qwen3-VL-MoE, issue 26) was frozen in commit "
+        "c8eb66f with the estimator it checks, before any of its plans was measured, after six exploratory plans "
+        "(-0.46% to +6.76%), and ran from a clean worktree of that commit (33 to 60 s a case, two at a time). Seven "
+        "of the ten are 0.12% to 0.60% low, all within the -2% bound; the two without checkpointing are the high "
+        "ones (m05 +3.42%, m09 +5.45%: their measured peak is in the forward, the estimate's in the backward).",
+    ],
 }
 
 
