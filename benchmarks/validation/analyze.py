@@ -838,7 +838,10 @@ NOTES = {
         "c8eb66f with the estimator it checks, before any of its plans was measured, after six exploratory plans "
         "(-0.46% to +6.76%), and ran from a clean worktree of that commit (33 to 60 s a case, two at a time). Seven "
         "of the ten are 0.12% to 0.60% low, all within the -2% bound; the two without checkpointing are the high "
-        "ones (m05 +3.42%, m09 +5.45%: their measured peak is in the forward, the estimate's in the backward).",
+        "ones (m05 +3.42%, m09 +5.45%: their measured peak is in the forward, the estimate's in the backward). Its "
+        "gpu_sizes_gib (4 to 16 GiB, copied from cohort v33's file when it was written) are far below a 31B model's "
+        "58 to 229 GiB, so its 50 verdict pairs are all 'does not fit' on both sides and test no verdict; the errors "
+        "above are what it shows.",
     ],
 }
 
