@@ -513,6 +513,10 @@ def _vision_tower_cost(t: _Tally) -> None:
     if t.original.vision_tower == "lora" and t.plan.vision_tower == "frozen":
         t.learning(QUALITY_WEIGHTS["freeze_vision_tower"],
                    "vision tower frozen: only the language model's adapters learn, as most VLM recipes train")
+    elif t.original.vision_tower == "full" and t.plan.vision_tower == "frozen":
+        t.learning(QUALITY_WEIGHTS["freeze_vision_tower"],
+                   "vision tower frozen: the language model (and projector) train, the tower keeps its pretrained "
+                   "weights, as most VLM recipes train (LLaMA-Factory's freeze_vision_tower default)")
     t.handled.add("vision_tower")
 
 

@@ -265,8 +265,9 @@ def _image_tiles_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
 
 
 def _vision_tower_knob(p: TrainingPlan) -> Knob | None:
-    """A VLM's vision tower frozen instead of adapted (its adapters, their states and the tower's graph go)."""
-    return Knob("vision_tower", 1, [{"vision_tower": "frozen"}]) if p.vision_tower == "lora" else None
+    """A VLM's vision tower frozen instead of adapted or trained (its adapters or its gradients and optimizer
+    states, and the tower's graph, go)."""
+    return Knob("vision_tower", 1, [{"vision_tower": "frozen"}]) if p.vision_tower != "frozen" else None
 
 
 def _images_per_sample_knob(p: TrainingPlan) -> Knob | None:

@@ -291,7 +291,7 @@ class TrainingPlan(BaseModel):
     vision_tower: VisionTower = Field(
         "frozen", description="What trains in a VLM's vision encoder: frozen (the default of VLM recipes), lora "
                               "(adapters on every tower and projector linear; with gradient checkpointing) or full "
-                              "(not modelled yet: refused).")
+                              "(the tower's own weights train: method full, with gradient checkpointing).")
     min_pixels: int | None = Field(
         None, ge=1, le=MAX_PIXELS_KNOB,
         description="Qwen-VL image processor min_pixels: images with fewer pixels are scaled up (checkpoint default "

@@ -38,6 +38,12 @@ TOWER_LORA_REFUSED = {
                                    "1,608 positions an image, is not measured"),
 }
 
+# The families whose fully trained tower (vision_tower full, method full) is not estimated: the same words
+TOWER_FULL_REFUSED: dict[str, tuple[str, str]] = {
+    "mllama": ("Llama 3.2 Vision", "its 40 tower layers are not checkpointing layers and keep every activation; a "
+                                   "trained tower is not measured"),
+}
+
 
 class ImageFacts(NamedTuple):
     """What the processor makes of a sample's images (estimator/vision_tokens.py mirrors it)."""
@@ -96,8 +102,15 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
             "('WIDTHxHEIGHT', e.g. '1280x720') and images_per_sample; each image becomes image tokens in every "
             "sample, so the estimate needs them")
     refusals = (
-        (plan.vision_tower == "full", "vision_tower",
-         "'full': a fully trained vision tower is not estimated yet (frozen is, and lora with checkpointing)"),
+        (plan.vision_tower == "full" and plan.method != "full", "vision_tower",
+         f"'full' trains the tower's own weights, which a {plan.method} plan leaves frozen (PEFT would need it in "
+         "modules_to_save, not estimated); train it with method full, or adapt it with vision_tower lora"),
+        (plan.vision_tower == "full" and spec.vision.model_type in TOWER_FULL_REFUSED, "vision_tower",
+         "'full' is not estimated for {} yet ({}); frozen is".format(
+             *TOWER_FULL_REFUSED.get(spec.vision.model_type, ("", "")))),
+        (plan.vision_tower == "full" and not plan.gradient_checkpointing, "vision_tower",
+         "'full' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
+         "blocks); with checkpointing it is"),
         (plan.vision_tower == "lora" and not plan.uses_adapters, "vision_tower",
          f"'lora' puts adapters on the tower of a LoRA or QLoRA plan; method is {plan.method!r}"),
         (plan.vision_tower == "lora" and spec.vision.model_type in TOWER_LORA_REFUSED, "vision_tower",

@@ -56,12 +56,21 @@ SCATTERED_EMBEDDING_COPIES = 1
 
 def projector_trains(r: ResolvedPlan) -> bool:
     """Whether the projector trains: in full fine-tuning, when it sits outside the vision tower (LLaVA's
-    multi_modal_projector trains with the language model; Qwen-VL's merger is part of the frozen tower module)."""
+    multi_modal_projector trains with the language model; Qwen-VL's merger is part of the frozen tower module), or
+    with the tower itself (``vision_tower: full``)."""
     vision = r.spec.vision
     if vision is None or r.plan.method != "full":
         return False
+    if r.plan.vision_tower == "full":
+        return True
     tower = vision.tower.module_path
     return not any(path == tower or path.startswith(tower + ".") for path in vision.projector.module_paths)
+
+
+def tower_trains(r: ResolvedPlan) -> bool:
+    """Whether the vision tower's own weights train: ``vision_tower: full`` in full fine-tuning (build_vlm leaves
+    the whole model trainable then)."""
+    return r.spec.vision is not None and r.plan.method == "full" and r.plan.vision_tower == "full"
 
 
 def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
@@ -91,7 +100,7 @@ def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
             out.append(TensorRecord(Role.QUANTIZATION_STATE, name, lin.out_features, 1, group.count, "mixed", False,
                                     quantization_state_bytes(lin, r.quantization, r.plan.bnb_4bit_use_double_quant,
                                                              False)))
-        group_trains = trains and group in vision.projector.groups
+        group_trains = tower_trains(r) or (trains and group in vision.projector.groups)
         out += [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0],
                              group.count, dtype, group_trains, math.prod(shape) * DTYPE_BYTES[dtype], None)
                 for name, shape in group.module_parameter_shapes() if name not in packed]
@@ -137,8 +146,9 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
     if vision.model_type in ("qwen3_vl", "qwen3_vl_moe"):
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
         # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
-        # with checkpointing too (measured: exploratory plans and cohort v23); its own adapters put it in the graph
-        return _qwen3_tower_lora_saved_bytes(r) if r.plan.vision_tower == "lora" else 0
+        # with checkpointing too (measured: exploratory plans and cohort v23); its own adapters, or its own trained
+        # weights, put it in the graph
+        return _qwen3_tower_lora_saved_bytes(r) if r.plan.vision_tower != "frozen" else 0
     return _qwen_tower_saved_bytes(r) if r.plan.gradient_checkpointing else 0
 
 
@@ -181,7 +191,8 @@ def _merger_lora_inputs(r: ResolvedPlan, patches: int, width: int) -> int:
 
 
 def _qwen3_tower_lora_saved_bytes(r: ResolvedPlan) -> int:
-    """Qwen3-VL with LoRA on its tower (checkpointing on: a tower LoRA without it is refused), N patches of width W:
+    """Qwen3-VL with LoRA on its tower, or the tower trained (checkpointing on: either without it is refused), N
+    patches of width W:
     each of the ``depth`` blocks keeps its input (N x W); each of the 1 + len(deepstack) mergers keeps its GELU's
     input (N x W in total, 4W wide over N/4 rows) and, per adapted linear (fc1, fc2), the tensor its lora_A reads:
     the dropout's output and its bool mask (a·N·W + N·W) when lora_dropout > 0, else the linear's own input
@@ -192,7 +203,10 @@ def _qwen3_tower_lora_saved_bytes(r: ResolvedPlan) -> int:
     tower = r.spec.vision.tower
     patches = _micro_batch_positions(r)
     unit = _tower_tensor_bytes(r, tower.hidden_size)
-    per_merger = unit + _merger_lora_inputs(r, patches, tower.hidden_size)
+    # a trained merger (vision_tower full) also keeps its linears' inputs for their weights' gradients: the norm's
+    # output for linear_fc1 and the GELU's output for linear_fc2, N x W each over the merged rows
+    trained = 2 * unit if tower_trains(r) else 0
+    per_merger = unit + _merger_lora_inputs(r, patches, tower.hidden_size) + trained
     mergers = 1 + len(tower.deepstack_layers)
     rotary = 2 * round_block(patches * tower.head_dim * DTYPE_BYTES["fp32"])
     return tower.num_layers * unit + mergers * per_merger + unit + rotary

@@ -73,7 +73,8 @@ def test_the_tower_keeps_its_inputs_only_with_checkpointing():
 @pytest.mark.parametrize(("model", "kw", "field"), [
     ("Qwen/Qwen2.5-7B-Instruct", {"image_size": "640x480"}, "image_size"),  # a text model takes no images
     (VL3B, {"image_size": None}, "image_size"),  # a VLM needs them
-    (VL3B, {"vision_tower": "full"}, "vision_tower"),
+    (VL3B, {"vision_tower": "full"}, "vision_tower"),  # beside LoRA adapters: modules_to_save, not estimated
+    (VL3B, {"vision_tower": "full", "method": "full", "gradient_checkpointing": False}, "vision_tower"),
     (VL3B, {"vision_tower": "lora", "gradient_checkpointing": False}, "vision_tower"),
     (VL3B, {"vision_tower": "lora", "method": "full"}, "vision_tower"),
     (VL3B, {"method": "lora", "load_in_8bit": True}, "load_in_8bit"),
@@ -87,6 +88,40 @@ def test_what_is_not_measured_is_refused_by_name(model, kw, field):
     with pytest.raises(PlanError) as info:
         estimate(_plan(model=model, **kw))
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("model", [VL3B, "Qwen/Qwen3-VL-8B-Instruct", "llava-hf/llava-1.5-7b-hf",
+                                   "google/gemma-3-4b-it", "HuggingFaceTB/SmolVLM-256M-Instruct",
+                                   "llava-hf/llava-v1.6-vicuna-7b-hf", "Qwen/Qwen2-VL-2B-Instruct",
+                                   "Qwen/Qwen3-VL-30B-A3B-Thinking"])
+def test_a_trained_tower_adds_its_weights_training_state(model):
+    """vision_tower full (method full, checkpointing on): every tower and projector parameter trains, so the
+    trainable count is the whole model's and the tower adds its AdamW states (2 x 2 bytes a bf16 parameter) and at
+    least its gradients (2 bytes) beside the frozen tower's plan."""
+    frozen = estimate(_plan(model=model, method="full"))
+    trained = estimate(_plan(model=model, method="full", vision_tower="full"))
+    assert trained.params_trainable == trained.params_total > frozen.params_trainable
+    tower = trained.params_trainable - frozen.params_trainable
+    parts = {p.name: p.bytes for p in trained.breakdown}
+    before = {p.name: p.bytes for p in frozen.breakdown}
+    # the gradients live at the peak moment: at least the tower's own (the moment may move to a later one)
+    assert parts["gradients"] - before["gradients"] >= 0.99 * 2 * tower
+    assert parts["optimizer_states"] - before["optimizer_states"] == pytest.approx(4 * tower, rel=0.01)
+    assert trained.peak_allocated_bytes > frozen.peak_allocated_bytes
+
+
+def test_a_trained_qwen3_vl_merger_keeps_its_linears_inputs():
+    """Qwen3-VL's tower keeps nothing when frozen (no hook reaches it); trained, its blocks keep their inputs and
+    each of its four mergers (the main one and three deepstack mergers) keeps, beyond the adapted tower's terms, its
+    two linears' inputs (N x W each)."""
+    frozen = _resolved(model="Qwen/Qwen3-VL-8B-Instruct", method="full")
+    trained = _resolved(model="Qwen/Qwen3-VL-8B-Instruct", method="full", vision_tower="full")
+    assert trained.images is not None
+    assert vision_memory.tower_saved_bytes(frozen) == 0
+    patches, width, depth = trained.images.patches_per_sample, 1152, 27
+    unit = patches * width * 2
+    expected = depth * unit + 4 * (unit + 2 * unit) + unit + 2 * patches * 72 * 4
+    assert vision_memory.tower_saved_bytes(trained) == pytest.approx(expected, abs=64 * 512)
 
 
 @pytest.mark.parametrize(("given", "stored"), [("1280X720", "1280x720"), (" 1280 x 720 ", "1280x720"),
@@ -680,7 +715,8 @@ def test_the_search_offers_fewer_tiles_before_the_global_image_alone():
 @pytest.mark.parametrize(("model", "kw", "field", "words"), [
     (GEMMA3, {"max_pixels": 1003520}, "max_pixels", "Qwen-VL processor setting"),
     (MLLAMA, {"vision_tower": "lora"}, "vision_tower", "not estimated for Llama 3.2 Vision"),
-    (MLLAMA, {"vision_tower": "full"}, "vision_tower", "fully trained vision tower"),
+    (MLLAMA, {"vision_tower": "full", "method": "full"}, "vision_tower", "'full' is not estimated for Llama 3.2"),
+    (MLLAMA, {"vision_tower": "full"}, "vision_tower", "train it with method full"),
     (MLLAMA, {"max_pixels": 1003520}, "max_pixels", "tiles every image"),
     (LLAVA_NEXT, {"max_pixels": 1003520}, "max_pixels", "image_grid_pinpoints"),
     (SMOLVLM, {"max_pixels": 1003520}, "max_pixels", "splits it into"),

@@ -368,3 +368,25 @@ def test_an_adapted_tower_recipe_trains_what_was_estimated(family, tmp_path, req
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trainable == estimate(plan).params_trainable
     _trains_two_steps(out)
+
+
+@pytest.mark.parametrize("family", ["tiny_gemma3", "tiny_llava_next", "tiny_idefics3", "tiny_llava"])
+def test_a_trained_tower_recipe_trains_the_whole_model(family, tmp_path, request):
+    """vision_tower full with method full: the recipe leaves every parameter trainable (the tower, the projector,
+    the language model), the count is the estimate's, and it trains two CPU steps with checkpointing on."""
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.recipes.schema import load_recipe
+    from canifinetune.recipes.vision_setup import build_vlm
+
+    folder = request.getfixturevalue(family)
+    out = _recipe(folder, tmp_path / "recipe", "full", "--vision-tower", "full")
+    plan = load_recipe(out / "recipe.yaml").plan
+    assert plan.vision_tower == "full" and plan.method == "full" and plan.gradient_checkpointing
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_vlm(plan, config)
+    assert all(p.requires_grad for p in model.parameters())
+    result = estimate(plan)
+    assert sum(p.numel() for p in model.parameters()) == result.params_trainable == result.params_total
+    _trains_two_steps(out)
