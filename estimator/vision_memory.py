@@ -74,9 +74,10 @@ def tower_trains(r: ResolvedPlan) -> bool:
 
 
 def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
-    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor): the tower frozen (a
-    trained tower is refused), the projector trained where :func:`projector_trains`; unrounded, as the language
-    model's base weights are. A group's modules are identical: one record per parameter of one, ``count`` tensors.
+    """The vision tower's and projector's parameters (estimator/vision_spec.py, tensor by tensor): the tower trained
+    where :func:`tower_trains`, else frozen, the projector trained where :func:`projector_trains`; unrounded, as the
+    language model's base weights are. A group's modules are identical: one record per parameter of one, ``count``
+    tensors.
 
     On a quantized base (QLoRA) every tower and projector ``nn.Linear`` weight is packed like the language model's,
     with its quantization state: transformers' bitsandbytes quantizer converts every Linear but the LM head, and

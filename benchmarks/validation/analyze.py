@@ -843,6 +843,15 @@ NOTES = {
         "58 to 229 GiB, so its 50 verdict pairs are all 'does not fit' on both sides and test no verdict; the errors "
         "above are what it shows.",
     ],
+    "cohort-v36": [
+        "Cohort v36 (12 plans of full fine-tuning with the vision tower trained too, over Qwen2.5-VL-3B, Qwen2-VL-2B, "
+        "Qwen3-VL-8B, Qwen3-VL-30B-A3B, llava-1.5-7b, llava-v1.6-vicuna-7b, gemma-3-4b-it and SmolVLM-256M, issue 26) "
+        "was frozen in commit 681123c with the estimator it checks, before any of its plans was measured, after 13 "
+        "exploratory plans (-1.83% to +8.46% before the trained Qwen3-VL tower's terms, the -1.83% being Qwen3-VL-8B "
+        "at 3 x 1920x1080; +1.09% and +1.33% on the two Qwen3-VL plans after them), and ran from a clean worktree of "
+        "that commit (21 to 66 s a case, two at a time). Every case is over; the highest are the small models "
+        "(SmolVLM f11 +6.61%, Qwen2-VL-2B f03 +5.06%).",
+    ],
 }
 
 
