@@ -163,6 +163,27 @@ def test_the_gemma3_batch_holds_the_processors_image_tokens():
     assert fake["sequence"] == {"tokens": 32 + 2 * (4 + 4), "image_tokens": 8, "pixel_rows": 2 * 2}
 
 
+def test_a_trl_run_cannot_turn_gemma3_pan_and_scan_on():
+    """Why do_pan_and_scan is not a plan field (docs/how-it-works.md): Gemma3Processor's own call defaults
+    (images_kwargs do_pan_and_scan False, transformers 5.24) override the image processor's attribute, and TRL 1.16's
+    vision collator passes no do_pan_and_scan, so the attribute set True still gives one view of a 600 x 300 image;
+    only the call's own argument makes its two crops. If this changes, the field can be measured and added."""
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as folder:
+        processor = vlm_fake.gemma3_processor(TINY_GEMMA3, Path(folder), {})
+        processor.image_processor.do_pan_and_scan = True
+        image = Image.new("RGB", (600, 300))
+        as_trl_calls = processor(text=["<start_of_image>"], images=[[image]], return_tensors="np")
+        with_the_argument = processor(text=["<start_of_image>"], images=[[image]], return_tensors="np",
+                                      do_pan_and_scan=True)
+    assert as_trl_calls["pixel_values"].shape[0] == 1
+    assert with_the_argument["pixel_values"].shape[0] == 3
+
+
 @pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True), ("qlora", True)])
 def test_mllama_fake_tensors_count_what_real_tensors_hold(method, ckpt):
     """Llama 3.2 Vision: the tower runs every tile (padding tiles too) and the cross-attention layer reads the vision
