@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Literal, overload
 
 from .errors import ModelConfigError
-from .shapes import MAX_DIM, MAX_LAYERS, VISION_LANGUAGE_MODEL_TYPES, LinearSpec
+from .shapes import MAX_DIM, MAX_LAYERS, MULTIMODAL_MODEL_TYPES_NOT_READ, VISION_LANGUAGE_MODEL_TYPES, LinearSpec
 
 if TYPE_CHECKING:  # vision_spec imports this module's shapes; it is imported where a VLM config is read
     from .vision_spec import VisionSpec
@@ -401,8 +401,9 @@ ESTIMATED_VISION_TYPES = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl"
                           "mllama": "llama",
                           # LlavaNextConfig's text_config is a LlamaConfig unless it names another model_type
                           "llava_next": "llama",
-                          # Idefics3Config's text_config is a LlamaConfig (SmolVLM's a small Llama)
-                          "idefics3": "llama"}
+                          # Idefics3Config's text_config is a LlamaConfig (SmolVLM's a small Llama), and so is
+                          # SmolVLMConfig's (SmolVLM2)
+                          "idefics3": "llama", "smolvlm": "llama"}
 # What transformers fills in for the fields a VLM's text_config leaves out: LlamaConfig's defaults (transformers 5.24,
 # models/llama/configuration_llama.py; llava-hf/llava-1.5-7b-hf's text_config names only vocab_size,
 # max_position_embeddings and rms_norm_eps, so its 4096-wide, 32-layer decoder comes from here)
@@ -431,7 +432,7 @@ def _refuse_multimodal(config: dict) -> None:
     an underestimate, so it is an error, not a text-only estimate."""
     model_type = config.get("model_type")
     keys = [k for k in ENCODER_CONFIG_KEYS if config.get(k)]
-    if model_type in VISION_LANGUAGE_MODEL_TYPES or keys:
+    if model_type in VISION_LANGUAGE_MODEL_TYPES or model_type in MULTIMODAL_MODEL_TYPES_NOT_READ or keys:
         what = f"model_type '{model_type}'" if isinstance(model_type, str) else "this config.json"
         beside = f" (its {', '.join(keys)})" if keys else ""
         raise ModelConfigError(

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from .errors import PlanError
 from .plan import TrainingPlan
 from .spec import ModelSpec
-from .vision_spec import language_model_path
+from .vision_spec import IDEFICS3_TYPES, language_model_path
 
 # Qwen/Qwen2.5-VL-3B-Instruct's and -7B-Instruct's preprocessor_config.json (what AutoProcessor.from_pretrained loads):
 # min_pixels 3136 (56 x 56), max_pixels 12845056 (28 x 28 x 16384). The processor class's own default max_pixels is
@@ -158,7 +158,7 @@ def _what_the_processor_does(spec: ModelSpec) -> str:
         return f"tiles every image into up to {tiles} tiles of {side} and always runs {tiles}"
     if spec.vision.model_type == "llava_next":
         return f"tiles every image to the best of its image_grid_pinpoints in {side} crops, plus the whole image"
-    if spec.vision.model_type == "idefics3":
+    if spec.vision.model_type in IDEFICS3_TYPES:
         return (f"resizes every image's longest edge to {IDEFICS3_LONGEST_EDGE_TILES} tiles and splits it into {side} "
                 "tiles plus a global image")
     return f"resizes every image to the tower's {side}"
@@ -183,7 +183,7 @@ def resolve_images(plan: TrainingPlan, spec: ModelSpec) -> ImageFacts | None:
         return _mllama_images(plan, spec, size)
     if spec.vision.model_type == "llava_next":
         return _llava_next_images(plan, spec, size)
-    if spec.vision.model_type == "idefics3":
+    if spec.vision.model_type in IDEFICS3_TYPES:
         return _idefics3_images(plan, spec, size)
     if not has_pixel_bounds(spec):
         return _llava_images(plan, spec, size)
@@ -256,7 +256,7 @@ def _llava_next_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int
 # splitting on
 IDEFICS3_LONGEST_EDGE_TILES = 4
 # The families whose processor takes do_image_splitting (Idefics3ImageProcessor; checkpoints' default: on)
-IMAGE_SPLITTING_TYPES = ("idefics3",)
+IMAGE_SPLITTING_TYPES = IDEFICS3_TYPES
 
 
 def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int]) -> ImageFacts:

@@ -44,6 +44,7 @@ from .allocator import round_block
 from .constants import DTYPE_BYTES
 from .packed_weights import packed_weight_record, quantization_state_bytes
 from .tensor_records import Role, TensorRecord
+from .vision_spec import IDEFICS3_TYPES
 
 if TYPE_CHECKING:
     from .resolved import ResolvedPlan
@@ -142,7 +143,7 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
         return _gemma3_tower_saved_bytes(r)
     if vision.model_type == "mllama":
         return _mllama_tower_saved_bytes(r) + cross_attention_kept_bytes(r)
-    if vision.model_type == "idefics3":
+    if vision.model_type in IDEFICS3_TYPES:
         return _idefics3_tower_saved_bytes(r)
     if vision.model_type in ("qwen3_vl", "qwen3_vl_moe"):
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
@@ -240,7 +241,7 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     rows = r.images.projected_per_image or r.images.image_tokens_per_image
     projector = kept * round_block(rows * r.spec.hidden_size * element)
     if r.plan.vision_tower == "lora":  # what linear_1's and linear_2's lora_A keep of their inputs, and their output
-        projector += sum(_lora_input_bytes(r, rows, lin.in_features) + round_block(r.act_bytes * rows * r.plan.lora_r)
+        projector += sum(_adapter_kept_bytes(r, rows, lin.in_features)
                          for group in r.spec.vision.projector.groups for lin in group.linears)
     if r.plan.gradient_checkpointing:
         return images * ((tower.num_layers + 1) * positions + projector)
@@ -328,7 +329,7 @@ def image_outputs_bytes(r: ResolvedPlan) -> int:
     if r.images is None or r.spec.vision is None:
         return 0
     element = DTYPE_BYTES[r.weight_dtype]
-    if r.spec.vision.model_type in ("llava_next", "idefics3", "qwen2_vl"):
+    if r.spec.vision.model_type in ("llava_next", *IDEFICS3_TYPES, "qwen2_vl"):
         # LlavaNextModel and Idefics3Model return the tower's output (image_outputs): its last hidden state over every
         # crop or tile and, as its pooler_output, the image features (new tensors of the image tokens)
         images = r.images.images_per_sample * r.plan.batch_size
@@ -420,6 +421,12 @@ def _lora_input_bytes(r: ResolvedPlan, tokens: int, width: int) -> int:
     return 0
 
 
+def _adapter_kept_bytes(r: ResolvedPlan, rows: int, in_features: int) -> int:
+    """What one adapted linear over ``rows`` inputs of ``in_features`` keeps for its adapter's backward: what its
+    lora_A reads (:func:`_lora_input_bytes`) and lora_A's r-wide output, which lora_B keeps (a·rows·r)."""
+    return _lora_input_bytes(r, rows, in_features) + round_block(r.act_bytes * rows * r.plan.lora_r)
+
+
 def cross_attention_backward_bytes(r: ResolvedPlan) -> int:
     """Mllama: a cross-attention layer's attention backward in flight (memory.layer_backward_transient_bytes' attention
     figure with its keys and values over the S vision states): dq (a·T·H), dk and dv expanded to every head
@@ -465,7 +472,7 @@ def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
         for group in r.spec.vision.projector.groups:
             for lin in group.linears:
                 rows = positions * tower.hidden_size // lin.in_features
-                kept += _lora_input_bytes(r, rows, lin.in_features) + round_block(r.act_bytes * rows * r.plan.lora_r)
+                kept += _adapter_kept_bytes(r, rows, lin.in_features)
     if not r.plan.gradient_checkpointing:
         return kept
     return kept + (tower.num_layers + 1) * width + _idefics3_tower_bias_bytes(r)
@@ -486,7 +493,7 @@ TOWER_BACKWARD_NOTE = ("the vision tower's backward, after the whole language mo
 
 # The families whose checkpointed tower is in the graph and recomputes its blocks in its own backward, after the
 # language model's: Gemma 3's SigLIP and Idefics3's (measured on gemma-3-4b-it and SmolVLM-256M-Instruct)
-TOWERS_BACK_PROPAGATED = ("gemma3", "idefics3")
+TOWERS_BACK_PROPAGATED = ("gemma3", *IDEFICS3_TYPES)
 # ... and those whose tower's own backward moment is counted once LoRA adapts it (LLaVA-NeXT's CLIP tower: its
 # frozen blocks' backward never outgrew the language model's, measured by cohort v29; its adapted ones may)
 ADAPTED_TOWERS_BACK_PROPAGATED = (*TOWERS_BACK_PROPAGATED, "llava_next")
@@ -541,8 +548,7 @@ def _tower_block_adapter_bytes(r: ResolvedPlan) -> tuple[int, int]:
     tower = r.spec.vision.tower
     positions = _micro_batch_positions(r)
     block = max(tower.groups, key=lambda group: group.count)
-    saved = sum(_lora_input_bytes(r, positions, lin.in_features) + round_block(r.act_bytes * positions * r.plan.lora_r)
-                for lin in block.linears)
+    saved = sum(_adapter_kept_bytes(r, positions, lin.in_features) for lin in block.linears)
     widest = max((lin.in_features for lin in block.linears), default=0)
     recompute = round_block(r.act_bytes * positions * widest)
     if r.adapter_dtype is not None and r.adapter_dtype != r.compute_dtype:
@@ -564,7 +570,7 @@ def tower_backward_saved_bytes(r: ResolvedPlan) -> int:
     remain."""
     assert r.images is not None and r.spec.vision is not None
     checkpoint = _tower_tensor_bytes(r, r.spec.vision.tower.hidden_size)
-    bias = _idefics3_tower_bias_bytes(r) if r.spec.vision.model_type == "idefics3" else 0
+    bias = _idefics3_tower_bias_bytes(r) if r.spec.vision.model_type in IDEFICS3_TYPES else 0
     return (r.spec.vision.tower.num_layers * checkpoint + pixel_values_bytes(r) + bias
             + BATCH_INT64_ROWS * round_block(INT64_BYTES * r.tokens))
 
@@ -590,7 +596,7 @@ def pixel_values_bytes(r: ResolvedPlan) -> int:
         return 0
     per_sample = images.pixel_values_per_image * images.images_per_sample
     mask = 0
-    if r.spec.vision is not None and r.spec.vision.model_type == "idefics3":
+    if r.spec.vision is not None and r.spec.vision.model_type in IDEFICS3_TYPES:
         mask = round_block(INT64_BYTES * per_sample * r.plan.batch_size // r.spec.vision.tower.in_channels)
     return round_block(per_sample * r.plan.batch_size * DTYPE_BYTES[PIXEL_VALUES_DTYPE]) + mask
 

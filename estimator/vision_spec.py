@@ -195,7 +195,11 @@ class ProjectorSpec:
 
 # Where the language model sits in a <Family>Model (transformers 5.24) when it is not ``language_model``: Idefics3Model
 # names it text_model. The recipe's LoRA regex and the estimate's warnings both read it.
-LANGUAGE_MODEL_PATHS = {"idefics3": "text_model"}
+LANGUAGE_MODEL_PATHS = {"idefics3": "text_model", "smolvlm": "text_model"}
+# Idefics3's layout: Idefics3ForConditionalGeneration and SmolVLM(2)'s SmolVLMForConditionalGeneration (transformers'
+# modular_smolvlm.py derives it from Idefics3: the same tower, pixel-shuffle connector, text_model and image splitting;
+# SmolVLM's processor adds video, which the estimate does not read)
+IDEFICS3_TYPES = ("idefics3", "smolvlm")
 
 
 def language_model_path(model_type: str) -> str:

@@ -19,7 +19,7 @@ from canifinetune.estimator.vision_spec import language_model_path
 TOWER_PATHS = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "qwen3_vl_moe": "visual",
                "llava": "vision_tower",
                "gemma3": "vision_tower", "mllama": "vision_model", "llava_next": "vision_tower",
-               "idefics3": "vision_model"}
+               "idefics3": "vision_model", "smolvlm": "vision_model"}
 
 
 def lora_target_regex(plan, config: dict) -> str:

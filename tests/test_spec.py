@@ -124,8 +124,8 @@ def _vlm_entries(estimated: bool) -> list[dict]:
 # else the wrapper with its text model: the refusal reads model_type and the encoder keys, not sizes)
 _NOT_YET_ESTIMATED = [
     *(e["config"] for e in _vlm_entries(estimated=False)),
-    {"model_type": "smolvlm", "architectures": ["SmolVLMForConditionalGeneration"],
-     "text_config": dict(FAMILY_CONFIGS["llama"]), "vision_config": {"model_type": "smolvlm_vision"}},
+    {"model_type": "paligemma", "architectures": ["PaliGemmaForConditionalGeneration"],
+     "text_config": dict(FAMILY_CONFIGS["gemma"]), "vision_config": {"model_type": "siglip_vision_model"}},
 ]
 
 
@@ -201,7 +201,7 @@ def test_an_estimated_vision_language_model_is_read_whole(entry):
 
 
 @pytest.mark.parametrize("config", [
-    {"model_type": "smolvlm", "text_config": dict(FAMILY_CONFIGS["llama"])},  # the tower's config left default
+    {"model_type": "paligemma", "text_config": dict(FAMILY_CONFIGS["gemma"])},  # the tower's config left default
     {**FAMILY_CONFIGS["llama"], "mm_vision_tower": "openai/clip-vit-large-patch14-336"},  # an original LLaVA repo
     {**FAMILY_CONFIGS["llama"], "model_type": "qwen2_audio_like", "audio_config": {"d_model": 1280}},
 ])
@@ -210,10 +210,10 @@ def test_any_encoder_beside_the_language_model_is_refused(config):
         ModelSpec.from_config(config)
 
 
-@pytest.mark.parametrize("model_type, text", [("gemma3", "gemma3_text"), ("mllama", "llama")])
+@pytest.mark.parametrize("model_type, text", [("gemma3", "gemma3_text"), ("mllama", "llama"), ("smolvlm", "llama")])
 def test_an_estimated_wrapper_without_its_tower_config_names_the_key(model_type, text):
-    """Gemma 3 and Llama 3.2 Vision are estimated: a config.json without its vision_config is an error naming it,
-    never a text-only estimate."""
+    """Gemma 3, Llama 3.2 Vision and SmolVLM2 are estimated: a config.json without its vision_config is an error
+    naming it, never a text-only estimate."""
     with pytest.raises(ModelConfigError, match="'vision_config' is missing"):
         ModelSpec.from_config({"model_type": model_type, "text_config": dict(FAMILY_CONFIGS[text])})
 

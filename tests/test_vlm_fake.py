@@ -306,3 +306,21 @@ def test_qwen3_vl_moe_adapters_are_the_estimates(tmp_path, targets, tower):
     trainable = {name: p.numel() for name, p in model.named_parameters() if p.requires_grad}
     assert not any(".experts." in name or ".mlp.gate." in name for name in trainable)
     assert sum(trainable.values()) == estimate(plan).params_trainable
+
+
+# SmolVLM2's class (model_type smolvlm) at TINY_IDEFICS3's sizes
+TINY_SMOLVLM = {**TINY_IDEFICS3, "model_type": "smolvlm", "architectures": ["SmolVLMForConditionalGeneration"],
+                "vision_config": {**TINY_IDEFICS3["vision_config"], "model_type": "smolvlm_vision"}}
+
+
+@pytest.mark.parametrize(("method", "ckpt"), [("lora", True), ("lora", False), ("full", True)])
+def test_smolvlm_fake_tensors_count_what_real_tensors_hold(method, ckpt):
+    """SmolVLMForConditionalGeneration runs Idefics3's processor output (SmolVLMProcessor needs torchvision here):
+    the fake count equals the real one, the batch holds the estimate's tokens."""
+    from canifinetune.estimator.vision_tokens import idefics3_image_tokens
+
+    images = {"size": [90, 60], "per_sample": 2}
+    _fake_equals_real(TINY_SMOLVLM, images, method=method, gradient_checkpointing=ckpt)
+    one = idefics3_image_tokens(90, 60, image_size=56, patch_size=14, scale_factor=2, size=4 * 56, max_image_size=56)
+    fake = vlm_fake.run_vlm_steps(_plan(), TINY_SMOLVLM, images, fake=True)
+    assert fake["sequence"]["tokens"] == 32 + 2 * one.lm_tokens

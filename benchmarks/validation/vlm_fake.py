@@ -242,16 +242,29 @@ def idefics3_processor(config: dict, folder: Path, knobs: dict):
                              image_seq_len=(side // patch) ** 2 // scale**2, chat_template=LLAVA_TEMPLATE)
 
 
-@contextlib.contextmanager
 def idefics3_every_image_real():
     """Idefics3Model.get_image_features drops padding images (all-zero pixel values) with a boolean mask made from
     the pixel values, which a fake tensor has no values for. Every row here holds the same images, so the processor
     pads none: the mask is all True, made from data (its values kept, DATA_CONSTANT_LIMIT) by comparing the pixel
     values' image count with itself; everything else is transformers' own function."""
-    import torch
     from transformers.models.idefics3 import modeling_idefics3 as idefics3
 
-    original = idefics3.Idefics3Model.get_image_features
+    return _every_image_real(idefics3.Idefics3Model)
+
+
+def smolvlm_every_image_real():
+    """SmolVLMModel.get_image_features (SmolVLM2's class, derived from Idefics3's), as for Idefics3."""
+    from transformers.models.smolvlm import modeling_smolvlm as smolvlm
+
+    return _every_image_real(smolvlm.SmolVLMModel)
+
+
+@contextlib.contextmanager
+def _every_image_real(model_class):
+    """``model_class.get_image_features`` with its padding-image mask made from data (all images real)."""
+    import torch
+
+    original = model_class.get_image_features
     real_sum = torch.Tensor.sum
 
     def get_image_features(self, pixel_values, pixel_attention_mask=None, **kwargs):
@@ -270,11 +283,11 @@ def idefics3_every_image_real():
         finally:
             torch.Tensor.sum = real_sum
 
-    idefics3.Idefics3Model.get_image_features = get_image_features
+    model_class.get_image_features = get_image_features
     try:
         yield
     finally:
-        idefics3.Idefics3Model.get_image_features = original
+        model_class.get_image_features = original
 
 
 def mllama_processor(config: dict, folder: Path, knobs: dict):
@@ -364,10 +377,12 @@ def _family(config: dict) -> Family:
         return Family(MLLAMA_MARKERS, "image_token_index", mllama_processor, contextlib.nullcontext)
     if model_type == "idefics3":
         return Family(IDEFICS3_MARKERS, "image_token_id", idefics3_processor, idefics3_every_image_real)
+    if model_type == "smolvlm":  # SmolVLMProcessor needs torchvision for its video processor: Idefics3's, for images
+        return Family(IDEFICS3_MARKERS, "image_token_id", idefics3_processor, smolvlm_every_image_real)
     if model_type == "llava_next":
         return Family(LLAVA_MARKERS, "image_token_index", llava_next_processor, contextlib.nullcontext)
     raise ValueError(f"model_type {model_type!r}: the harness runs qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, "
-                     "llava, llava_next, gemma3, mllama and idefics3")
+                     "llava, llava_next, gemma3, mllama, idefics3 and smolvlm")
 
 
 def with_stand_in_markers(config: dict) -> dict:
