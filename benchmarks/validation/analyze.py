@@ -852,6 +852,14 @@ NOTES = {
         "that commit (21 to 66 s a case, two at a time). Every case is over; the highest are the small models "
         "(SmolVLM f11 +6.61%, Qwen2-VL-2B f03 +5.06%).",
     ],
+    "cohort-v37": [
+        "Cohort v37 (8 plans on SmolVLM2's class, SmolVLMForConditionalGeneration, built from "
+        "benchmarks/validation/models/smolvlm-256m-as-smolvlm: SmolVLM-256M-Instruct's published config under "
+        "SmolVLM2's model type, since no SmolVLM2 config.json was found published, issue 26) was frozen in commit "
+        "eb29cb2 with the estimator it checks, before any of its plans was measured, and ran from a clean worktree of "
+        "that commit (19 to 32 s a case). It checks the smolvlm code path at a published checkpoint's sizes, not a "
+        "SmolVLM2 checkpoint's. Its errors sit where cohorts v30, v31, v33 and v34 put SmolVLM-256M's.",
+    ],
 }
 
 
