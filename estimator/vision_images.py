@@ -31,14 +31,8 @@ QWEN_PIXEL_BOUNDS = {"qwen2_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS),
                      "qwen3_vl_moe": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
-# The families whose vision tower is estimated frozen only: check_images refuses vision_tower lora for them with
-# these words (their name, why an adapted tower is not estimated)
-TOWER_LORA_REFUSED = {
-    "mllama": ("Llama 3.2 Vision", "an adapted tower of 40 layers that are not checkpointing layers, on 4 tiles of "
-                                   "1,608 positions an image, is not measured"),
-}
-
-# The families whose fully trained tower (vision_tower full, method full) is not estimated: the same words
+# The families whose fully trained tower (vision_tower full, method full) is not estimated: check_images refuses it
+# with these words (their name, why)
 TOWER_FULL_REFUSED: dict[str, tuple[str, str]] = {
     "mllama": ("Llama 3.2 Vision", "its 40 tower layers are not checkpointing layers and keep every activation; a "
                                    "trained tower is not measured"),
@@ -113,9 +107,6 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
          "blocks); with checkpointing it is"),
         (plan.vision_tower == "lora" and not plan.uses_adapters, "vision_tower",
          f"'lora' puts adapters on the tower of a LoRA or QLoRA plan; method is {plan.method!r}"),
-        (plan.vision_tower == "lora" and spec.vision.model_type in TOWER_LORA_REFUSED, "vision_tower",
-         "'lora' is not estimated for {} yet ({}); frozen is".format(
-             *TOWER_LORA_REFUSED.get(spec.vision.model_type, ("", "")))),
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),
@@ -414,8 +405,5 @@ def tower_target_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
                 "matches names in every sub-model); this estimate is for a frozen tower, adapters on the language "
                 f"model only. Restrict your run's target_modules to it (e.g. r'model\\.{language}\\..*\\."
                 "(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)')")
-    if spec.vision.model_type in TOWER_LORA_REFUSED:  # no next step that the estimate then refuses
-        family = TOWER_LORA_REFUSED[spec.vision.model_type][0]
-        return restrict + f"; an adapted tower is not estimated for {family} yet"
     return (restrict + ", or set vision_tower lora to estimate the adapted tower (with gradient checkpointing): it "
             f"needs more, {cost}")

@@ -292,7 +292,10 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
       inputs (2·a·N·W);
     * without it the frozen tower builds no graph;
     * a projector that trains (full fine-tuning) keeps its input for its weight's gradient: the S vision states of
-      the final and intermediate layers, a·S·vision_output_dim.
+      the final and intermediate layers, a·S·vision_output_dim;
+    * with ``vision_tower: lora`` (checkpointing on), every adapted linear of every layer keeps what its lora_A reads
+      and lora_A's output (:func:`_adapter_kept_bytes`), and so does the adapted projector over the S states: the
+      layers are not checkpointing layers, so nothing is recomputed.
 
     Measured on Llama-3.2-90B-Vision's tower alone under fake tensors (exploratory): 6,737 MB kept per image, this
     formula 6,722 MB (the gated position and tile embeddings' few small tensors are left out)."""
@@ -310,7 +313,13 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
     per_layer = (6 * width + _tower_tensor_bytes(r, tower.intermediate_size)
                  + round_block(LOGSUMEXP_BYTES * tower.num_heads * positions * images))
     bias = round_block(element * positions * positions * images)
-    return tower.num_layers * per_layer + bias + 2 * width + projector
+    adapters = 0
+    if r.plan.vision_tower == "lora":  # not checkpointing layers: every adapted linear keeps what its lora_A reads
+        adapters = sum(group.count * sum(_adapter_kept_bytes(r, positions * images, lin.in_features)
+                                         for lin in group.linears) for group in tower.groups)
+        adapters += sum(_adapter_kept_bytes(r, states, lin.in_features)
+                        for group in vision.projector.groups for lin in group.linears)
+    return tower.num_layers * per_layer + bias + 2 * width + projector + adapters
 
 
 def image_outputs_bytes(r: ResolvedPlan) -> int:

@@ -51,6 +51,10 @@ def lora_target_regex(plan, config: dict) -> str:
     # CLIPVisionModel keeps its layers under vision_model)
     vision = (rf"model\.({'|'.join(map(re.escape, roots))})\.(.*\.)?"
               rf"({'|'.join(map(re.escape, sorted(linears)))})")
+    # a projector that is itself one nn.Linear (Mllama's multi_modal_projector) is matched by its own path
+    alone = [root for root in roots if root in linears]
+    if alone:
+        vision = rf"{vision}|model\.({'|'.join(map(re.escape, alone))})"
     return rf"({language})|({vision})"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from canifinetune.estimator import vision_images, vision_memory
+from canifinetune.estimator import vision_memory
 from canifinetune.estimator.errors import PlanError
 from canifinetune.estimator.estimate import estimate
 from canifinetune.estimator.model_sources import resolve_model
@@ -519,23 +519,11 @@ def test_mllama_states_gradient_and_bias_are_kept_and_the_tower_output_held_in_f
     assert vision_memory.image_outputs_bytes(_resolved(model=MLLAMA, method="full")) == 0  # the projector keeps it
 
 
-@pytest.mark.parametrize("model", [{"mllama": MLLAMA}[family] for family in vision_images.TOWER_LORA_REFUSED])
-def test_the_tower_warning_offers_no_refused_next_step(model):
-    """Where an adapted tower is refused, the warning about target names reaching the tower does not tell the user to
-    set vision_tower lora (a next step that would not run); it does where that is estimated."""
-    warnings = estimate(_plan(model=model, target_modules="all-linear")).warnings
-    tower = next(w for w in warnings if "PEFT would also put adapters" in w)
-    assert "set vision_tower lora" not in tower and "not estimated" in tower
-    with pytest.raises(PlanError):
-        estimate(_plan(model=model, vision_tower="lora"))
-    qwen = next(w for w in estimate(_plan(target_modules="all-linear")).warnings if "PEFT would also" in w)
-    assert "set vision_tower lora" in qwen
-
-
-@pytest.mark.parametrize("model", [GEMMA3, LLAVA_NEXT, "HuggingFaceTB/SmolVLM-256M-Instruct"])
+@pytest.mark.parametrize("model", [GEMMA3, LLAVA_NEXT, "HuggingFaceTB/SmolVLM-256M-Instruct", MLLAMA])
 def test_an_adapted_tower_is_estimated_and_the_warning_offers_it(model):
-    """Gemma 3, LLaVA-NeXT and SmolVLM estimate LoRA on the tower (cohort v34): the warning about target names
-    reaching the tower offers vision_tower lora, and that plan needs more than the frozen tower's."""
+    """Gemma 3, LLaVA-NeXT and SmolVLM (cohort v34) and Llama 3.2 Vision (cohort v38) estimate LoRA on the tower: the
+    warning about target names reaching the tower offers vision_tower lora, and that plan needs more than the frozen
+    tower's."""
     warnings = estimate(_plan(model=model, target_modules="all-linear")).warnings
     tower = next(w for w in warnings if "PEFT would also put adapters" in w)
     assert "set vision_tower lora" in tower
@@ -543,6 +531,20 @@ def test_an_adapted_tower_is_estimated_and_the_warning_offers_it(model):
     adapted = estimate(_plan(model=model, target_modules="all-linear", vision_tower="lora"))
     assert adapted.peak_allocated_bytes > frozen.peak_allocated_bytes
     assert adapted.params_trainable > frozen.params_trainable
+
+
+def test_an_adapted_mllama_tower_keeps_every_adapters_input():
+    """Llama 3.2 Vision's tower layers are not checkpointing layers: with vision_tower lora each of its 40 layers'
+    six adapted linears keeps what its lora_A reads (a dropped-out bf16 copy and its mask: 3 bytes an element) and
+    lora_A's output (2 x r bytes a position), over the image's 4 x 1,608 positions; the projector's adapter the same
+    over the 6,404 vision states of 7,680."""
+    frozen = _resolved(model=MLLAMA, image_size="1280x720", target_modules="all-linear")
+    adapted = _resolved(model=MLLAMA, image_size="1280x720", target_modules="all-linear", vision_tower="lora")
+    n, w, i, rank = MLLAMA_POSITIONS, 1280, 5120, 16
+    per_layer = 5 * (n * w * 3 + n * rank * 2) + (n * i * 3 + n * rank * 2)
+    projector = MLLAMA_STATES * 7680 * 3 + MLLAMA_STATES * rank * 2
+    extra = vision_memory.tower_saved_bytes(adapted) - vision_memory.tower_saved_bytes(frozen)
+    assert extra == pytest.approx(40 * per_layer + projector, abs=250 * 512)
 
 
 def test_an_adapted_siglip_block_is_recomputed_with_its_adapters():
@@ -714,7 +716,6 @@ def test_the_search_offers_fewer_tiles_before_the_global_image_alone():
 
 @pytest.mark.parametrize(("model", "kw", "field", "words"), [
     (GEMMA3, {"max_pixels": 1003520}, "max_pixels", "Qwen-VL processor setting"),
-    (MLLAMA, {"vision_tower": "lora"}, "vision_tower", "not estimated for Llama 3.2 Vision"),
     (MLLAMA, {"vision_tower": "full", "method": "full"}, "vision_tower", "'full' is not estimated for Llama 3.2"),
     (MLLAMA, {"vision_tower": "full"}, "vision_tower", "train it with method full"),
     (MLLAMA, {"max_pixels": 1003520}, "max_pixels", "tiles every image"),

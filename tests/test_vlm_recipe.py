@@ -345,11 +345,11 @@ def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_ide
     _trains_two_steps(out)
 
 
-@pytest.mark.parametrize("family", ["tiny_gemma3", "tiny_llava_next", "tiny_idefics3"])
+@pytest.mark.parametrize("family", ["tiny_gemma3", "tiny_llava_next", "tiny_idefics3", "tiny_mllama"])
 def test_an_adapted_tower_recipe_trains_what_was_estimated(family, tmp_path, request):
-    """vision_tower lora on the families that estimate it since cohort v34: the recipe's PEFT regex reaches every
-    linear of the tower and its projector (recipes/vision_setup.py), the trainable count is the estimate's, and the
-    recipe trains two CPU steps with checkpointing on."""
+    """vision_tower lora on the families that estimate it since cohorts v34 and v38: the recipe's PEFT regex reaches
+    every linear of the tower and its projector (recipes/vision_setup.py), the trainable count is the estimate's, and
+    the recipe trains two CPU steps with checkpointing on."""
     from canifinetune.estimator.estimate import estimate
     from canifinetune.recipes.schema import load_recipe
     from canifinetune.recipes.vision_setup import build_vlm
