@@ -860,6 +860,19 @@ NOTES = {
         "that commit (19 to 32 s a case). It checks the smolvlm code path at a published checkpoint's sizes, not a "
         "SmolVLM2 checkpoint's. Its errors sit where cohorts v30, v31, v33 and v34 put SmolVLM-256M's.",
     ],
+    "cohort-v38": [
+        "Cohort v38 (6 plans with LoRA on Llama-3.2-90B-Vision's tower and projector, issue 26) was frozen in commit "
+        "434f096 with the estimator it checks, before any of its plans was measured, and ran from a clean worktree "
+        "of that commit (65 to 74 s a case). At the run five cases came out +0.07% to +0.54% and one missed: l02, "
+        "QLoRA with lora_dropout 0 and two 640x480 images, -9.69% (66.25 GiB estimated, 73.36 GiB measured), below "
+        "the -2% bound. On a 4-bit base TRL's adapters are bf16, the compute dtype, so with no dropout PEFT's lora_A "
+        "reads the layer's own tensor instead of a copy; the tower's layers, which are not checkpointing layers, "
+        "then keep the tensors lora_A reads that a frozen layer frees: the first LayerNorm's output (q, k, v), the "
+        "second's (fc1) and the GELU's output (fc2), 2·a·N·W + a·N·I a layer, about 3.9 GB an image over 40 layers "
+        "(the exploratory plans had dropout on, or fp32 adapters, whose cast copies were counted). The commit "
+        "after the run counts them (no fitted constant: the tensors are named from PEFT's forward), and the same "
+        "for an adapted SigLIP/CLIP block's recomputation; cohort v39 checks it prospectively.",
+    ],
 }
 
 
