@@ -295,7 +295,10 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
       the final and intermediate layers, a·S·vision_output_dim;
     * with ``vision_tower: lora`` (checkpointing on), every adapted linear of every layer keeps what its lora_A reads
       and lora_A's output (:func:`_adapter_kept_bytes`), and so does the adapted projector over the S states: the
-      layers are not checkpointing layers, so nothing is recomputed.
+      layers are not checkpointing layers, so nothing is recomputed. Where lora_A reads the layer's own tensors
+      (:func:`_adapters_read_block_tensors`: QLoRA's bf16 adapters without dropout), those stay: both LayerNorms'
+      outputs and the GELU's (2·a·N·W + a·N·I a layer) and the projector's input (a·S·vision_output_dim); cohort
+      v38's l02 (QLoRA, no dropout, 2 images) came out -9.69% without them.
 
     Measured on Llama-3.2-90B-Vision's tower alone under fake tensors (exploratory): 6,737 MB kept per image, this
     formula 6,722 MB (the gated position and tile embeddings' few small tensors are left out)."""
@@ -319,6 +322,9 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
                                          for lin in group.linears) for group in tower.groups)
         adapters += sum(_adapter_kept_bytes(r, states, lin.in_features)
                         for group in vision.projector.groups for lin in group.linears)
+        if _adapters_read_block_tensors(r):  # the layers' own tensors then: both LayerNorms' outputs, the GELU's
+            adapters += tower.num_layers * (2 * width + _tower_tensor_bytes(r, tower.intermediate_size))
+            adapters += round_block(element * states * vision.projector.in_features)  # the projector's input
     return tower.num_layers * per_layer + bias + 2 * width + projector + adapters
 
 
@@ -430,6 +436,13 @@ def _lora_input_bytes(r: ResolvedPlan, tokens: int, width: int) -> int:
     return 0
 
 
+def _adapters_read_block_tensors(r: ResolvedPlan) -> bool:
+    """Whether PEFT's lora_A reads the block's own tensor rather than a copy: no dropout and adapters in the compute
+    dtype (QLoRA's bf16 adapters), as memory._reads_block_tensor says for the language model. A frozen block then
+    keeps the tensors its adapted linears read, which it would otherwise free."""
+    return r.plan.lora_dropout == 0 and r.adapter_dtype == r.compute_dtype
+
+
 def _adapter_kept_bytes(r: ResolvedPlan, rows: int, in_features: int) -> int:
     """What one adapted linear over ``rows`` inputs of ``in_features`` keeps for its adapter's backward: what its
     lora_A reads (:func:`_lora_input_bytes`) and lora_A's r-wide output, which lora_B keeps (a·rows·r)."""
@@ -482,6 +495,8 @@ def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
             for lin in group.linears:
                 rows = positions * tower.hidden_size // lin.in_features
                 kept += _adapter_kept_bytes(r, rows, lin.in_features)
+                if _adapters_read_block_tensors(r) and not projector_trains(r):  # its input, the shuffled features
+                    kept += round_block(r.act_bytes * rows * lin.in_features)
     if not r.plan.gradient_checkpointing:
         return kept
     return kept + (tower.num_layers + 1) * width + _idefics3_tower_bias_bytes(r)
@@ -547,7 +562,9 @@ def _tower_block_adapter_bytes(r: ResolvedPlan) -> tuple[int, int]:
       its bool mask (a·N·k + N·k) with lora_dropout, else the input cast for fp32 adapters (a·N·k), and lora_A's
       output (a·N·r);
     * the recomputation's moment at the widest adapted linear (fc2, k = I): the block tensor feeding it (a·N·I, the
-      GELU's output), its fp32 copy for fp32 adapters and that copy's fp32 dropout (4·N·I each).
+      GELU's output), its fp32 copy for fp32 adapters and that copy's fp32 dropout (4·N·I each);
+    * where lora_A reads the block's own tensors (:func:`_adapters_read_block_tensors`), no copy is made and those
+      tensors are saved instead: both LayerNorms' outputs and the GELU's (2·a·N·W + a·N·I).
 
     The moment in recomputation then holds the block's saved tensors but the MLP's gradients not yet: 7·a·N·W
     (the six of the frozen block and the incoming gradient) and the GELU's input (a·N·I), beside these.
@@ -559,7 +576,10 @@ def _tower_block_adapter_bytes(r: ResolvedPlan) -> tuple[int, int]:
     block = max(tower.groups, key=lambda group: group.count)
     saved = sum(_adapter_kept_bytes(r, positions, lin.in_features) for lin in block.linears)
     widest = max((lin.in_features for lin in block.linears), default=0)
-    recompute = round_block(r.act_bytes * positions * widest)
+    feeding = round_block(r.act_bytes * positions * widest)  # the GELU's output, fc2's input
+    if _adapters_read_block_tensors(r):  # kept for lora_A: both LayerNorms' outputs and the GELU's
+        return saved + 2 * _tower_tensor_bytes(r, tower.hidden_size) + feeding, 0
+    recompute = feeding
     if r.adapter_dtype is not None and r.adapter_dtype != r.compute_dtype:
         per = DTYPE_BYTES[r.adapter_dtype]
         recompute += round_block(per * positions * widest) * (2 if r.plan.lora_dropout > 0 else 1)

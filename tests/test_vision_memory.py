@@ -547,6 +547,32 @@ def test_an_adapted_mllama_tower_keeps_every_adapters_input():
     assert extra == pytest.approx(40 * per_layer + projector, abs=250 * 512)
 
 
+def test_adapters_reading_the_layers_own_tensors_keep_them():
+    """QLoRA's bf16 adapters without dropout read the layer's own tensors (no copy): Llama 3.2 Vision's layers, which
+    are not checkpointing layers, then keep both LayerNorms' outputs and the GELU's (2·W + I a position, bf16) that a
+    frozen layer frees, and the projector keeps its input (7,680 a vision state); lora_A's outputs stay. Cohort v38's
+    l02 was -9.69% without them."""
+    base = dict(model=MLLAMA, method="qlora", image_size="1280x720", target_modules="all-linear", lora_dropout=0.0)
+    frozen = _resolved(**base)
+    adapted = _resolved(**base, vision_tower="lora")
+    n, w, i, rank = MLLAMA_POSITIONS, 1280, 5120, 16
+    per_layer = n * (2 * w + i) * 2 + 6 * n * rank * 2
+    projector = MLLAMA_STATES * 7680 * 2 + MLLAMA_STATES * rank * 2
+    extra = vision_memory.tower_saved_bytes(adapted) - vision_memory.tower_saved_bytes(frozen)
+    assert extra == pytest.approx(40 * per_layer + projector, abs=250 * 512)
+
+
+def test_a_recomputed_block_whose_adapters_read_its_tensors_saves_them():
+    """SmolVLM QLoRA without dropout: the recomputed tower block's adapters make no copy, so its moment holds the two
+    LayerNorms' outputs and the GELU's output (2·W + I) instead of fp32 copies."""
+    r = _resolved(model=SMOLVLM, method="qlora", image_size="1280x720", target_modules="all-linear",
+                  vision_tower="lora", lora_dropout=0.0)
+    n, w, i, rank = 13 * 1024, 768, 3072, 16
+    saved = 6 * n * rank * 2 + n * (2 * w + i) * 2
+    expected = max(8 * n * w * 2 + 3 * n * i * 2 + saved, 7 * n * w * 2 + 2 * n * i * 2 + saved)
+    assert vision_memory.tower_block_backward_bytes(r) == pytest.approx(expected, abs=24 * 512)
+
+
 def test_an_adapted_siglip_block_is_recomputed_with_its_adapters():
     """SmolVLM with LoRA on its tower: the recomputed tower block's moment holds what its six adapters keep (with
     dropout, a bf16 dropped-out copy and a bool mask of each input, lora_A's r-wide output) and, at fc2 (the widest,
