@@ -871,7 +871,14 @@ NOTES = {
         "second's (fc1) and the GELU's output (fc2), 2·a·N·W + a·N·I a layer, about 3.9 GB an image over 40 layers "
         "(the exploratory plans had dropout on, or fp32 adapters, whose cast copies were counted). The commit "
         "after the run counts them (no fitted constant: the tensors are named from PEFT's forward), and the same "
-        "for an adapted SigLIP/CLIP block's recomputation; cohort v39 checks it prospectively.",
+        "for an adapted SigLIP/CLIP block's recomputation; cohort v39 checks it prospectively. The table below is "
+        "today's estimator on the same measurements (l02 +0.60%).",
+    ],
+    "cohort-v39": [
+        "Cohort v39 (8 plans with LoRA on the vision tower and lora_dropout 0 over Llama 3.2 Vision, Gemma 3, SmolVLM "
+        "and LLaVA-NeXT, 7 of them QLoRA, issue 26) was frozen in commit 2f22fc5, after the estimator counted the "
+        "tensors that adapters reading a layer's own tensors keep (cohort v38's l02), before any of its plans was "
+        "measured, and ran from a clean worktree of that commit (33 to 79 s a case).",
     ],
 }
 
