@@ -509,7 +509,7 @@ def _image_knobs(plan: TrainingPlan) -> tuple:
 
 
 def _vision_tower_cost(t: _Tally) -> None:
-    """The vision tower frozen instead of trained by LoRA: its adapters no longer learn the training images."""
+    """The vision tower frozen instead of trained (by LoRA, or in full): it no longer learns the training images."""
     if t.original.vision_tower == "lora" and t.plan.vision_tower == "frozen":
         t.learning(QUALITY_WEIGHTS["freeze_vision_tower"],
                    "vision tower frozen: only the language model's adapters learn, as most VLM recipes train")

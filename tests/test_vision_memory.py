@@ -110,6 +110,21 @@ def test_a_trained_tower_adds_its_weights_training_state(model):
     assert trained.peak_allocated_bytes > frozen.peak_allocated_bytes
 
 
+def test_the_search_offers_to_freeze_a_trained_tower():
+    """A full fine-tuning plan with its tower trained that does not fit is offered the tower frozen, worded as the
+    recipes' default, with the tower's gradients and states gone."""
+    from canifinetune.estimator.search import suggest
+
+    plan = _plan(model=VL3B, method="full", vision_tower="full", seq_len=512, gpu_vram_gb=34)
+    trained, frozen = estimate(plan), estimate(plan.replace(vision_tower="frozen"))
+    assert trained.verdict == "tight" and frozen.verdict == "fits"
+    pinned = ["method", "optim", "batch_size", "seq_len", "max_pixels", "images_per_sample", "activation_offloading",
+              "sharding", "offload_optimizer", "offload_params", "num_gpus", "attn_implementation"]
+    result = suggest(plan, keep=pinned)
+    freeze = next(s for s in result.suggestions if {c.field for c in s.changes} == {"vision_tower"})
+    assert freeze.changes[0].new == "frozen" and "tower keeps its pretrained weights" in freeze.cost.details[0]
+
+
 def test_a_trained_qwen3_vl_merger_keeps_its_linears_inputs():
     """Qwen3-VL's tower keeps nothing when frozen (no hook reaches it); trained, its blocks keep their inputs and
     each of its four mergers (the main one and three deepstack mergers) keeps, beyond the adapted tower's terms, its
