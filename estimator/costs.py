@@ -488,6 +488,8 @@ def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
         how = (f"downscaled (max_pixels {p.max_pixels:,})" if p.max_pixels != o.max_pixels else
                "not split into tiles (do_image_splitting off: the global image alone)"
                if p.do_image_splitting != o.do_image_splitting else
+               f"cut into smaller tiles (max_image_size {p.max_image_size} px)"
+               if p.max_image_size != o.max_image_size else
                f"split into fewer tiles (longest edge resized to {p.longest_edge:,} px)")
         t.learning(w["image_tokens_per_halving"] * math.log2(before.lm_tokens_per_image / after.lm_tokens_per_image),
                    f"images {how}: {before.lm_tokens_per_image:,} -> {after.lm_tokens_per_image:,} tokens each, "
@@ -500,12 +502,12 @@ def _image_cost(t: _Tally, rm: ResolvedModel) -> None:
         t.learning(w["images_per_sample_per_halving"] * math.log2(o.images_per_sample / p.images_per_sample),
                    f"{p.images_per_sample} image{'s' if p.images_per_sample != 1 else ''} a sample instead of "
                    f"{o.images_per_sample}: {what}; samples lose whole images")
-    t.handled.update(("max_pixels", "images_per_sample", "do_image_splitting", "longest_edge"))
+    t.handled.update(("max_pixels", "images_per_sample", "do_image_splitting", "longest_edge", "max_image_size"))
 
 
 def _image_knobs(plan: TrainingPlan) -> tuple:
     """The plan's settings that decide its images' tokens, beside image_size."""
-    return plan.max_pixels, plan.images_per_sample, plan.do_image_splitting, plan.longest_edge
+    return plan.max_pixels, plan.images_per_sample, plan.do_image_splitting, plan.longest_edge, plan.max_image_size
 
 
 def _vision_tower_cost(t: _Tally) -> None:

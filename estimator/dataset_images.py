@@ -151,7 +151,7 @@ def _read(path: str, size: int, mtime: float) -> DatasetImages | None:
 @lru_cache(maxsize=32)  # every plan a search evaluates on one dataset asks again
 def largest_image(found: DatasetImages, spec: ModelSpec, model: str, min_pixels: int | None,
                   max_pixels: int | None, do_image_splitting: bool | None = None,
-                  longest_edge: int | None = None) -> tuple[int, int, int]:
+                  longest_edge: int | None = None, max_image_size: int | None = None) -> tuple[int, int, int]:
     """(width, height, tokens) of the image of ``found`` that ``model``'s processor (with these pixel bounds and
     tiling) makes the most tokens of; the larger image on a tie."""
     from .plan import TrainingPlan
@@ -159,7 +159,8 @@ def largest_image(found: DatasetImages, spec: ModelSpec, model: str, min_pixels:
 
     def tokens(size: tuple[int, int]) -> int:
         plan = TrainingPlan(model=model, image_size=f"{size[0]}x{size[1]}", min_pixels=min_pixels,
-                            max_pixels=max_pixels, do_image_splitting=do_image_splitting, longest_edge=longest_edge)
+                            max_pixels=max_pixels, do_image_splitting=do_image_splitting, longest_edge=longest_edge,
+                            max_image_size=max_image_size)
         images = resolve_images(plan, spec)
         return images.lm_tokens_per_image if images is not None else 0
 

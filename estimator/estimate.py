@@ -211,7 +211,7 @@ def _images_from_the_dataset(plan: TrainingPlan, resolved_model: ResolvedModel, 
     if found is None or not found.sizes:
         return plan  # no image sizes to read: check_images asks for image_size
     width, height, tokens = largest_image(found, resolved_model.spec, plan.model, plan.min_pixels, plan.max_pixels,
-                                          plan.do_image_splitting, plan.longest_edge)
+                                          plan.do_image_splitting, plan.longest_edge, plan.max_image_size)
     changes: dict = {"image_size": f"{width}x{height}"}
     if "images_per_sample" not in plan.model_fields_set:
         changes["images_per_sample"] = max(1, found.most_per_row)

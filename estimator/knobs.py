@@ -252,12 +252,11 @@ def _image_tiles_knob(p: TrainingPlan, spec: ModelSpec) -> Knob | None:
     levels: a shorter longest edge never rounds up to more tiles."""
     if p.image_size is None or spec.vision is None:
         return None
-    from .vision_images import IMAGE_SPLITTING_TYPES, longest_edge, splitting
+    from .vision_images import IMAGE_SPLITTING_TYPES, longest_edge, splitting, tile_side
 
     if spec.vision.model_type not in IMAGE_SPLITTING_TYPES or not splitting(p):
         return None
-    tile = spec.vision.tower.image_size
-    assert tile is not None
+    tile = tile_side(p, spec)
     now = longest_edge(p, spec)
     edges = [k * tile for k in range((now - 1) // tile, 1, -1)]
     return Knob("image_tiles", 1, [*({"longest_edge": e} for e in edges), {"do_image_splitting": False}],

@@ -306,6 +306,12 @@ class TrainingPlan(BaseModel):
         description="Idefics3/SmolVLM image processor do_image_splitting: each image split into tiles of the tower's "
                     "size plus a global image (the checkpoints' default, on: up to 17 tiles of 64 tokens on "
                     "SmolVLM), or, off, the global image alone (64 tokens).")
+    max_image_size: int | None = Field(
+        None, ge=1, le=IDEFICS3_MAX_IMAGE_SIDE,
+        description="Idefics3/SmolVLM image processor max_image_size={'longest_edge': N}: the side of the tiles an "
+                    "image is cut into (checkpoint default: the tower's image_size, 512 on SmolVLM), at most that and "
+                    "a multiple of patch_size x scale_factor (64 on SmolVLM); the recipe sets the processor's "
+                    "image_seq_len to match ((N / patch_size)² / scale_factor² tokens a tile: 36 at 384).")
     longest_edge: int | None = Field(
         None, ge=1, le=IDEFICS3_MAX_IMAGE_SIDE,
         description="Idefics3/SmolVLM image processor size={'longest_edge': N}: each image resized so its longest "
@@ -703,7 +709,8 @@ class TrainingPlan(BaseModel):
         """Image settings need images; the processor's bounds must be in order. Whether the model reads images at
         all is the model's to say (estimator/resolved.py)."""
         if self.image_size is None:
-            given = [name for name in ("min_pixels", "max_pixels", "do_image_splitting", "longest_edge")
+            given = [name for name in ("min_pixels", "max_pixels", "do_image_splitting", "longest_edge",
+                                       "max_image_size")
                      if getattr(self, name) is not None]
             given += [name for name, default in (("images_per_sample", 1), ("vision_tower", "frozen"))
                       if getattr(self, name) != default]

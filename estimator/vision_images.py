@@ -136,7 +136,7 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
                 does = _what_the_processor_does(spec)
                 raise PlanError.about(name, f"is a Qwen-VL processor setting; {plan.model}'s processor "
                                             f"({spec.vision.model_type}) has none: it {does}; drop it")
-    for name in ("do_image_splitting", "longest_edge"):
+    for name in ("do_image_splitting", "longest_edge", "max_image_size"):
         if getattr(plan, name) is not None and spec.vision.model_type not in IMAGE_SPLITTING_TYPES:
             raise PlanError.about(name, f"is an Idefics3/SmolVLM processor setting; {plan.model}'s processor "
                                         f"({spec.vision.model_type}) has none; drop it")
@@ -263,22 +263,53 @@ def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int])
     assert spec.vision is not None
     tower = spec.vision.tower
     assert tower.image_size is not None
+    _check_tile(plan, spec)
     scale = math.isqrt(spec.vision.projector.merge_factor)
     try:
-        one = idefics3_image_tokens(size[0], size[1], image_size=tower.image_size, patch_size=tower.patch_size,
+        # image_size here is the tile image_seq_len is computed from: the recipe sets it to the plan's tile
+        one = idefics3_image_tokens(size[0], size[1], image_size=tile_side(plan, spec), patch_size=tower.patch_size,
                                     scale_factor=scale, size=longest_edge(plan, spec),
-                                    max_image_size=tower.image_size, num_channels=tower.in_channels,
+                                    max_image_size=tile_side(plan, spec), num_channels=tower.in_channels,
                                     do_image_splitting=splitting(plan))
     except ValueError as exc:
         raise PlanError.about("image_size", str(exc)) from None
     rows, cols = one.grid
     resized = f"longest edge {longest_edge(plan, spec):,} px, " if splitting(plan) else ""
+    side = tile_side(plan, spec)
     alone = f"on: {resized}one tile" if splitting(plan) else "off"
-    words = (f"{resized}{rows}x{cols} tiles of {tower.image_size} px and the global image" if rows else
+    words = (f"{resized}{rows}x{cols} tiles of {side} px and the global image" if rows else
              f"the global image alone (do_image_splitting {alone})")
     return ImageFacts(size[0], size[1], plan.images_per_sample, one.lm_tokens, one.image_tokens,
                       one.encoder_crops * one.encoder_positions_per_crop, one.pixel_values_numel,
                       f"Idefics3 processor: {words}")
+
+
+def tile_side(plan: TrainingPlan, spec: ModelSpec) -> int:
+    """An Idefics3 plan's max_image_size (the tile side): the plan's, else the tower's image_size (the checkpoints')."""
+    assert spec.vision is not None and spec.vision.tower.image_size is not None
+    return plan.max_image_size or spec.vision.tower.image_size
+
+
+def image_seq_len(plan: TrainingPlan, spec: ModelSpec) -> int:
+    """The processor's image_seq_len for the plan's tile: (tile / patch_size)² / scale_factor² tokens (the recipe sets
+    it; Idefics3Processor's docstring gives the formula)."""
+    assert spec.vision is not None
+    return (tile_side(plan, spec) // spec.vision.tower.patch_size) ** 2 // spec.vision.projector.merge_factor
+
+
+def _check_tile(plan: TrainingPlan, spec: ModelSpec) -> None:
+    """max_image_size within the tower's image_size and a whole number of pixel-shuffled patches a side (the
+    connector reshapes each tile's (N / patch)² positions into (N / patch / scale)² tokens)."""
+    assert spec.vision is not None
+    tower = spec.vision.tower
+    if plan.max_image_size is None or tower.image_size is None:
+        return
+    step = tower.patch_size * math.isqrt(spec.vision.projector.merge_factor)
+    if plan.max_image_size > tower.image_size or plan.max_image_size % step:
+        raise PlanError.about("max_image_size", f"{plan.max_image_size} is not a tile {plan.model}'s connector takes: "
+                                                f"a multiple of {step} px (patch {tower.patch_size} x scale_factor "
+                                                f"{math.isqrt(spec.vision.projector.merge_factor)}) up to the tower's "
+                                                f"{tower.image_size} px, e.g. {max(step, tower.image_size - step)}")
 
 
 def longest_edge(plan: TrainingPlan, spec: ModelSpec) -> int:

@@ -505,7 +505,10 @@ def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
 def _idefics3_tower_bias_bytes(r: ResolvedPlan) -> int:
     """The tower's bidirectional mask over the micro-batch's P tiles of n positions: P x n² in the weight dtype."""
     assert r.images is not None and r.spec.vision is not None
-    per_tile = r.spec.vision.tower.patches_per_image or 0
+    tower = r.spec.vision.tower
+    # the plan's tile (max_image_size) where it sets one, else the tower's image_size
+    per_tile = ((r.plan.max_image_size // tower.patch_size) ** 2 if r.plan.max_image_size
+                else tower.patches_per_image or 0)
     tiles = r.images.patches_per_sample * r.plan.batch_size // max(per_tile, 1)
     return round_block(DTYPE_BYTES[r.weight_dtype] * tiles * per_tile * per_tile)
 

@@ -499,7 +499,8 @@ def _prepare_trainer(plan: TrainingPlan, machine: Machine, source: str, out: Pat
 def _prepare_vlm(plan: TrainingPlan, machine: Machine, config: dict, source: str, out: Path, *,
                  recipe_dir: Path | None, dataset: str | None, max_steps: int | None, synthetic: bool) -> Prepared:
     """A vision-language SFT run (recipes/vision_setup.py, recipes/vision_data.py): the checkpoint's processor (with
-    the plan's min_pixels/max_pixels, do_image_splitting and longest_edge where it sets them), the image rows checked
+    the plan's min_pixels/max_pixels, do_image_splitting, longest_edge and max_image_size where it sets them), the
+    image rows checked
     against the plan before the model loads, then TRL's SFTTrainer with its vision collator and no max_length (image
     tokens are never cut).
     ``synthetic`` (the probe's text samples) is refused: a VLM trains on its images."""
@@ -511,7 +512,7 @@ def _prepare_vlm(plan: TrainingPlan, machine: Machine, config: dict, source: str
     from trl import SFTConfig, SFTTrainer
 
     from canifinetune.estimator.spec import ModelSpec
-    from canifinetune.estimator.vision_images import resolve_images, sequence_length
+    from canifinetune.estimator.vision_images import image_seq_len, resolve_images, sequence_length
 
     from . import vision_data, vision_setup
 
@@ -521,6 +522,9 @@ def _prepare_vlm(plan: TrainingPlan, machine: Machine, config: dict, source: str
         processor.image_processor.do_image_splitting = plan.do_image_splitting
     if plan.longest_edge is not None:  # the Idefics3 image processor's resize before tiling
         processor.image_processor.size = {"longest_edge": plan.longest_edge}
+    if plan.max_image_size is not None:  # the Idefics3 tile, and the tokens each tile's features fill
+        processor.image_processor.max_image_size = {"longest_edge": plan.max_image_size}
+        processor.image_seq_len = image_seq_len(plan, spec)
     if plan.min_pixels is not None or plan.max_pixels is not None:  # the Qwen image processor's bounds
         image_processor = processor.image_processor
         size = dict(getattr(image_processor, "size", None) or {})

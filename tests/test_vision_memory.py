@@ -688,6 +688,37 @@ def test_smolvlm_longest_edge_resizes_before_tiling(longest_edge, tokens, positi
     assert (r.images.lm_tokens_per_image, r.images.patches_per_image) == (tokens, positions)
 
 
+def test_tile_markers_past_the_tokenizers_grid_are_counted_at_a_token_a_character():
+    """The checkpoints' tokenizers hold <row_i_col_j> for i, j up to 6; a 1920x1080 image at longest edge 4096 is
+    5 x 8 tiles of 512 px, whose ten markers in columns 7 and 8 ("<row_1_col_7>", 13 characters) count 12 tokens
+    more each than a marker of the grid."""
+    r = _resolved(model=SMOLVLM, image_size="1920x1080", longest_edge=4096)
+    assert r.images is not None
+    marked = 64 + 3 + 5 * (8 * 66 + 1)
+    assert r.images.lm_tokens_per_image == marked + 10 * 12
+
+
+@pytest.mark.parametrize(("tile", "grid", "tokens"), [(512, (3, 4), 64), (448, (3, 5), 49), (256, (5, 8), 16)])
+def test_smolvlm_max_image_size_cuts_smaller_tiles(tile, grid, tokens):
+    """max_image_size (Idefics3ImageProcessor's tile, a plan field): a 1280x720 image resized to 2048 px is cut into
+    tiles of that side, each (tile / 16)² / 16 tokens (the recipe sets image_seq_len to match); with the same longest
+    edge a smaller tile makes more tiles, so it is not a memory knob by itself."""
+    r = _resolved(model=SMOLVLM, image_size="1280x720", max_image_size=tile)
+    assert r.images is not None
+    rows, cols = grid
+    assert r.images.image_tokens_per_image == (rows * cols + 1) * tokens
+    assert r.images.patches_per_image == (rows * cols + 1) * (tile // 16) ** 2
+
+
+@pytest.mark.parametrize("tile", [100, 576, 600])
+def test_a_tile_the_connector_cannot_take_is_refused(tile):
+    with pytest.raises(PlanError, match="a multiple of 64 px") as info:
+        estimate(_plan(model=SMOLVLM, max_image_size=tile))
+    assert info.value.field == "max_image_size"
+    with pytest.raises(PlanError, match="Idefics3/SmolVLM processor setting"):
+        estimate(_plan(model=GEMMA3, max_image_size=448))
+
+
 def test_a_lower_longest_edge_lowers_the_smolvlm_estimate():
     peaks = [estimate(_plan(model=SMOLVLM, longest_edge=edge)).peak_allocated_bytes for edge in (2048, 1536, 1024)]
     assert peaks[0] > peaks[1] > peaks[2]

@@ -254,22 +254,27 @@ def test_the_idefics3_batch_holds_the_processors_image_tokens():
 
 
 @pytest.mark.parametrize(("knobs", "tiles"), [({"longest_edge": 112}, (2, 2)), ({"do_image_splitting": False}, (0, 0)),
-                                              ({"longest_edge": 112, "do_image_splitting": True}, (2, 2))])
+                                              ({"longest_edge": 112, "do_image_splitting": True}, (2, 2)),
+                                              ({"max_image_size": 28}, (6, 8))])
 def test_the_idefics3_processor_takes_the_plans_knobs(knobs, tiles):
-    """A plan's longest_edge and do_image_splitting reach the harness's processor (images_of_plan, then
-    idefics3_processor): a 90x60 image at longest edge 112 is 2x2 tiles of 56 px and the global image, as the
-    estimate counts it, and the batch holds those tokens."""
-    from canifinetune.estimator.vision_tokens import idefics3_image_tokens
+    """A plan's longest_edge, do_image_splitting and max_image_size reach the harness's processor (images_of_plan,
+    then idefics3_processor): a 90x60 image at longest edge 112 is 2x2 tiles of 56 px and the global image, at
+    tiles of 28 px (one token each, image_seq_len set to match) 6x8 tiles, as the estimate counts them, and the
+    model runs the batch, which holds those tokens."""
+    from canifinetune.estimator.vision_tokens import _idefics3_unmarked_extra_tokens, idefics3_image_tokens
 
     plan = _plan(model="HuggingFaceTB/SmolVLM-256M-Instruct", image_size="90x60", images_per_sample=2, **knobs)
     images = vlm_fake.images_of_plan(plan, TINY_IDEFICS3)
     assert images["processor"] == knobs
-    one = idefics3_image_tokens(90, 60, image_size=56, patch_size=14, scale_factor=2,
-                                size=knobs.get("longest_edge", 4 * 56), max_image_size=56,
+    tile = knobs.get("max_image_size", 56)  # image_seq_len follows the tile, as the recipe sets it
+    one = idefics3_image_tokens(90, 60, image_size=tile, patch_size=14, scale_factor=2,
+                                size=knobs.get("longest_edge", 4 * 56), max_image_size=tile,
                                 do_image_splitting=knobs.get("do_image_splitting", True))
     assert one.grid == tiles
     fake = vlm_fake.run_vlm_steps(_plan(), TINY_IDEFICS3, images, fake=True)
-    assert fake["sequence"]["tokens"] == 32 + 2 * one.lm_tokens
+    # the stand-in tokenizer makes a marker past the 6 x 6 grid one token; the estimate counts it at a character each
+    unmarked = _idefics3_unmarked_extra_tokens(*one.grid)
+    assert fake["sequence"]["tokens"] == 32 + 2 * (one.lm_tokens - unmarked)
     assert fake["sequence"]["image_tokens"] == 2 * one.image_tokens
 
 

@@ -325,7 +325,8 @@ def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_l
     ([], {}),
     (["--no-do-image-splitting"], {"do_image_splitting": False}),
     (["--longest-edge", "112"], {"size": {"longest_edge": 112}}),
-], ids=["tiles", "global-image-only", "longest-edge-2-tiles"])
+    (["--max-image-size", "28"], {"max_image_size": {"longest_edge": 28}}),
+], ids=["tiles", "global-image-only", "longest-edge-2-tiles", "28-px-tiles"])
 def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path, flags,
                                                                         processor_set):
     """Idefics3's processor splits each image into tiles and a global image (or, with do_image_splitting off, keeps
@@ -342,6 +343,8 @@ def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_ide
             prepared = prepare(recipe.plan, recipe_dir=out, device="cpu", output_dir=tmp_path / "o")
         for name, value in processor_set.items():
             assert getattr(prepared.tokenizer.image_processor, name) == value
+        if "max_image_size" in processor_set:  # the tokens a tile's features fill follow the tile
+            assert prepared.tokenizer.image_seq_len == (28 // 14) ** 2 // 2**2
     _trains_two_steps(out)
 
 

@@ -225,9 +225,10 @@ def idefics3_processor(config: dict, folder: Path, knobs: dict):
     from transformers import Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    unknown = sorted(set(knobs) - {"do_image_splitting", "longest_edge"})
+    unknown = sorted(set(knobs) - {"do_image_splitting", "longest_edge", "max_image_size"})
     if unknown:
-        raise ValueError(f"Idefics3's processor knobs measured here: do_image_splitting, longest_edge; got {unknown}")
+        raise ValueError(f"Idefics3's processor knobs measured here: do_image_splitting, longest_edge, max_image_size; "
+                         f"got {unknown}")
     vision = config.get("vision_config") or {}
     side, patch = int(vision.get("image_size", 364)), int(vision.get("patch_size", 14))
     scale = int(config.get("scale_factor", 2))
@@ -235,11 +236,12 @@ def idefics3_processor(config: dict, folder: Path, knobs: dict):
     newlines = {text: 5 + len(ids) + k for k, text in enumerate(IDEFICS3_NEWLINES)}
     tokenizer = _stand_in_tokenizer(folder, {**dict(IDEFICS3_MARKERS.values()), **ids}, added=newlines)
     longest = int(knobs.get("longest_edge", IDEFICS3_LONGEST_EDGE_TILES * side))
+    tile = int(knobs.get("max_image_size", side))  # the recipe's image_seq_len follows the tile (runtime.py)
     image_processor = Idefics3ImageProcessorPil(size={"longest_edge": longest},
-                                               max_image_size={"longest_edge": side},
+                                               max_image_size={"longest_edge": tile},
                                                do_image_splitting=bool(knobs.get("do_image_splitting", True)))
     return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
-                             image_seq_len=(side // patch) ** 2 // scale**2, chat_template=LLAVA_TEMPLATE)
+                             image_seq_len=(tile // patch) ** 2 // scale**2, chat_template=LLAVA_TEMPLATE)
 
 
 def idefics3_every_image_real():
@@ -597,7 +599,7 @@ def images_of_plan(plan, config: dict | None = None) -> dict:
         low, high = vision_images.QWEN_PIXEL_BOUNDS[model_type]
         knobs = {"min_pixels": plan.min_pixels or low, "max_pixels": plan.max_pixels or high}
     if model_type in vision_images.IMAGE_SPLITTING_TYPES:
-        knobs = {name: getattr(plan, name) for name in ("do_image_splitting", "longest_edge")
+        knobs = {name: getattr(plan, name) for name in ("do_image_splitting", "longest_edge", "max_image_size")
                  if getattr(plan, name) is not None}
     return {"size": list(size), "per_sample": plan.images_per_sample, "vision_tower": plan.vision_tower,
             "processor": knobs}
