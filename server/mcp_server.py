@@ -80,8 +80,8 @@ framework; the same plan can need twice the memory under another stack. For pref
 max_completion_length, use_vllm/vllm_mode): they go in the plan object. A vision-language model (Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL and -MoE, LLaVA, Gemma 3, Llama 3.2 Vision, SmolVLM) needs its images: ask the user their
 training images' size and how many per sample, and pass image_size ('1280x720'), images_per_sample and any Qwen
-processor max_pixels/min_pixels (SmolVLM: longest_edge, do_image_splitting) in the plan object (seq_len stays the
-text tokens; the image tokens are added). Say the machine:
+processor max_pixels/min_pixels (SmolVLM: longest_edge, do_image_splitting, max_image_size) in the plan object
+(seq_len stays the text tokens; the image tokens are added). Say the machine:
 num_gpus (the sharding is chosen when not given) and host_ram_gb (judges CPU offload). A model that is neither in the
 catalog nor on the Hub: pass its config.json text as model_config. Resources: canifinetune://catalog/gpus,
 canifinetune://catalog/models, canifinetune://spec/{model_id}, canifinetune://docs/memory-model."""
