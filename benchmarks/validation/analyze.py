@@ -887,9 +887,9 @@ NOTES = {
         "+1.44% to +5.84%; t06 misses the +10% bound at +32.17% (5.96 GiB estimated, 4.51 GiB measured): its "
         "640x480 images at 192 px tiles are 9 x 11 tiles each, and the 63 markers past the tokenizers' 6 x 6 grid "
         "(row 7 to 9 or column 7 to 11) are counted at one token a character, 774 tokens an image more than one a "
-        "marker, because the checkpoint's tokenizer splits them into several tokens; the harness's stand-in tokenizer makes each one "
-        "token, so the measured sequence is shorter than a real run's, and the true error lies between. The bound "
-        "was not tightened: the checkpoint's tokenizer is not read offline.",
+        "marker, because the checkpoint's tokenizer splits them into several tokens; the harness's stand-in "
+        "tokenizer makes each one token, so the measured sequence is shorter than a real run's, and the true "
+        "error lies between. The bound was not tightened: the checkpoint's tokenizer is not read offline.",
     ],
 }
 
