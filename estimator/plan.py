@@ -80,7 +80,7 @@ NUMBER_FIELDS: tuple[str, ...] = (
     "num_generations", "max_completion_length", "generation_batch_size", "steps_per_generation",
     "vllm_gpu_memory_utilization", "vllm_max_model_length", "num_gpus", "num_nodes", "gpus_per_node", "gpu_vram_gb",
     "host_ram_gb", "headroom_percent", "learning_rate", "max_steps", "num_train_epochs", "images_per_sample",
-    "min_pixels", "max_pixels")
+    "min_pixels", "max_pixels", "longest_edge", "max_image_size")
 # Sharded inside a node, replicated (FSDP HYBRID_SHARD) or partitioned a second time (DeepSpeed ZeRO++ hpZ) inside it:
 # they need several nodes of several GPUs (estimator/sharding.py)
 HYBRID_SHARDINGS: tuple[str, ...] = ("zero3_hpz", "fsdp_hybrid_shard")

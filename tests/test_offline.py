@@ -20,7 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp_helpers import ROOT
 
 from canifinetune.estimator.catalog import load_models
-from canifinetune.estimator.spec import ESTIMATED_VISION_TYPES
+from canifinetune.estimator.spec import ESTIMATED_VISION_TYPES, PEFT_DEFAULT_TARGETS
 
 pytestmark = pytest.mark.anyio
 
@@ -34,6 +34,9 @@ LLAMA = {
 }
 CATALOG = [m.id for m in load_models()]
 VISION_MODELS = {m.id for m in load_models() if m.family in ESTIMATED_VISION_TYPES}
+NO_PEFT_DEFAULT = {model for model in VISION_MODELS
+                   if ESTIMATED_VISION_TYPES[next(m.family for m in load_models() if m.id == model)]
+                   not in PEFT_DEFAULT_TARGETS}
 SUGGEST_MODELS = [
     "Qwen/Qwen2.5-7B-Instruct",
     "meta-llama/Llama-3.1-70B",
@@ -108,12 +111,14 @@ async def exercise_every_tool(client: Client, models: list[str], local_model: st
     """estimate_memory and make_recipe on every model given, suggest_cheaper_config on a few; all must answer."""
     for model in [*models, local_model]:
         if model in VISION_MODELS:  # images needed; the recipe ships example image rows
+            # PEFT has no default targets for an MoE language model (Qwen3-VL-MoE): name them there
+            targets = {} if model not in NO_PEFT_DEFAULT else {"target_modules": "all-linear"}
             for method in ("lora", "qlora"):
                 est = await client.call_tool("estimate_memory", {"model": model, "gpu": "H100", "method": method,
-                                                                  "plan": {"image_size": "640x480"}})
+                                                                  "plan": {"image_size": "640x480"}, **targets})
                 assert not est.is_error, (model, text_of(est))
             recipe = await client.call_tool("make_recipe", {"model": model, "gpu_vram_gb": 80, "method": "lora",
-                                                            "plan": {"image_size": "640x480"}})
+                                                            "plan": {"image_size": "640x480"}, **targets})
             assert not recipe.is_error and "example_data.jsonl" in recipe.structured_content["files"], (
                 model, text_of(recipe))
             continue
