@@ -480,11 +480,11 @@ def _warnings(resolved_model: ResolvedModel, r, params_warning: str | None) -> l
         warnings.append("paged optimizer states can be evicted to host memory under pressure; the estimate "
                         "counts them on the GPU (the safe side)")
     if r.images is not None:
-        from .vision_images import tower_target_warning
+        from .vision_images import tile_marker_warning, tower_target_warning
 
-        tower = tower_target_warning(plan, r.spec)
-        if tower:
-            warnings.append(tower)
+        for warning in (tower_target_warning(plan, r.spec), tile_marker_warning(plan, r.spec)):
+            if warning:
+                warnings.append(warning)
     return warnings
 
 

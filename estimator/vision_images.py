@@ -284,6 +284,29 @@ def _idefics3_images(plan: TrainingPlan, spec: ModelSpec, size: tuple[int, int])
                       f"Idefics3 processor: {words}")
 
 
+def tile_marker_warning(plan: TrainingPlan, spec: ModelSpec) -> str | None:
+    """A warning when an Idefics3 plan's tile grid passes the tokenizers' 6 x 6 row/column markers: those markers
+    are counted as one token each, and the checkpoint's tokenizer may split each into up to one token a character."""
+    from .vision_tokens import IDEFICS3_MARKED_GRID, _idefics3_unmarked_extra_tokens, idefics3_image_tokens
+
+    if spec.vision is None or spec.vision.model_type not in IDEFICS3_TYPES or plan.image_width_height is None:
+        return None
+    tower = spec.vision.tower
+    width, height = plan.image_width_height
+    one = idefics3_image_tokens(width, height, image_size=tile_side(plan, spec), patch_size=tower.patch_size,
+                                scale_factor=math.isqrt(spec.vision.projector.merge_factor),
+                                size=longest_edge(plan, spec), max_image_size=tile_side(plan, spec),
+                                num_channels=tower.in_channels, do_image_splitting=splitting(plan))
+    rows, cols = one.grid
+    if rows <= IDEFICS3_MARKED_GRID and cols <= IDEFICS3_MARKED_GRID:
+        return None
+    extra = _idefics3_unmarked_extra_tokens(rows, cols) * plan.images_per_sample
+    return (f"a {rows}x{cols} tile grid: the checkpoints' tokenizers hold row/column markers up to "
+            f"<row_{IDEFICS3_MARKED_GRID}_col_{IDEFICS3_MARKED_GRID}> only, and the estimate counts the others as one "
+            f"token each; the checkpoint's tokenizer may split them, up to {extra:,} tokens more a sample (not read "
+            "offline). Keep the grid within 6 x 6 (a lower longest_edge or a larger max_image_size) to be sure")
+
+
 def tile_side(plan: TrainingPlan, spec: ModelSpec) -> int:
     """An Idefics3 plan's max_image_size (the tile side): the plan's, else the tower's image_size (the checkpoints')."""
     assert spec.vision is not None and spec.vision.tower.image_size is not None

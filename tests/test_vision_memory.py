@@ -688,14 +688,16 @@ def test_smolvlm_longest_edge_resizes_before_tiling(longest_edge, tokens, positi
     assert (r.images.lm_tokens_per_image, r.images.patches_per_image) == (tokens, positions)
 
 
-def test_tile_markers_past_the_tokenizers_grid_are_counted_at_a_token_a_character():
+def test_tile_markers_past_the_tokenizers_grid_are_warned_about():
     """The checkpoints' tokenizers hold <row_i_col_j> for i, j up to 6; a 1920x1080 image at longest edge 4096 is
-    5 x 8 tiles of 512 px, whose ten markers in columns 7 and 8 ("<row_1_col_7>", 13 characters) count 12 tokens
-    more each than a marker of the grid."""
+    5 x 8 tiles of 512 px: its ten markers in columns 7 and 8 are counted as one token each (as the harness measured
+    them) and the estimate warns that the checkpoint's tokenizer may make up to 12 more of each ("<row_1_col_7>",
+    13 characters), 240 a sample of two images; a grid within 6 x 6 draws no warning."""
     r = _resolved(model=SMOLVLM, image_size="1920x1080", longest_edge=4096)
-    assert r.images is not None
-    marked = 64 + 3 + 5 * (8 * 66 + 1)
-    assert r.images.lm_tokens_per_image == marked + 10 * 12
+    assert r.images is not None and r.images.lm_tokens_per_image == 64 + 3 + 5 * (8 * 66 + 1)
+    warned = estimate(_plan(model=SMOLVLM, image_size="1920x1080", longest_edge=4096, images_per_sample=2)).warnings
+    assert any("a 5x8 tile grid" in w and "up to 240 tokens more a sample" in w for w in warned)
+    assert not any("tile grid" in w for w in estimate(_plan(model=SMOLVLM, image_size="1920x1080")).warnings)
 
 
 @pytest.mark.parametrize(("tile", "grid", "tokens"), [(512, (3, 4), 64), (448, (3, 5), 49), (256, (5, 8), 16)])
