@@ -325,7 +325,9 @@ def test_the_llava_next_recipe_trains_two_steps_on_its_example_image_rows(tiny_l
     ([], {}),
     (["--no-do-image-splitting"], {"do_image_splitting": False}),
     (["--longest-edge", "112"], {"size": {"longest_edge": 112}}),
-    (["--max-image-size", "28"], {"max_image_size": {"longest_edge": 28}}),
+    # a grid within the tokenizer's 6 x 6 markers (the example image at 168 px is 6 x 4 tiles of 28 px): past it
+    # the markers are several tokens of this tokenizer, which the recipe's row check refuses (the estimate warns)
+    (["--max-image-size", "28", "--longest-edge", "168"], {"max_image_size": {"longest_edge": 28}}),
 ], ids=["tiles", "global-image-only", "longest-edge-2-tiles", "28-px-tiles"])
 def test_the_idefics3_recipe_trains_two_steps_on_its_example_image_rows(tiny_idefics3, tmp_path, flags,
                                                                         processor_set):
@@ -393,3 +395,17 @@ def test_a_trained_tower_recipe_trains_the_whole_model(family, tmp_path, request
     result = estimate(plan)
     assert sum(p.numel() for p in model.parameters()) == result.params_trainable == result.params_total
     _trains_two_steps(out)
+
+
+def test_a_tile_grid_past_the_tokenizers_markers_is_stopped_before_training(tiny_idefics3, tmp_path):
+    """At 28 px tiles the example image is 6 x 8 tiles: the markers past <row_6_col_6> are several tokens of this
+    tokenizer, more than the estimate counts (one each, with a warning), so the recipe's row check refuses the rows
+    before the model loads instead of training past the estimate."""
+    from canifinetune.recipes.schema import load_recipe
+
+    out = _recipe(tiny_idefics3, tmp_path / "recipe", "lora", "--max-image-size", "28")
+    recipe = load_recipe(out / "recipe.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(SampleTooLongError, match="tokens with its images, longer than"):
+            prepare(recipe.plan, recipe_dir=out, device="cpu", output_dir=tmp_path / "o")
