@@ -31,14 +31,6 @@ QWEN_PIXEL_BOUNDS = {"qwen2_vl": (QWEN25_VL_MIN_PIXELS, QWEN25_VL_MAX_PIXELS),
                      "qwen3_vl": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS),
                      "qwen3_vl_moe": (QWEN3_VL_MIN_PIXELS, QWEN3_VL_MAX_PIXELS)}
 
-# The families whose fully trained tower (vision_tower full, method full) is not estimated: check_images refuses it
-# with these words (their name, why)
-TOWER_FULL_REFUSED: dict[str, tuple[str, str]] = {
-    "mllama": ("Llama 3.2 Vision", "its 40 tower layers are not checkpointing layers and keep every activation; a "
-                                   "trained tower is not measured"),
-}
-
-
 class ImageFacts(NamedTuple):
     """What the processor makes of a sample's images (estimator/vision_tokens.py mirrors it)."""
 
@@ -99,9 +91,6 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         (plan.vision_tower == "full" and plan.method != "full", "vision_tower",
          f"'full' trains the tower's own weights, which a {plan.method} plan leaves frozen (PEFT would need it in "
          "modules_to_save, not estimated); train it with method full, or adapt it with vision_tower lora"),
-        (plan.vision_tower == "full" and spec.vision.model_type in TOWER_FULL_REFUSED, "vision_tower",
-         "'full' is not estimated for {} yet ({}); frozen is".format(
-             *TOWER_FULL_REFUSED.get(spec.vision.model_type, ("", "")))),
         (plan.vision_tower == "full" and not plan.gradient_checkpointing, "vision_tower",
          "'full' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),

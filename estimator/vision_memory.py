@@ -29,10 +29,12 @@ its tower's layers are not checkpointing layers, so with checkpointing the hooke
 (:func:`_mllama_tower_saved_bytes`). Exploratory runs on Llama-3.2-90B-Vision (and the same config cut to 10 text
 layers), then cohort v28.
 
-Only what was measured is estimated: Qwen2.5-VL, Qwen3-VL, LLaVA-1.5, Gemma 3 and Llama 3.2 Vision, a frozen vision
-tower, LoRA, QLoRA (every linear but the LM head in 4 bits, the tower's too) or full fine-tuning of the language model
-(LLaVA's, Gemma 3's and Mllama's projectors trained with it) on one GPU with TRL's SFT trainer. Everything else about
-images is refused by name (estimator/vision_images.py ``check_images``).
+Only what was measured is estimated: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and -MoE), LLaVA-1.5 and -NeXT, Gemma 3,
+Llama 3.2 Vision and Idefics3/SmolVLM; the vision tower frozen, adapted by LoRA (with checkpointing) or trained in
+full fine-tuning (with checkpointing; Llama 3.2 Vision's since cohort v41, :func:`_mllama_trained_tower_bytes`); LoRA,
+QLoRA (every linear but the LM head in 4 bits, the tower's too) or full fine-tuning of the language model (LLaVA's,
+Gemma 3's and Mllama's projectors trained with it) on one GPU with TRL's SFT trainer. Everything else about images is
+refused by name (estimator/vision_images.py ``check_images``).
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
     On a quantized base (QLoRA) every tower and projector ``nn.Linear`` weight is packed like the language model's,
     with its quantization state: transformers' bitsandbytes quantizer converts every Linear but the LM head, and
     neither TRL 1.16 nor these model classes name vision modules to skip (measured: cohort v24). Norms,
-    convolutions, learned positions and biases stay in the frozen dtype."""
+    convolutions, learned positions and biases stay in the frozen dtype. Mllama's language model holds parameters a
+    Llama of its size does not (``language_model_extra_params``: the cross-attention layers' q/k norms and gates,
+    embed_tokens' 8 extra rows): one record, trained in full fine-tuning like the rest of the language model."""
     vision = r.spec.vision
     if vision is None:
         return []
@@ -106,6 +110,10 @@ def vision_weight_records(r: ResolvedPlan) -> list[TensorRecord]:
         out += [TensorRecord(Role.BASE_WEIGHT, f"{group.path}.{name}", shape[0], math.prod(shape) // shape[0],
                              group.count, dtype, group_trains, math.prod(shape) * DTYPE_BYTES[dtype], None)
                 for name, shape in group.module_parameter_shapes() if name not in packed]
+    if vision.language_model_extra_params:  # Mllama's norms, gates and embedding rows: train with the language model
+        extra = vision.language_model_extra_params
+        out.append(TensorRecord(Role.BASE_WEIGHT, "language_model.extra", extra, 1, 1, dtype, r.full,
+                                extra * DTYPE_BYTES[dtype], None))
     return out
 
 
@@ -325,7 +333,35 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
         if _adapters_read_block_tensors(r):  # the layers' own tensors then: both LayerNorms' outputs, the GELU's
             adapters += tower.num_layers * (2 * width + _tower_tensor_bytes(r, tower.intermediate_size))
             adapters += round_block(element * states * vision.projector.in_features)  # the projector's input
-    return tower.num_layers * per_layer + bias + 2 * width + projector + adapters
+    return tower.num_layers * per_layer + bias + 2 * width + projector + adapters + _mllama_trained_tower_bytes(r)
+
+
+def _mllama_trained_tower_bytes(r: ResolvedPlan) -> int:
+    """What Llama 3.2 Vision's tower keeps beyond the hooked frozen tower's tensors when its own weights train
+    (``vision_tower: full``, checkpointing on; transformers 5.24 MllamaVisionModel), N = tiles x padded positions:
+
+    * every layer's linears keep their inputs for their weights' gradients: q/k/v read the first LayerNorm's output,
+      fc1 the second's, fc2 the GELU's output (2·a·N·W + a·N·I; o_proj reads the attention output, already kept);
+    * each gated global layer's ``gate_attn.tanh() * h`` and ``gate_ffn.tanh() * h`` keep h, o_proj's and fc2's
+      outputs, for the gates' gradients (2·a·N·W);
+    * the patch convolution keeps its input, the pixel values cast to the weight dtype (a copy unless that is fp32,
+      when it keeps the collator's own tensor), and the gated tile-position embedding keeps the looked-up embedding
+      for its gate's gradient (at most a·N·W); the aspect-ratio embeddings' (tiles x W an image) are left out.
+
+    0 for a tower that does not train. Exploratory runs (Llama-3.2-90B-Vision cut to 10 text layers, 1 to 2 images):
+    -2.4% to -5.9% without these terms."""
+    if not tower_trains(r):
+        return 0
+    assert r.images is not None and r.spec.vision is not None
+    tower = r.spec.vision.tower
+    width = _tower_tensor_bytes(r, tower.hidden_size)
+    linear_inputs = tower.num_layers * (2 * width + _tower_tensor_bytes(r, tower.intermediate_size))
+    gates = tower.global_layers * 2 * width
+    pixels = 0
+    if r.weight_dtype != PIXEL_VALUES_DTYPE:
+        images = r.images.images_per_sample * r.plan.batch_size
+        pixels = round_block(DTYPE_BYTES[r.weight_dtype] * r.images.pixel_values_per_image * images)
+    return linear_inputs + gates + pixels + width
 
 
 def image_outputs_bytes(r: ResolvedPlan) -> int:
@@ -357,20 +393,27 @@ def image_outputs_bytes(r: ResolvedPlan) -> int:
 
 
 def tower_assumption(r: ResolvedPlan) -> str:
-    """What the estimate takes the frozen vision tower to keep, in words, for the assumptions."""
+    """What the estimate takes the vision tower to do and keep, in words, for the assumptions."""
     vision = r.spec.vision
+    mode = {"frozen": "vision tower frozen", "lora": "vision tower adapted (vision_tower lora: LoRA on every linear of "
+            "the tower and its projector)", "full": "vision tower trained (vision_tower full: its weights get "
+            "gradients and optimizer states)"}[r.plan.vision_tower]
     if vision is not None and vision.model_type == "mllama":
         if not r.plan.gradient_checkpointing:
-            return "vision tower frozen: without gradient checkpointing it builds no graph and keeps nothing"
+            return f"{mode}: without gradient checkpointing it builds no graph and keeps nothing"
         kept = _mllama_tower_saved_bytes(r) / 2**30
         images = r.images.images_per_sample * r.plan.batch_size if r.images is not None else 0
-        return (f"vision tower frozen, yet with gradient checkpointing transformers' enable_input_require_grads hooks "
-                f"its patch embedding and its {vision.tower.num_layers} layers are not checkpointing layers "
-                f"(MllamaVisionEncoderLayer): it keeps every activation until its backward, {kept:.2f} GiB for the "
-                f"micro-batch's {images} image{'s' if images != 1 else ''} (without checkpointing: none)")
-    return ("vision tower frozen: LoRA adapters on the language model's linears only; with gradient checkpointing the "
-            "tower's blocks keep their inputs until the end of backward (transformers' enable_input_require_grads "
-            "hooks the tower's patch embedding)")
+        hooked = ("yet with gradient checkpointing transformers' enable_input_require_grads hooks its patch embedding "
+                  "and " if r.plan.vision_tower == "frozen" else "")
+        return (f"{mode}, {hooked}its {vision.tower.num_layers} layers are not checkpointing layers "
+                f"(MllamaVisionEncoderLayer): it keeps every activation its backward reads until then, {kept:.2f} GiB "
+                f"for the micro-batch's {images} image{'s' if images != 1 else ''}")
+    if r.plan.vision_tower != "frozen":
+        return (f"{mode}; with gradient checkpointing (required) the tower's blocks keep their inputs until the end of "
+                "backward and each is recomputed for its own backward")
+    return (f"{mode}: only the language model trains{' (and the projector)' if projector_trains(r) else ''}; with "
+            "gradient checkpointing the tower's blocks keep their inputs until the end of backward (transformers' "
+            "enable_input_require_grads hooks the tower's patch embedding)")
 
 
 def cross_attention_states_bytes(r: ResolvedPlan) -> int:

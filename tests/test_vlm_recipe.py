@@ -375,7 +375,7 @@ def test_an_adapted_tower_recipe_trains_what_was_estimated(family, tmp_path, req
     _trains_two_steps(out)
 
 
-@pytest.mark.parametrize("family", ["tiny_gemma3", "tiny_llava_next", "tiny_idefics3", "tiny_llava"])
+@pytest.mark.parametrize("family", ["tiny_gemma3", "tiny_llava_next", "tiny_idefics3", "tiny_llava", "tiny_mllama"])
 def test_a_trained_tower_recipe_trains_the_whole_model(family, tmp_path, request):
     """vision_tower full with method full: the recipe leaves every parameter trainable (the tower, the projector,
     the language model), the count is the estimate's, and it trains two CPU steps with checkpointing on."""
