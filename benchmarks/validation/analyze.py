@@ -893,6 +893,17 @@ NOTES = {
         "as one token each, as the harness makes them, and warns with the bound (the table: today's estimator, "
         "t06 +1.15%).",
     ],
+    "cohort-v41": [
+        "Cohort v41 (10 plans of full fine-tuning with Llama 3.2 Vision's tower trained, issue 26: 8 on the 90B "
+        "config cut to 10 text layers, benchmarks/validation/models/llama-3.2-90b-vision-10-text-layers, where the "
+        "tower's activations are a tenth of the peak (10.3 GiB of f01's 96.9 GiB; the cohort's selection text says "
+        "a fifth, in error); 2 on the published 90B, where weights, gradients and AdamW states are 98% of it) was "
+        "frozen in commit c6b39a3 with the estimator it checks, before any of its plans "
+        "was measured, and ran from a clean worktree of that commit (26 to 90 s a case). Every case lands +0.03% "
+        "to +1.92%: the peak falls at the start of the tower's backward, before its gradients exist, and the "
+        "estimate's end-of-backward moment counts them (about 1.6 GiB); f08 (foreach AdamW) peaks in the optimizer "
+        "step, +0.03%.",
+    ],
 }
 
 
