@@ -227,6 +227,37 @@ def test_each_machine_is_checked_for_one_node_of_gpus():
 
 TRANSIENT_LAUNCH = re.compile(r"EADDRINUSE|Address already in use|connectFullMesh|Connection refused|"
                               r"Connection reset by peer|DistNetworkError|RendezvousConnectionError")
+# What a failed launch's output is read for first (the tail alone can hide an abort's cause behind torchrun's report)
+FAILURE_LINES = re.compile(r"terminate called|what\(\)|Abort|SIGABRT|exitcode|Error|Exception|Traceback")
+TRAINED_LINE = "canifinetune: trained "
+
+
+def _failure_summary(rank: int, output: str) -> str:
+    """Node ``rank``'s failed launch: the lines that name the failure, then the output's tail."""
+    lines = [line.strip() for line in output.splitlines() if FAILURE_LINES.search(line)]
+    return f"node {rank}: " + " | ".join(lines[:30]) + "\n--- tail ---\n" + output[-2500:]
+
+
+def _aborted_after_training(runs: list[subprocess.CompletedProcess], per_node: int) -> bool:
+    """Every process of both nodes finished its training and reported it, and a process then died of SIGABRT on
+    its way out: gloo's teardown race on the CPU (recipes/train.py end_process_group; one CI run of the 4-process
+    hybrid-shard launch, not reproduced in 35 launches here)."""
+    finished = all(run.stdout.count(TRAINED_LINE) == per_node for run in runs)
+    return finished and any("SIGABRT" in run.stdout for run in runs if run.returncode)
+
+
+def test_only_an_abort_after_every_process_trained_is_retried():
+    """The retry never hides a launch that failed while training: a node short of its processes' trained lines, or
+    a failure that is not an abort, is reported at once."""
+    def run(code: int, text: str) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], code, text, "")
+
+    trained = TRAINED_LINE + "2 steps\n"
+    aborted = "traceback : Signal 6 (SIGABRT) received by PID 1\n"
+    assert _aborted_after_training([run(1, 2 * trained + aborted), run(0, 2 * trained)], per_node=2)
+    assert not _aborted_after_training([run(1, trained + aborted), run(0, 2 * trained)], per_node=2)
+    assert not _aborted_after_training([run(1, 2 * trained + "exitcode 1\n"), run(0, 2 * trained)], per_node=2)
+    assert "terminate called" in _failure_summary(0, "a\nterminate called without an active exception\nb")
 
 
 @pytest.fixture(scope="module")
@@ -251,9 +282,10 @@ def _tiny_recipe(tiny_model: Path, tmp_path: Path, **kw) -> Path:
     return folder
 
 
-def _two_nodes(start, folder: Path) -> list[subprocess.CompletedProcess]:
+def _two_nodes(start, folder: Path, per_node: int = 1) -> list[subprocess.CompletedProcess]:
     """``start(rank, port)`` -> (argv, extra env) for each node, both started at once; one retry with a new port
-    only when the failure is a rendezvous failure (the port taken between our probe and the bind)."""
+    only when the failure is a rendezvous failure (the port taken between our probe and the bind) or an abort after
+    every one of the ``per_node`` processes a node runs had trained (:func:`_aborted_after_training`)."""
     for attempt in range(2):
         port = _free_port()
         procs = []
@@ -271,7 +303,8 @@ def _two_nodes(start, folder: Path) -> list[subprocess.CompletedProcess]:
                 raise
             runs.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, ""))
         failed = [r for r in runs if r.returncode]
-        if not failed or attempt or not any(TRANSIENT_LAUNCH.search(r.stdout) for r in failed):
+        transient = any(TRANSIENT_LAUNCH.search(r.stdout) for r in failed) or _aborted_after_training(runs, per_node)
+        if not failed or attempt or not transient:
             return runs
     return runs
 
@@ -295,9 +328,9 @@ def test_two_node_recipe_trains_the_same_steps_on_both_nodes(tiny_model, tmp_pat
     if sharding.startswith("zero"):
         pytest.importorskip("deepspeed")
     folder = _tiny_recipe(tiny_model, tmp_path, gpus_per_node=per_node, sharding=sharding)
-    runs = _two_nodes(_launch_sh, folder)
+    runs = _two_nodes(_launch_sh, folder, per_node)
     for rank, run in enumerate(runs):
-        assert run.returncode == 0, (rank, run.stdout[-4000:])
+        assert run.returncode == 0, _failure_summary(rank, run.stdout)
         # every process of the node reports its two steps
         assert run.stdout.count("canifinetune: trained 2 steps on 16 samples") == per_node, run.stdout[-4000:]
         if engine:
@@ -399,8 +432,8 @@ def test_hybrid_engines_on_two_nodes_hold_what_the_estimate_says(tiny_model, tmp
                 str(folder / DEEPSPEED_FILE)], {}
 
     runs = _two_nodes(start, folder)
-    for run in runs:
-        assert run.returncode == 0, run.stdout[-4000:]
+    for rank, run in enumerate(runs):
+        assert run.returncode == 0, _failure_summary(rank, run.stdout)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(4)]
     total = results[0]["params"]
     for res in results:
