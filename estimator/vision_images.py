@@ -99,10 +99,6 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
          "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
          "blocks); with checkpointing it is"),
-        (plan.load_in_8bit, "load_in_8bit", "an 8-bit vision-language model is not estimated yet: bitsandbytes' 8-bit "
-                                            "matmul keeps its input outside checkpointing, so a tower in the graph "
-                                            "keeps every linear's input (without it the estimate came out 20% to 61% "
-                                            "low on exploratory plans); use QLoRA (4-bit) or LoRA"),
         (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
         (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),
         (plan.num_gpus > 1, "num_gpus", "vision-language models are estimated on one GPU only"),

@@ -592,11 +592,36 @@ def tower_block_backward_bytes(r: ResolvedPlan) -> int:
         return 0
     width = _tower_tensor_bytes(r, vision.tower.hidden_size)
     mlp = _tower_tensor_bytes(r, vision.tower.intermediate_size)
-    frozen = 8 * width + 3 * mlp
+    frozen = 8 * width + 3 * mlp + _int8_recompute_bytes(r)
     if r.plan.vision_tower != "lora":
         return frozen
     saved, recompute = _tower_block_adapter_bytes(r)
     return max(frozen + saved, 7 * width + 2 * mlp + saved + recompute)
+
+
+# bitsandbytes 0.50.2 on an 8-bit linear (MatMul8bitLt through benchmarks/validation/int8_fake.py, as on CUDA): the
+# int32 product of int8_linear_matmul and the fp16 result of int8_mm_dequant, then cast to the activation dtype
+INT8_PRODUCT_BYTES = 4
+INT8_DEQUANT_BYTES = 2
+# fc2's incoming gradient at its backward: its int8 rows (1 byte an element) and three copies in the activation
+# dtype (measured: SmolVLM-256M, the step's peak)
+INT8_GRADIENT_COPIES = 3
+
+
+def _int8_recompute_bytes(r: ResolvedPlan) -> int:
+    """An 8-bit tower block at fc2's backward (N x I in, N x W out), where the gradient of its input goes through
+    the 8-bit weight: the incoming gradient's int8 rows and its copies in the activation dtype, the int32 product
+    (N x I), its fp16 dequantized result and that cast to the activation dtype. Measured on SmolVLM-256M
+    (exploratory 8-bit LoRA, 13 tiles of 1,024 positions): the step's peak is there, the int32 product its largest
+    tensor. 0 unless 8-bit."""
+    if r.quantization != "int8" or r.spec.vision is None:
+        return 0
+    tower = r.spec.vision.tower
+    n = _micro_batch_positions(r)
+    product = round_block(INT8_PRODUCT_BYTES * n * tower.intermediate_size)
+    dequant = round_block(INT8_DEQUANT_BYTES * n * tower.intermediate_size)
+    gradient = round_block(n * tower.hidden_size) + INT8_GRADIENT_COPIES * _tower_tensor_bytes(r, tower.hidden_size)
+    return product + dequant + _tower_tensor_bytes(r, tower.intermediate_size) + gradient
 
 
 def _tower_block_adapter_bytes(r: ResolvedPlan) -> tuple[int, int]:
@@ -646,7 +671,7 @@ def tower_backward_saved_bytes(r: ResolvedPlan) -> int:
     assert r.images is not None and r.spec.vision is not None
     checkpoint = _tower_tensor_bytes(r, r.spec.vision.tower.hidden_size)
     bias = _idefics3_tower_bias_bytes(r) if r.spec.vision.model_type in IDEFICS3_TYPES else 0
-    return (r.spec.vision.tower.num_layers * checkpoint + pixel_values_bytes(r) + bias
+    return (r.spec.vision.tower.num_layers * checkpoint + pixel_values_bytes(r) + bias + tower_int8_kept_bytes(r)
             + BATCH_INT64_ROWS * round_block(INT64_BYTES * r.tokens))
 
 
@@ -683,6 +708,60 @@ def scattered_embedding_bytes(r: ResolvedPlan) -> int:
     return SCATTERED_EMBEDDING_COPIES * round_block(r.tokens * r.spec.hidden_size * DTYPE_BYTES[r.compute_dtype])
 
 
+def tower_in_graph(r: ResolvedPlan) -> bool:
+    """Whether the vision tower's forward builds a graph: its own adapters (``vision_tower: lora``), or with
+    checkpointing ``enable_input_require_grads``' hook on its patch embedding (every family but Qwen3-VL, whose
+    tower names no input-embedding layer: :func:`tower_saved_bytes`)."""
+    vision = r.spec.vision
+    if r.images is None or vision is None:
+        return False
+    if r.plan.vision_tower != "frozen":
+        return True
+    return r.plan.gradient_checkpointing and vision.model_type not in ("qwen3_vl", "qwen3_vl_moe")
+
+
+def tower_int8_kept_bytes(r: ResolvedPlan) -> int:
+    """On an 8-bit base the tower's and projector's linears are bitsandbytes' Linear8bitLt too, and
+    ``MatMul8bitLt`` keeps its input as a ctx attribute whenever that input requires grad, past checkpointing
+    (memory.int8_kept_input_bytes for the language model's). In a tower in the graph (:func:`tower_in_graph`) each
+    block's linears then keep their distinct inputs: the first norm's output (q/k/v), the attention output (o_proj),
+    the second norm's output (fc1, or gate/up) and the MLP activation's output (fc2, or down), 3·a·N·W + a·N·I, in
+    the weight dtype; Llama 3.2 Vision's layers keep their attention output already (:func:`_mllama_tower_saved_bytes`):
+    2·a·N·W + a·N·I. The projector's linears keep their inputs likewise (the merged, shuffled or concatenated
+    features, and the GELU's output between two linears). Exploratory (8-bit LoRA, 1280x720, checkpointing on):
+    Qwen2.5-VL-3B -21.8%, gemma-3-4b-it -19.6%, SmolVLM-256M -64.4%, the 90B Mllama cut to 10 layers -14.0%,
+    LLaVA-NeXT -5.8% without these terms."""
+    vision = r.spec.vision
+    if r.quantization != "int8" or not tower_in_graph(r):
+        return 0
+    assert vision is not None
+    tower = vision.tower
+    width = _tower_tensor_bytes(r, tower.hidden_size)
+    mlp = _tower_tensor_bytes(r, tower.intermediate_size)
+    per_block = (2 if vision.model_type == "mllama" else 3) * width + mlp
+    return tower.num_layers * per_block + _projector_int8_inputs(r)
+
+
+def _projector_int8_inputs(r: ResolvedPlan) -> int:
+    """What the projector's 8-bit linears keep: each linear's input, over the rows it reads."""
+    vision = r.spec.vision
+    assert vision is not None and r.images is not None
+    element = DTYPE_BYTES[r.weight_dtype]
+    positions = _micro_batch_positions(r) * vision.tower.hidden_size  # elements of the tower's output
+    if vision.model_type == "mllama":
+        states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
+        return round_block(element * states * vision.projector.in_features)
+    if vision.model_type in ("llava", "llava_next"):
+        rows = (r.images.projected_per_image or r.images.image_tokens_per_image) * (
+            r.images.images_per_sample * r.plan.batch_size)
+        return round_block(element * rows * r.spec.hidden_size)  # linear_2 reads the GELU's output
+    if vision.model_type == "gemma3":
+        return 0  # its projection is a parameter matmul, not an nn.Linear
+    if vision.model_type in IDEFICS3_TYPES:
+        return round_block(element * positions)  # the pixel-shuffled features
+    return 2 * round_block(element * positions)  # Qwen's merger: its norm's output and its GELU's output
+
+
 def vision_saved_bytes(r: ResolvedPlan) -> int:
     """Everything images add to what the step keeps alive beside the language model's activations."""
-    return tower_saved_bytes(r) + pixel_values_bytes(r) + scattered_embedding_bytes(r)
+    return tower_saved_bytes(r) + tower_int8_kept_bytes(r) + pixel_values_bytes(r) + scattered_embedding_bytes(r)

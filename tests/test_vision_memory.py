@@ -77,7 +77,6 @@ def test_the_tower_keeps_its_inputs_only_with_checkpointing():
     (VL3B, {"vision_tower": "full", "method": "full", "gradient_checkpointing": False}, "vision_tower"),
     (VL3B, {"vision_tower": "lora", "gradient_checkpointing": False}, "vision_tower"),
     (VL3B, {"vision_tower": "lora", "method": "full"}, "vision_tower"),
-    (VL3B, {"method": "lora", "load_in_8bit": True}, "load_in_8bit"),
     (VL3B, {"framework": "axolotl"}, "framework"),
     (VL3B, {"num_gpus": 2, "sharding": "ddp"}, "num_gpus"),
     (VL3B, {"sharding": "zero3", "offload_params": True}, "sharding"),
@@ -583,6 +582,30 @@ def test_a_trained_mllama_tower_keeps_its_linears_and_gates_inputs():
     assert result.params_trainable == result.params_total  # Mllama's cross-attention norms and gates train too
     said = next(a for a in result.assumptions if "vision tower" in a)
     assert said.startswith("vision tower trained") and "40 layers are not checkpointing layers" in said
+
+
+def test_an_8bit_tower_in_the_graph_keeps_its_linears_inputs():
+    """On an 8-bit base bitsandbytes' MatMul8bitLt keeps each linear's input past checkpointing whenever it requires
+    grad: in SmolVLM's hooked tower (13 tiles of 1,024 positions at 1280x720) each of the 12 blocks keeps its two
+    LayerNorms' outputs, the attention output (3 x N x 768) and the GELU's output (N x 3,072), and the connector its
+    pixel-shuffled input (N x 768), bf16; Llama 3.2 Vision's layers keep their attention output already (2·W + I);
+    nothing without checkpointing (no graph), and nothing for Qwen3-VL's frozen tower (not hooked) or a 4-bit base."""
+    base = dict(model=SMOLVLM, load_in_8bit=True, target_modules="all-linear")
+    r = _resolved(**base)
+    n = 13 * 1024
+    expected = 12 * (3 * n * 768 * 2 + n * 3072 * 2) + n * 768 * 2
+    assert vision_memory.tower_int8_kept_bytes(r) == pytest.approx(expected, abs=40 * 512)
+    assert vision_memory.tower_int8_kept_bytes(_resolved(**base, gradient_checkpointing=False)) == 0
+    assert vision_memory.tower_int8_kept_bytes(_resolved(model=SMOLVLM, method="qlora")) == 0
+    assert vision_memory.tower_int8_kept_bytes(_resolved(model=QWEN3_VL, load_in_8bit=True)) == 0
+    mllama = _resolved(model=MLLAMA, load_in_8bit=True, target_modules="all-linear")
+    m, w, i = MLLAMA_POSITIONS, 1280, 5120
+    projector = MLLAMA_STATES * 7680 * 2
+    assert vision_memory.tower_int8_kept_bytes(mllama) == pytest.approx(40 * m * (2 * w + i) * 2 + projector,
+                                                                       abs=100 * 512)
+    eight = estimate(_plan(**base))
+    sixteen = estimate(_plan(model=SMOLVLM, target_modules="all-linear"))
+    assert eight.peak_allocated_bytes > sixteen.peak_allocated_bytes  # the kept inputs outweigh the smaller weights
 
 
 def test_adapters_reading_the_layers_own_tensors_keep_them():
