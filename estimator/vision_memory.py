@@ -600,28 +600,24 @@ def tower_block_backward_bytes(r: ResolvedPlan) -> int:
 
 
 # bitsandbytes 0.50.2 on an 8-bit linear (MatMul8bitLt through benchmarks/validation/int8_fake.py, as on CUDA): the
-# int32 product of int8_linear_matmul and the fp16 result of int8_mm_dequant, then cast to the activation dtype
+# int32 product of int8_linear_matmul, and the int8 rows its input is quantized to
 INT8_PRODUCT_BYTES = 4
-INT8_DEQUANT_BYTES = 2
-# fc2's incoming gradient at its backward: its int8 rows (1 byte an element) and three copies in the activation
-# dtype (measured: SmolVLM-256M, the step's peak)
-INT8_GRADIENT_COPIES = 3
+INT8_ROW_BYTES = 1
 
 
 def _int8_recompute_bytes(r: ResolvedPlan) -> int:
-    """An 8-bit tower block at fc2's backward (N x I in, N x W out), where the gradient of its input goes through
-    the 8-bit weight: the incoming gradient's int8 rows and its copies in the activation dtype, the int32 product
-    (N x I), its fp16 dequantized result and that cast to the activation dtype. Measured on SmolVLM-256M
-    (exploratory 8-bit LoRA, 13 tiles of 1,024 positions): the step's peak is there, the int32 product its largest
-    tensor. 0 unless 8-bit."""
+    """An 8-bit tower block at fc2's backward, where the gradient of fc2's input (N x I) goes through the 8-bit
+    weight: beyond the 16-bit block's moment (:func:`tower_block_backward_bytes`), the int32 product (4·N·I) and the
+    incoming gradient's int8 rows (N·W). Its fp16 dequantized result, that result's cast and the gradient's copies
+    in the activation dtype stand where the 16-bit block holds its MLP gradients and recomputed attention tensors.
+    Traced on SmolVLM-256M (cohort v42's q06, 26 tiles of 1,024 positions): the moment's tensors come to the 16-bit
+    block's plus these, to within the 52 MB of a mask-shaped gradient. 0 unless 8-bit."""
     if r.quantization != "int8" or r.spec.vision is None:
         return 0
     tower = r.spec.vision.tower
     n = _micro_batch_positions(r)
-    product = round_block(INT8_PRODUCT_BYTES * n * tower.intermediate_size)
-    dequant = round_block(INT8_DEQUANT_BYTES * n * tower.intermediate_size)
-    gradient = round_block(n * tower.hidden_size) + INT8_GRADIENT_COPIES * _tower_tensor_bytes(r, tower.hidden_size)
-    return product + dequant + _tower_tensor_bytes(r, tower.intermediate_size) + gradient
+    return (round_block(INT8_PRODUCT_BYTES * n * tower.intermediate_size)
+            + round_block(INT8_ROW_BYTES * n * tower.hidden_size))
 
 
 def _tower_block_adapter_bytes(r: ResolvedPlan) -> tuple[int, int]:

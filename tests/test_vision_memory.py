@@ -603,6 +603,9 @@ def test_an_8bit_tower_in_the_graph_keeps_its_linears_inputs():
     projector = MLLAMA_STATES * 7680 * 2
     assert vision_memory.tower_int8_kept_bytes(mllama) == pytest.approx(40 * m * (2 * w + i) * 2 + projector,
                                                                        abs=100 * 512)
+    # the recomputed block at fc2's backward: the int32 product and the gradient's int8 rows beyond a 16-bit block's
+    assert vision_memory._int8_recompute_bytes(r) == pytest.approx(4 * n * 3072 + n * 768, abs=2 * 512)
+    assert vision_memory._int8_recompute_bytes(_resolved(model=SMOLVLM, method="qlora")) == 0
     eight = estimate(_plan(**base))
     sixteen = estimate(_plan(model=SMOLVLM, target_modules="all-linear"))
     assert eight.peak_allocated_bytes > sixteen.peak_allocated_bytes  # the kept inputs outweigh the smaller weights

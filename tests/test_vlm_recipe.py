@@ -409,3 +409,29 @@ def test_a_tile_grid_past_the_tokenizers_markers_is_stopped_before_training(tiny
         warnings.simplefilter("ignore")
         with pytest.raises(SampleTooLongError, match="tokens with its images, longer than"):
             prepare(recipe.plan, recipe_dir=out, device="cpu", output_dir=tmp_path / "o")
+
+
+@pytest.mark.parametrize("family", ["tiny_idefics3", "tiny_llava"])
+def test_an_8bit_recipe_quantizes_the_tower_as_estimated_and_trains(family, tmp_path, request):
+    """load_in_8bit (cohort v42): the recipe's model has every linear but the LM head in 8 bits, the tower's and the
+    projector's too (what the estimate's tower terms assume), its trainable count is the estimate's, and it trains
+    two CPU steps."""
+    import bitsandbytes as bnb
+
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.recipes.schema import load_recipe
+    from canifinetune.recipes.vision_setup import build_vlm
+
+    folder = request.getfixturevalue(family)
+    out = _recipe(folder, tmp_path / "recipe", "lora", "--load-in-8bit")
+    plan = load_recipe(out / "recipe.yaml").plan
+    assert plan.load_in_8bit and plan.gradient_checkpointing
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_vlm(plan, config)
+    eight_bit = [name for name, module in model.named_modules() if isinstance(module, bnb.nn.Linear8bitLt)]
+    assert any("vision" in name for name in eight_bit), "the tower's linears stayed in 16 bits"
+    assert any("connector" in name or "multi_modal_projector" in name for name in eight_bit)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == estimate(plan).params_trainable
+    _trains_two_steps(out)
