@@ -290,8 +290,8 @@ class TrainingPlan(BaseModel):
                                    description="Images in each training sample (a VLM; default 1).")
     vision_tower: VisionTower = Field(
         "frozen", description="What trains in a VLM's vision encoder: frozen (the default of VLM recipes), lora "
-                              "(adapters on every tower and projector linear; with gradient checkpointing) or full "
-                              "(the tower's own weights train: method full, with gradient checkpointing).")
+                              "(adapters on every tower and projector linear) or full (the tower's own weights "
+                              "train: method full); a Qwen-VL tower that trains needs gradient checkpointing.")
     min_pixels: int | None = Field(
         None, ge=1, le=MAX_PIXELS_KNOB,
         description="Qwen-VL image processor min_pixels: images with fewer pixels are scaled up (checkpoint default "

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from .errors import PlanError
 from .plan import TrainingPlan
 from .spec import ModelSpec
-from .vision_spec import IDEFICS3_TYPES, language_model_path
+from .vision_spec import IDEFICS3_TYPES, UNCHECKPOINTED_TOWER_TYPES, language_model_path
 
 # Qwen/Qwen2.5-VL-3B-Instruct's and -7B-Instruct's preprocessor_config.json (what AutoProcessor.from_pretrained loads):
 # min_pixels 3136 (56 x 56), max_pixels 12845056 (28 x 28 x 16384). The processor class's own default max_pixels is
@@ -91,14 +91,13 @@ def check_images(plan: TrainingPlan, spec: ModelSpec) -> None:
         (plan.vision_tower == "full" and plan.method != "full", "vision_tower",
          f"'full' trains the tower's own weights, which a {plan.method} plan leaves frozen (PEFT would need it in "
          "modules_to_save, not estimated); train it with method full, or adapt it with vision_tower lora"),
-        (plan.vision_tower == "full" and not plan.gradient_checkpointing, "vision_tower",
-         "'full' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
-         "blocks); with checkpointing it is"),
         (plan.vision_tower == "lora" and not plan.uses_adapters, "vision_tower",
          f"'lora' puts adapters on the tower of a LoRA or QLoRA plan; method is {plan.method!r}"),
-        (plan.vision_tower == "lora" and not plan.gradient_checkpointing, "vision_tower",
-         "'lora' without gradient checkpointing is not estimated yet (the tower then keeps every activation of its "
-         "blocks); with checkpointing it is"),
+        (plan.vision_tower != "frozen" and not plan.gradient_checkpointing
+         and spec.vision.model_type not in UNCHECKPOINTED_TOWER_TYPES, "vision_tower",
+         f"{plan.vision_tower!r} without gradient checkpointing is not estimated yet for {spec.vision.model_type}'s "
+         "tower (RMSNorm, SwiGLU, rotary attention: every block then keeps all its activations, not measured); "
+         "with checkpointing it is"),
         (plan.framework != "trl", "framework", "vision-language models are estimated with TRL's SFTTrainer only"),
         (plan.trainer != "sft", "trainer", "vision-language models are estimated for SFT only"),
         (plan.num_gpus > 1, "num_gpus", "vision-language models are estimated on one GPU only"),

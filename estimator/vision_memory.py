@@ -46,7 +46,7 @@ from .allocator import round_block
 from .constants import DTYPE_BYTES
 from .packed_weights import packed_weight_record, quantization_state_bytes
 from .tensor_records import Role, TensorRecord
-from .vision_spec import IDEFICS3_TYPES
+from .vision_spec import IDEFICS3_TYPES, UNCHECKPOINTED_TOWER_TYPES
 
 if TYPE_CHECKING:
     from .resolved import ResolvedPlan
@@ -145,6 +145,8 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
     images, vision = r.images, r.spec.vision
     if images is None or vision is None:
         return 0
+    if not r.plan.gradient_checkpointing and r.plan.vision_tower != "frozen" and vision.model_type in UNCHECKPOINTED:
+        return _uncheckpointed_tower_saved_bytes(r)
     if vision.model_type in ("llava", "llava_next"):
         return _llava_tower_saved_bytes(r)
     if vision.model_type == "gemma3":
@@ -315,7 +317,7 @@ def _mllama_tower_saved_bytes(r: ResolvedPlan) -> int:
     states = r.images.cross_attention_tokens_per_sample * r.plan.batch_size
     element = DTYPE_BYTES[r.weight_dtype]
     projector = round_block(element * states * vision.projector.in_features) if projector_trains(r) else 0
-    if not r.plan.gradient_checkpointing:
+    if not r.plan.gradient_checkpointing and r.plan.vision_tower == "frozen":  # no graph through the tower
         return projector
     tower = vision.tower
     images = r.images.images_per_sample * r.plan.batch_size
@@ -362,6 +364,80 @@ def _mllama_trained_tower_bytes(r: ResolvedPlan) -> int:
         images = r.images.images_per_sample * r.plan.batch_size
         pixels = round_block(DTYPE_BYTES[r.weight_dtype] * r.images.pixel_values_per_image * images)
     return linear_inputs + gates + pixels + width
+
+
+# The families whose blocks :func:`_uncheckpointed_block_bytes` reads (Llama 3.2 Vision's layers keep everything with
+# checkpointing too, :func:`_mllama_tower_saved_bytes`)
+UNCHECKPOINTED = tuple(t for t in UNCHECKPOINTED_TOWER_TYPES if t != "mllama")
+# QuickGELU (CLIP: x * sigmoid(1.702 x)) keeps its input and the sigmoid's output; tanh GELU its input alone
+ACTIVATION_KEPT = {"quick_gelu": 2}
+
+
+def _uncheckpointed_block_bytes(r: ResolvedPlan) -> int:
+    """One tower block that is not checkpointed and is in the graph (its own adapters or weights train), over the
+    micro-batch's N positions of width W, MLP width I, h heads: what its backward reads, kept from its forward to its
+    backward: both LayerNorms' inputs, q, k, v and the attention output (6·a·N·W), the memory-efficient kernel's fp32
+    logsumexp (4·h·N), the activation's input (a·N·I; QuickGELU also its sigmoid, a·N·I); each adapter's kept input
+    and lora_A output (:func:`_adapter_kept_bytes`), or where adapters read the block's own tensors both LayerNorms'
+    outputs and the activation's (2·a·N·W + a·N·I); a trained block's linears keep those same three for their
+    weights' gradients. Idefics3's padded tile mask is copied by each layer's attention (the kernel's aligned bias).
+    The Mllama formula (:func:`_mllama_tower_saved_bytes`) for these towers; traced on SmolVLM-256M (exploratory,
+    LoRA on both towers, no checkpointing)."""
+    assert r.images is not None and r.spec.vision is not None
+    vision = r.spec.vision
+    tower = vision.tower
+    n = _micro_batch_positions(r)
+    width = _tower_tensor_bytes(r, tower.hidden_size)
+    mlp = _tower_tensor_bytes(r, tower.intermediate_size)
+    block = (6 * width + ACTIVATION_KEPT.get(tower.hidden_act, 1) * mlp
+             + round_block(LOGSUMEXP_BYTES * tower.num_heads * n))
+    if r.plan.vision_tower == "lora":
+        layer = max(tower.groups, key=lambda group: group.count)
+        block += sum(_adapter_kept_bytes(r, n, lin.in_features) for lin in layer.linears)
+    if tower_trains(r) or (r.plan.vision_tower == "lora" and _adapters_read_block_tensors(r)):
+        block += 2 * width + mlp
+    if vision.model_type in IDEFICS3_TYPES:
+        block += _idefics3_tower_bias_bytes(r)
+    return block
+
+
+def tower_saved_bytes_checkpointed(r: ResolvedPlan) -> int:
+    """The family's tower formula with gradient checkpointing on (what it keeps beside its blocks is the same)."""
+    import dataclasses
+
+    on = dataclasses.replace(r, plan=r.plan.replace(gradient_checkpointing=True))
+    vision = r.spec.vision
+    assert vision is not None
+    if vision.model_type == "gemma3":
+        return _gemma3_tower_saved_bytes(on)
+    if vision.model_type in IDEFICS3_TYPES:
+        return _idefics3_tower_saved_bytes(on)
+    return _llava_tower_saved_bytes(on)
+
+
+def _uncheckpointed_tower_saved_bytes(r: ResolvedPlan) -> int:
+    """A LoRA or trained tower without gradient checkpointing (:data:`UNCHECKPOINTED` families): every block's
+    :func:`_uncheckpointed_block_bytes`, and beside the blocks what the family's checkpointed formula keeps outside
+    them: Gemma 3's post_layernorm and avg_pool inputs and its soft-embedding norm's fp32 input; LLaVA's pre_layrnorm
+    input and projector; Idefics3's post_layernorm input and connector input. A trained tower's patch convolution
+    also keeps its input, the pixel values cast to the weight dtype."""
+    assert r.images is not None and r.spec.vision is not None
+    vision = r.spec.vision
+    tower = vision.tower
+    width = _tower_tensor_bytes(r, tower.hidden_size)
+    blocks = tower.num_layers * _uncheckpointed_block_bytes(r)
+    with_checkpoints = tower_saved_bytes_checkpointed(r)
+    if vision.model_type == "gemma3":
+        outside = with_checkpoints - tower.num_layers * width
+    elif vision.model_type in IDEFICS3_TYPES:
+        outside = with_checkpoints - tower.num_layers * width - _idefics3_tower_bias_bytes(r)
+    else:  # LLaVA: per image, the layers' inputs
+        outside = with_checkpoints - tower.num_layers * width
+    pixels = 0
+    if tower_trains(r) and r.weight_dtype != PIXEL_VALUES_DTYPE:
+        pixels = round_block(DTYPE_BYTES[r.weight_dtype] * r.images.pixel_values_per_image
+                             * r.images.images_per_sample * r.plan.batch_size)
+    return blocks + outside + pixels
 
 
 def image_outputs_bytes(r: ResolvedPlan) -> int:
@@ -722,9 +798,10 @@ def tower_int8_kept_bytes(r: ResolvedPlan) -> int:
     (memory.int8_kept_input_bytes for the language model's). In a tower in the graph (:func:`tower_in_graph`) each
     block's linears then keep their distinct inputs: the first norm's output (q/k/v), the attention output (o_proj),
     the second norm's output (fc1, or gate/up) and the MLP activation's output (fc2, or down), 3·a·N·W + a·N·I, in
-    the weight dtype; Llama 3.2 Vision's layers keep their attention output already (:func:`_mllama_tower_saved_bytes`):
-    2·a·N·W + a·N·I. The projector's linears keep their inputs likewise (the merged, shuffled or concatenated
-    features, and the GELU's output between two linears). Exploratory (8-bit LoRA, 1280x720, checkpointing on):
+    the weight dtype; Llama 3.2 Vision's layers, and any block without checkpointing, keep their attention output
+    already (:func:`_mllama_tower_saved_bytes`, :func:`_uncheckpointed_block_bytes`): 2·a·N·W + a·N·I. The
+    projector's linears keep their inputs likewise (the merged, shuffled or concatenated features, and the GELU's
+    output between two linears). Exploratory (8-bit LoRA, 1280x720, checkpointing on):
     Qwen2.5-VL-3B -21.8%, gemma-3-4b-it -19.6%, SmolVLM-256M -64.4%, the 90B Mllama cut to 10 layers -14.0%,
     LLaVA-NeXT -5.8% without these terms."""
     vision = r.spec.vision
@@ -734,7 +811,9 @@ def tower_int8_kept_bytes(r: ResolvedPlan) -> int:
     tower = vision.tower
     width = _tower_tensor_bytes(r, tower.hidden_size)
     mlp = _tower_tensor_bytes(r, tower.intermediate_size)
-    per_block = (2 if vision.model_type == "mllama" else 3) * width + mlp
+    # a block that is not checkpointed (Mllama's always) keeps the attention output for its own backward already
+    kept_already = vision.model_type == "mllama" or not r.plan.gradient_checkpointing
+    per_block = (2 if kept_already else 3) * width + mlp
     return tower.num_layers * per_block + _projector_int8_inputs(r)
 
 

@@ -200,6 +200,10 @@ LANGUAGE_MODEL_PATHS = {"idefics3": "text_model", "smolvlm": "text_model"}
 # modular_smolvlm.py derives it from Idefics3: the same tower, pixel-shuffle connector, text_model and image splitting;
 # SmolVLM's processor adds video, which the estimate does not read)
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
+# The families whose LoRA or trained tower is estimated without gradient checkpointing: LayerNorm ViT towers (SigLIP,
+# CLIP, Idefics3's; estimator/vision_memory.py ``_uncheckpointed_block_bytes``) and Llama 3.2 Vision, whose layers are
+# not checkpointing layers anyway. Qwen's towers (RMSNorm, SwiGLU, rotary and windowed attention) are not measured so.
+UNCHECKPOINTED_TOWER_TYPES = ("gemma3", "llava", "llava_next", "mllama", *IDEFICS3_TYPES)
 
 
 def language_model_path(model_type: str) -> str:

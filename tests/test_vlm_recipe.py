@@ -435,3 +435,26 @@ def test_an_8bit_recipe_quantizes_the_tower_as_estimated_and_trains(family, tmp_
     assert any("connector" in name or "multi_modal_projector" in name for name in eight_bit)
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == estimate(plan).params_trainable
     _trains_two_steps(out)
+
+
+@pytest.mark.parametrize(("family", "method", "tower"), [("tiny_idefics3", "lora", "lora"),
+                                                          ("tiny_gemma3", "full", "full")])
+def test_an_uncheckpointed_tower_recipe_trains_what_was_estimated(family, method, tower, tmp_path, request):
+    """A LoRA or trained tower without gradient checkpointing (estimated for the LayerNorm ViT towers and Llama 3.2
+    Vision since cohort v44): the recipe leaves checkpointing off, trains the estimate's parameter count, and runs
+    two CPU steps."""
+    from canifinetune.estimator.estimate import estimate
+    from canifinetune.recipes.schema import load_recipe
+    from canifinetune.recipes.vision_setup import build_vlm
+
+    folder = request.getfixturevalue(family)
+    out = _recipe(folder, tmp_path / "recipe", method, "--vision-tower", tower, "--no-gradient-checkpointing")
+    plan = load_recipe(out / "recipe.yaml").plan
+    assert plan.vision_tower == tower and not plan.gradient_checkpointing
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_vlm(plan, config)
+        assert not getattr(model, "is_gradient_checkpointing", False)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == estimate(plan).params_trainable
+    _trains_two_steps(out)
