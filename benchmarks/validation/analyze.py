@@ -904,6 +904,20 @@ NOTES = {
         "estimate's end-of-backward moment counts them (about 1.6 GiB); f08 (foreach AdamW) peaks in the optimizer "
         "step, +0.03%.",
     ],
+    "cohort-v43": [
+        "Cohort v43 (8 plans of 8-bit LoRA checking prospectively the terms added after cohort v42's q06 miss, "
+        "issue 26) was frozen in commit 32f24f4 and ran from a clean worktree of bf9127f, two commits later, whose "
+        "estimator gives these 8 plans the same figures byte for byte (benchmarks/estimate_snapshot.py: the two "
+        "commits between changed only plans without gradient checkpointing, which these are not), before any of "
+        "them was measured (26 to 203 s a case). Every case lands -0.18% to +3.48%, the tower's backward the peak "
+        "of the SmolVLM and Gemma 3 plans.",
+    ],
+    "cohort-v44": [
+        "Cohort v44 (12 plans with a LoRA or trained tower and gradient checkpointing off, issue 26: SmolVLM, "
+        "SmolVLM2's class, Gemma 3, LLaVA-1.5 and -NeXT, Llama 3.2 Vision cut to 10 text layers) was frozen in "
+        "commit bf9127f with the estimator it checks, before any of its plans was measured, and ran from a clean "
+        "worktree of that commit (13 to 27 s a case). Every case lands -0.24% to +1.72%.",
+    ],
     "cohort-v42": [
         "Cohort v42 (12 plans of LoRA on an 8-bit base over eight families, issue 26: load_in_8bit) was frozen in "
         "commit 4013f3e with the estimator it checks, before any of its plans was measured, and ran from a clean "
