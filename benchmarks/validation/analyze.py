@@ -918,6 +918,12 @@ NOTES = {
         "commit bf9127f with the estimator it checks, before any of its plans was measured, and ran from a clean "
         "worktree of that commit (13 to 27 s a case). Every case lands -0.24% to +1.72%.",
     ],
+    "cohort-v45": [
+        "Cohort v45 (8 Qwen3-VL-30B-A3B plans at GPU sizes around them, issue 26: cohort v35's sizes had been copied "
+        "by mistake, so its verdict pairs tested nothing) was frozen in commit 4450ea8 with the estimator it "
+        "checks, before any of its plans was measured, and ran from a clean worktree of that commit (28 to 58 s a "
+        "case). Every case lands -0.46% to +3.38%.",
+    ],
     "cohort-v42": [
         "Cohort v42 (12 plans of LoRA on an 8-bit base over eight families, issue 26: load_in_8bit) was frozen in "
         "commit 4013f3e with the estimator it checks, before any of its plans was measured, and ran from a clean "
