@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 # What DataCollatorForVisionLanguageModeling returns (TRL 1.16): the processor's float32 pixel values
 PIXEL_VALUES_DTYPE = "fp32"
+# Qwen3VLVisionModel names no input-embedding layer, so enable_input_require_grads' hook does not reach it
+UNHOOKED_TOWER_TYPES = ("qwen3_vl", "qwen3_vl_moe")
 # The language model's input embeddings with the image features scattered in (masked_scatter makes a new tensor)
 SCATTERED_EMBEDDING_COPIES = 1
 
@@ -155,7 +157,7 @@ def tower_saved_bytes(r: ResolvedPlan) -> int:
         return _mllama_tower_saved_bytes(r) + cross_attention_kept_bytes(r)
     if vision.model_type in IDEFICS3_TYPES:
         return _idefics3_tower_saved_bytes(r)
-    if vision.model_type in ("qwen3_vl", "qwen3_vl_moe"):
+    if vision.model_type in UNHOOKED_TOWER_TYPES:
         # Qwen3VLVisionModel names no input-embedding layer (no _input_embed_layer: get_input_embeddings finds none),
         # so enable_input_require_grads hooks nothing in it: the frozen tower and its mergers stay out of the graph
         # with checkpointing too (measured: exploratory plans and cohort v23); its own adapters, or its own trained
@@ -224,7 +226,7 @@ def _qwen3_tower_lora_saved_bytes(r: ResolvedPlan) -> int:
     return tower.num_layers * unit + mergers * per_merger + unit + rotary
 
 
-def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
+def _llava_tower_saved_bytes(r: ResolvedPlan, block: int | None = None) -> int:
     """LLaVA-1.5 (transformers 5.24 models/llava/modeling_llava.py, models/clip/modeling_clip.py; measured by cohort
     v22), per image of N positions (patches and CLS) of width W and N' image tokens of the text width H:
 
@@ -253,6 +255,8 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     if r.plan.vision_tower == "lora":  # what linear_1's and linear_2's lora_A keep of their inputs, and their output
         projector += sum(_adapter_kept_bytes(r, rows, lin.in_features)
                          for group in r.spec.vision.projector.groups for lin in group.linears)
+    if block is not None:  # a tower in the graph without checkpointing: each layer keeps ``block``
+        return tower.num_layers * block + images * (positions + projector)
     if r.plan.gradient_checkpointing:
         return images * ((tower.num_layers + 1) * positions + projector)
     if projector_trains(r):
@@ -260,7 +264,7 @@ def _llava_tower_saved_bytes(r: ResolvedPlan) -> int:
     return 0
 
 
-def _gemma3_tower_saved_bytes(r: ResolvedPlan) -> int:
+def _gemma3_tower_saved_bytes(r: ResolvedPlan, block: int | None = None) -> int:
     """Gemma 3 (transformers 5.24 models/gemma3/modeling_gemma3.py, models/siglip/modeling_siglip.py), for the
     micro-batch's images at once, N positions of width W each (4,096 x 1,152 at 896 px) and N' soft tokens (256):
 
@@ -279,7 +283,11 @@ def _gemma3_tower_saved_bytes(r: ResolvedPlan) -> int:
     positions = _tower_tensor_bytes(r, tower.hidden_size)
     soft = images * r.images.image_tokens_per_image * tower.hidden_size
     soft_fp32 = round_block(soft * DTYPE_BYTES["fp32"])
-    kept = (tower.num_layers + 2) * positions + soft_fp32 if r.plan.gradient_checkpointing else 0
+    kept = 0
+    if block is not None:  # a tower in the graph without checkpointing: each layer keeps ``block``
+        kept = tower.num_layers * block + 2 * positions + soft_fp32
+    elif r.plan.gradient_checkpointing:
+        kept = (tower.num_layers + 2) * positions + soft_fp32
     if projector_trains(r):
         kept += soft_fp32 + round_block(soft * element)
     return kept
@@ -359,11 +367,7 @@ def _mllama_trained_tower_bytes(r: ResolvedPlan) -> int:
     width = _tower_tensor_bytes(r, tower.hidden_size)
     linear_inputs = tower.num_layers * (2 * width + _tower_tensor_bytes(r, tower.intermediate_size))
     gates = tower.global_layers * 2 * width
-    pixels = 0
-    if r.weight_dtype != PIXEL_VALUES_DTYPE:
-        images = r.images.images_per_sample * r.plan.batch_size
-        pixels = round_block(DTYPE_BYTES[r.weight_dtype] * r.images.pixel_values_per_image * images)
-    return linear_inputs + gates + pixels + width
+    return linear_inputs + gates + _trained_patch_input_bytes(r) + width
 
 
 # The families whose blocks :func:`_uncheckpointed_block_bytes` reads (Llama 3.2 Vision's layers keep everything with
@@ -401,43 +405,27 @@ def _uncheckpointed_block_bytes(r: ResolvedPlan) -> int:
     return block
 
 
-def tower_saved_bytes_checkpointed(r: ResolvedPlan) -> int:
-    """The family's tower formula with gradient checkpointing on (what it keeps beside its blocks is the same)."""
-    import dataclasses
-
-    on = dataclasses.replace(r, plan=r.plan.replace(gradient_checkpointing=True))
-    vision = r.spec.vision
-    assert vision is not None
-    if vision.model_type == "gemma3":
-        return _gemma3_tower_saved_bytes(on)
-    if vision.model_type in IDEFICS3_TYPES:
-        return _idefics3_tower_saved_bytes(on)
-    return _llava_tower_saved_bytes(on)
-
-
 def _uncheckpointed_tower_saved_bytes(r: ResolvedPlan) -> int:
     """A LoRA or trained tower without gradient checkpointing (:data:`UNCHECKPOINTED` families): every block's
-    :func:`_uncheckpointed_block_bytes`, and beside the blocks what the family's checkpointed formula keeps outside
-    them: Gemma 3's post_layernorm and avg_pool inputs and its soft-embedding norm's fp32 input; LLaVA's pre_layrnorm
-    input and projector; Idefics3's post_layernorm input and connector input. A trained tower's patch convolution
-    also keeps its input, the pixel values cast to the weight dtype."""
-    assert r.images is not None and r.spec.vision is not None
-    vision = r.spec.vision
-    tower = vision.tower
-    width = _tower_tensor_bytes(r, tower.hidden_size)
-    blocks = tower.num_layers * _uncheckpointed_block_bytes(r)
-    with_checkpoints = tower_saved_bytes_checkpointed(r)
-    if vision.model_type == "gemma3":
-        outside = with_checkpoints - tower.num_layers * width
-    elif vision.model_type in IDEFICS3_TYPES:
-        outside = with_checkpoints - tower.num_layers * width - _idefics3_tower_bias_bytes(r)
-    else:  # LLaVA: per image, the layers' inputs
-        outside = with_checkpoints - tower.num_layers * width
-    pixels = 0
-    if tower_trains(r) and r.weight_dtype != PIXEL_VALUES_DTYPE:
-        pixels = round_block(DTYPE_BYTES[r.weight_dtype] * r.images.pixel_values_per_image
-                             * r.images.images_per_sample * r.plan.batch_size)
-    return blocks + outside + pixels
+    :func:`_uncheckpointed_block_bytes` where the family's formula counts a checkpointed block's input, and what it
+    keeps beside its blocks as with checkpointing: Gemma 3's post_layernorm and avg_pool inputs and its soft-embedding
+    norm's fp32 input; LLaVA's pre_layrnorm input and projector; Idefics3's post_layernorm input and connector input;
+    a trained tower's patch-convolution input (:func:`_trained_patch_input_bytes`)."""
+    assert r.spec.vision is not None
+    family = {"gemma3": _gemma3_tower_saved_bytes, "llava": _llava_tower_saved_bytes,
+              "llava_next": _llava_tower_saved_bytes}.get(r.spec.vision.model_type, _idefics3_tower_saved_bytes)
+    return family(r, _uncheckpointed_block_bytes(r)) + _trained_patch_input_bytes(r)
+
+
+def _trained_patch_input_bytes(r: ResolvedPlan) -> int:
+    """A trained tower's patch convolution keeps its input for its weight's gradient: the pixel values cast to the
+    weight dtype, a copy unless that is fp32 (then the collator's own tensor, :func:`pixel_values_bytes`). 0 for a
+    tower that does not train."""
+    if not tower_trains(r) or r.weight_dtype == PIXEL_VALUES_DTYPE:
+        return 0
+    assert r.images is not None
+    images = r.images.images_per_sample * r.plan.batch_size
+    return round_block(DTYPE_BYTES[r.weight_dtype] * r.images.pixel_values_per_image * images)
 
 
 def image_outputs_bytes(r: ResolvedPlan) -> int:
@@ -591,7 +579,7 @@ def cross_attention_kept_bytes(r: ResolvedPlan) -> int:
     return states * (2 if r.plan.gradient_checkpointing else 1) + cross_attention_mask_bytes(r)
 
 
-def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
+def _idefics3_tower_saved_bytes(r: ResolvedPlan, block: int | None = None) -> int:
     """Idefics3 / SmolVLM (transformers 5.24 models/idefics3/modeling_idefics3.py), the micro-batch's tiles at once,
     N positions of width W over P tiles ((512 / 16)² = 1,024 a tile on SmolVLM-256M):
 
@@ -616,6 +604,8 @@ def _idefics3_tower_saved_bytes(r: ResolvedPlan) -> int:
                 kept += _adapter_kept_bytes(r, rows, lin.in_features)
                 if _adapters_read_block_tensors(r) and not projector_trains(r):  # its input, the shuffled features
                     kept += round_block(r.act_bytes * rows * lin.in_features)
+    if block is not None:  # a tower in the graph without checkpointing: each layer keeps ``block``
+        return kept + tower.num_layers * block + width
     if not r.plan.gradient_checkpointing:
         return kept
     return kept + (tower.num_layers + 1) * width + _idefics3_tower_bias_bytes(r)
@@ -789,7 +779,7 @@ def tower_in_graph(r: ResolvedPlan) -> bool:
         return False
     if r.plan.vision_tower != "frozen":
         return True
-    return r.plan.gradient_checkpointing and vision.model_type not in ("qwen3_vl", "qwen3_vl_moe")
+    return r.plan.gradient_checkpointing and vision.model_type not in UNHOOKED_TOWER_TYPES
 
 
 def tower_int8_kept_bytes(r: ResolvedPlan) -> int:
